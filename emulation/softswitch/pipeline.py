@@ -1,0 +1,399 @@
+"""The soft switch's pipeline: match-action state and per-packet logic of the INA data plane.
+
+This is the reference semantics that ``p4/`` implements on bmv2. Everything here is what a
+P4 program can hold and do: exact-match tables (jobs, workers), register arrays indexed by
+slot (bitmaps, counters, exponents, one value array per lane), counters, and per-packet
+logic that touches one slot and loops over nothing but the lanes. I/O lives elsewhere
+(``server.py`` for UDP, the in-memory network in ``hostlib.transport.memory`` for tests),
+so a second backend (XDP/eBPF) can implement :class:`Dataplane` and be held to the same
+tests.
+
+Per-slot algorithm (SwitchML's, per ``shared/ANCHORS.md`` 1.3):
+
+* bitmaps: a DATA packet for set k ORs the worker's bit into set k and clears it in set
+  1-k; the bit read before the update says whether this is a retransmission.
+* counter per (set, slot): 0 means idle or finished. A new contribution that finds 0 is
+  the first: it *writes* values and exponent and sets the counter to workers-1; later new
+  contributions *add* (wrapping int32, as a switch ALU) and max the exponent, and count
+  down. Reaching 0 finishes the slot: the result is multicast to every worker of the job.
+* a retransmission of a finished slot is answered with the stored result, unicast; one of
+  an unfinished slot is ignored (never counted twice).
+"""
+
+from __future__ import annotations
+
+import enum
+import random
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import NamedTuple, Protocol
+
+import numpy as np
+
+from hostlib.protocol import (
+    HEADER,
+    HEADER_SIZE,
+    LANE_BYTES,
+    LANES_PER_PACKET,
+    MAX_LANES,
+    MAX_WORKERS,
+    POOL_SET_BIT,
+    PROTOCOL_VERSION,
+    SLOT_MASK,
+    SWITCH_SLOTS,
+    PacketType,
+)
+
+__all__ = [
+    "Addr",
+    "Dataplane",
+    "DropReason",
+    "DropSimulator",
+    "Emit",
+    "JobConfig",
+    "JobTableError",
+    "Pipeline",
+    "SlotState",
+]
+
+Addr = tuple[str, int]
+"""A UDP endpoint ``(ip, port)``: what a P4 worker table matches on (IPv4 src, UDP src)."""
+
+_DATA_VT = (PROTOCOL_VERSION << 4) | PacketType.DATA
+_RESULT_VT = (PROTOCOL_VERSION << 4) | PacketType.RESULT
+
+
+class DropReason(str, enum.Enum):
+    """Why the pipeline dropped a packet; one counter each."""
+
+    TRUNCATED = "truncated"  # shorter than the INA header
+    MALFORMED = "malformed"  # unknown version or packet type (results never go to a switch)
+    UNKNOWN_JOB = "unknown_job"  # job table miss
+    BAD_RANK = "bad_rank"  # rank >= the job's number of workers
+    BAD_SOURCE = "bad_source"  # rank not bound to this source address:port
+    BAD_SLOT = "bad_slot"  # slot outside the job's slot range
+    BAD_LANES = "bad_lanes"  # num_lanes differs from the switch's lanes
+    BAD_LENGTH = "bad_length"  # datagram length disagrees with num_lanes
+    SIM_INGRESS = "sim_ingress"  # drop simulator, switch ingress
+    SIM_EGRESS = "sim_egress"  # drop simulator, per replica at egress
+
+
+class JobTableError(ValueError):
+    """A job-table write that cannot be applied (duplicate id, no slots, bad worker)."""
+
+
+@dataclass(frozen=True)
+class JobConfig:
+    """One job-table entry and its worker bindings (what P4Runtime writes map onto).
+
+    Attributes:
+        job_id: 16-bit job id carried in every packet.
+        workers: source address of each rank, index = rank; results go to these too.
+        slot_count: slots (per set) reserved for the job.
+        slot_base: first slot of the job's range in the switch pool; ``None`` lets the
+            switch pick the lowest free range.
+    """
+
+    job_id: int
+    workers: tuple[Addr, ...]
+    slot_count: int
+    slot_base: int | None = None
+
+    @property
+    def num_workers(self) -> int:
+        return len(self.workers)
+
+
+@dataclass
+class _Job:
+    job_id: int
+    workers: tuple[Addr, ...]
+    slot_base: int
+    slot_count: int
+    num_workers: int = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.num_workers = len(self.workers)
+
+
+class Emit(NamedTuple):
+    """Packets the pipeline asks the I/O layer to send: one payload to each destination."""
+
+    payload: memoryview
+    dests: Sequence[Addr]
+
+
+class SlotState(NamedTuple):
+    """A register read of one (slot, set), as ``inalab ctl show-bitmap`` prints it."""
+
+    bitmap: int
+    other_bitmap: int
+    counter: int
+    exponent: int
+    values: np.ndarray
+
+
+class DropSimulator:
+    """Seeded Bernoulli loss at switch ingress and egress (SwitchML's drop simulator).
+
+    Args:
+        ingress: probability of dropping a packet as it arrives, 0..1.
+        egress: probability of dropping each replica as it leaves, 0..1.
+        seed: seed of the simulator's own random stream.
+
+    Raises:
+        ValueError: a probability outside 0..1.
+    """
+
+    def __init__(self, ingress: float = 0.0, egress: float = 0.0, seed: int = 0) -> None:
+        for name, p in (("ingress", ingress), ("egress", egress)):
+            if not 0.0 <= p <= 1.0:
+                raise ValueError(f"{name} drop probability {p} outside 0..1")
+        self.ingress = ingress
+        self.egress = egress
+        self._random = random.Random(seed).random
+
+    def drop_ingress(self) -> bool:
+        return self.ingress > 0.0 and self._random() < self.ingress
+
+    def drop_egress(self) -> bool:
+        return self.egress > 0.0 and self._random() < self.egress
+
+
+class Dataplane(Protocol):
+    """What any INA backend offers: the job API, per-packet processing, registers, counters."""
+
+    lanes: int
+
+    def add_job(self, job: JobConfig) -> int: ...
+    def remove_job(self, job_id: int) -> None: ...
+    def process(self, data: memoryview, src: Addr) -> Emit | None: ...
+    def read_slot(self, job_id: int, slot: int, pool_set: int) -> SlotState: ...
+    def counters(self) -> dict[str, int]: ...
+
+
+class Pipeline:
+    """The soft switch's data plane state and its per-packet logic.
+
+    Args:
+        lanes: int32 lanes per packet this switch aggregates (a P4 compile-time constant;
+            here a start-up option up to ``MAX_LANES``).
+        slots: slots per set in the switch pool.
+        drops: the drop simulator; none by default.
+
+    Raises:
+        ValueError: lanes or slots out of range.
+    """
+
+    def __init__(
+        self,
+        lanes: int = LANES_PER_PACKET,
+        slots: int = SWITCH_SLOTS,
+        drops: DropSimulator | None = None,
+    ) -> None:
+        if not 1 <= lanes <= MAX_LANES:
+            raise ValueError(f"lanes {lanes} outside 1..{MAX_LANES}")
+        if not 1 <= slots <= SLOT_MASK + 1:
+            raise ValueError(f"slots {slots} outside 1..{SLOT_MASK + 1}")
+        self.lanes = lanes
+        self.slots = slots
+        self.drops = drops or DropSimulator()
+        self._size = HEADER_SIZE + lanes * LANE_BYTES
+        # Registers. Index [set, slot] / [set * slots + slot]; values are native int32 so
+        # the ALU add wraps exactly as a switch's does.
+        self.bitmap = np.zeros((2, slots), dtype=np.uint32)
+        self.counter = np.zeros(2 * slots, dtype=np.int32)
+        self.exponent = np.full(2 * slots, -128, dtype=np.int8)
+        self.values = np.zeros((2 * slots, lanes), dtype=np.int32)
+        self._jobs: dict[int, _Job] = {}
+        self._out = bytearray(self._size)
+        self._out_view = memoryview(self._out)
+        self._out_values = np.frombuffer(self._out, dtype=">i4", offset=HEADER_SIZE)
+        self.stats: dict[str, int] = {
+            "received": 0,
+            "aggregated": 0,
+            "completed": 0,
+            "results_sent": 0,
+            "retransmits_answered": 0,
+            "duplicates_ignored": 0,
+        }
+        for reason in DropReason:
+            self.stats["drop_" + reason.value] = 0
+
+    # ----------------------------------------------------------------- job table API
+    def add_job(self, job: JobConfig) -> int:
+        """Insert a job entry, bind its workers, clear its slots; return its slot base.
+
+        Raises:
+            JobTableError: duplicate job id, bad worker list, or no free slot range.
+        """
+        if job.job_id in self._jobs:
+            raise JobTableError(f"job {job.job_id} already exists")
+        if not 0 <= job.job_id <= 0xFFFF:
+            raise JobTableError(f"job id {job.job_id} outside 0..65535")
+        if not 1 <= job.num_workers <= MAX_WORKERS:
+            raise JobTableError(f"{job.num_workers} workers outside 1..{MAX_WORKERS}")
+        if len(set(job.workers)) != job.num_workers:
+            raise JobTableError("two ranks bound to one source address")
+        if not 1 <= job.slot_count <= self.slots:
+            raise JobTableError(f"slot count {job.slot_count} outside 1..{self.slots}")
+        base = self._place(job.slot_count) if job.slot_base is None else job.slot_base
+        if not self._range_free(base, job.slot_count):
+            raise JobTableError(f"slots {base}..{base + job.slot_count - 1} not free")
+        self._jobs[job.job_id] = _Job(job.job_id, tuple(job.workers), base, job.slot_count)
+        self._clear(base, job.slot_count)
+        return base
+
+    def remove_job(self, job_id: int) -> None:
+        """Delete a job entry and clear its slot range.
+
+        Raises:
+            JobTableError: no such job.
+        """
+        job = self._jobs.pop(job_id, None)
+        if job is None:
+            raise JobTableError(f"no job {job_id}")
+        self._clear(job.slot_base, job.slot_count)
+
+    def jobs(self) -> list[JobConfig]:
+        """The job table as written (bases resolved)."""
+        return [
+            JobConfig(j.job_id, j.workers, j.slot_count, j.slot_base) for j in self._jobs.values()
+        ]
+
+    def read_slot(self, job_id: int, slot: int, pool_set: int) -> SlotState:
+        """Read the registers of one job-relative slot and set.
+
+        Raises:
+            JobTableError: no such job, or slot/set out of range.
+        """
+        job = self._jobs.get(job_id)
+        if job is None:
+            raise JobTableError(f"no job {job_id}")
+        if not 0 <= slot < job.slot_count or pool_set not in (0, 1):
+            raise JobTableError(f"slot {slot} set {pool_set} outside job {job_id}")
+        s = job.slot_base + slot
+        i = pool_set * self.slots + s
+        return SlotState(
+            int(self.bitmap[pool_set, s]),
+            int(self.bitmap[1 - pool_set, s]),
+            int(self.counter[i]),
+            int(self.exponent[i]),
+            self.values[i].copy(),
+        )
+
+    def counters(self) -> dict[str, int]:
+        return dict(self.stats)
+
+    # ----------------------------------------------------------------- data path
+    def process(self, data: memoryview, src: Addr) -> Emit | None:
+        """Run one datagram from ``src`` through the pipeline.
+
+        Returns what to send, or ``None`` when the packet is consumed or dropped. Never
+        raises on packet content: anything invalid is dropped and counted.
+        """
+        stats = self.stats
+        stats["received"] += 1
+        if self.drops.ingress and self.drops.drop_ingress():
+            return self._drop(DropReason.SIM_INGRESS)
+        n = len(data)
+        if n < HEADER_SIZE:
+            return self._drop(DropReason.TRUNCATED)
+        vt, _flags, job_id, rank, exp, lanes, pidx, _, _seq = HEADER.unpack_from(data)
+        if vt != _DATA_VT:
+            return self._drop(DropReason.MALFORMED)
+        job = self._jobs.get(job_id)
+        if job is None:
+            return self._drop(DropReason.UNKNOWN_JOB)
+        if rank >= job.num_workers:
+            return self._drop(DropReason.BAD_RANK)
+        if job.workers[rank] != src:
+            return self._drop(DropReason.BAD_SOURCE)
+        slot = pidx & SLOT_MASK
+        if slot >= job.slot_count:
+            return self._drop(DropReason.BAD_SLOT)
+        if lanes != self.lanes:
+            return self._drop(DropReason.BAD_LANES)
+        if n != self._size:
+            return self._drop(DropReason.BAD_LENGTH)
+        pool_set = 1 if pidx & POOL_SET_BIT else 0
+        s = job.slot_base + slot
+        i = pool_set * self.slots + s
+        bit = 1 << rank
+        bitmap = self.bitmap
+        seen = int(bitmap[pool_set, s]) & bit
+        bitmap[pool_set, s] |= bit
+        bitmap[1 - pool_set, s] &= ~bit & 0xFFFFFFFF
+        counter = self.counter
+        if seen:
+            if counter[i] == 0:
+                stats["retransmits_answered"] += 1
+                return self._result(data, i, (src,))
+            stats["duplicates_ignored"] += 1
+            return None
+        payload = np.frombuffer(data, dtype=">i4", offset=HEADER_SIZE)
+        left = int(counter[i])
+        if left == 0:
+            counter[i] = job.num_workers - 1
+            self.values[i] = payload
+            self.exponent[i] = exp
+        else:
+            counter[i] = left - 1
+            np.add(self.values[i], payload, out=self.values[i], casting="unsafe")
+            if exp > self.exponent[i]:
+                self.exponent[i] = exp
+        stats["aggregated"] += 1
+        if counter[i] != 0:
+            return None
+        stats["completed"] += 1
+        return self._result(data, i, job.workers)
+
+    def _result(self, data: memoryview, i: int, dests: tuple[Addr, ...]) -> Emit | None:
+        """Turn the packet into a RESULT carrying slot ``i``'s registers, for ``dests``.
+
+        The payload view is the pipeline's one output buffer: send it before the next
+        call of :meth:`process`.
+        """
+        out = self._out
+        out[:HEADER_SIZE] = data[:HEADER_SIZE]
+        out[0] = _RESULT_VT
+        out[5] = int(self.exponent[i]) & 0xFF
+        self._out_values[:] = self.values[i]
+        drops = self.drops
+        if drops.egress:
+            kept = tuple(d for d in dests if not drops.drop_egress())
+            self.stats["drop_" + DropReason.SIM_EGRESS.value] += len(dests) - len(kept)
+            dests = kept
+        if not dests:
+            return None
+        self.stats["results_sent"] += len(dests)
+        return Emit(self._out_view, dests)
+
+    def _drop(self, reason: DropReason) -> None:
+        self.stats["drop_" + reason.value] += 1
+        return None
+
+    # ----------------------------------------------------------------- slot ranges
+    def _clear(self, base: int, count: int) -> None:
+        end = base + count
+        self.bitmap[:, base:end] = 0
+        for pool_set in (0, 1):
+            lo = pool_set * self.slots + base
+            self.counter[lo : lo + count] = 0
+            self.exponent[lo : lo + count] = -128
+            self.values[lo : lo + count] = 0
+
+    def _range_free(self, base: int, count: int) -> bool:
+        if base < 0 or base + count > self.slots:
+            return False
+        return all(
+            base + count <= j.slot_base or j.slot_base + j.slot_count <= base
+            for j in self._jobs.values()
+        )
+
+    def _place(self, count: int) -> int:
+        starts = [0] + [j.slot_base + j.slot_count for j in self._jobs.values()]
+        for base in sorted(starts):
+            if self._range_free(base, count):
+                return base
+        raise JobTableError(f"no free range of {count} slots")

@@ -1,0 +1,219 @@
+"""The INA wire protocol: header layout and the constants shared by hosts and switches.
+
+This module is the single definition of what crosses the wire between a worker and an
+aggregation switch (the soft switch in ``emulation.softswitch`` and the P4 program in
+``p4/``). It imports nothing of inalab's own. ``docs/protocol.md`` explains the fields;
+a test cross-checks these constants against the P4 sources.
+
+Frame: Ethernet / IPv4 / UDP (dst port :data:`INA_UDP_PORT`) / INA header (16 bytes) /
+``num_lanes`` x int32 payload. Every multi-byte field, payload included, is big-endian
+(network order) because a P4 parser extracts header fields in wire order and a switch ALU
+adds lanes as they were extracted; hosts byte-swap once per packet with numpy.
+
+Header (16 bytes, offsets in bytes)::
+
+    0      version:4 | ptype:4
+    1      flags:8          FLAG_RESEND: the host marks retransmissions (counted only;
+                            the switch decides by its bitmap, never by this flag)
+    2..3   job_id:16        selects the job entry (ATP-style per-job isolation)
+    4      rank:8           worker rank within the job, < MAX_WORKERS
+    5      exponent:s8      block exponent E (2**E <= max|x| < 2**(E+1)); in a result:
+                            the max over the job's workers, as kept by the switch
+    6..7   num_lanes:16     int32 lanes in the payload; must equal the switch's lanes
+    8..9   pool_index:16    bit 15: the set (shadow copy); bits 0..14: slot within the
+                            job's slot range (the switch adds the job's slot base)
+    10..11 reserved:16      zero on send, ignored on receive
+    12..15 seq:32           packet index within one collective, echoed in the result so
+                            the host places it without per-slot state
+"""
+
+from __future__ import annotations
+
+import enum
+import struct
+from dataclasses import dataclass
+
+__all__ = [
+    "DEFAULT_SLOTS_PER_JOB",
+    "EXPONENT_MAX",
+    "EXPONENT_MIN",
+    "FLAG_RESEND",
+    "HEADER",
+    "HEADER_SIZE",
+    "INA_UDP_PORT",
+    "LANES_PER_PACKET",
+    "LANE_BYTES",
+    "MAX_LANES",
+    "MAX_SLOT",
+    "MAX_WORKERS",
+    "POOL_SET_BIT",
+    "PROTOCOL_VERSION",
+    "SLOT_MASK",
+    "SWITCH_SLOTS",
+    "Header",
+    "PacketType",
+    "ProtocolError",
+    "make_pool_index",
+    "pack_header",
+    "packet_size",
+    "split_pool_index",
+    "unpack_header",
+]
+
+PROTOCOL_VERSION = 1
+"""Bumped on any incompatible change of the header layout."""
+
+INA_UDP_PORT = 0x4E41  # 20033, "NA": not a registered service port
+"""UDP destination port that marks a datagram as INA traffic (switch and scapy binding)."""
+
+LANES_PER_PACKET = 64
+"""int32 lanes per packet on the P4 target: one register array per lane, unrolled (a P4
+program has no loops); 64 lanes = 256 B payload, SwitchML's 256 B unit. The soft switch
+accepts any value up to :data:`MAX_LANES` as a start-up option (jumbo datagrams)."""
+
+MAX_LANES = 2048
+"""Largest lane count the soft switch accepts: 8 KiB payload fits a 9000 B jumbo frame."""
+
+LANE_BYTES = 4
+"""Bytes per lane: one int32."""
+
+MAX_WORKERS = 32
+"""Workers per job: the worker bitmap is one 32-bit register cell per slot and set."""
+
+SWITCH_SLOTS = 16384
+"""Slots per set in the whole switch pool (every job takes a contiguous range). bmv2
+registers have no stage limit; 16384 matches SwitchML's Tofino register size."""
+
+DEFAULT_SLOTS_PER_JOB = 256
+"""Slots a job gets unless configured otherwise: SwitchML's default outstanding window."""
+
+POOL_SET_BIT = 0x8000
+"""pool_index bit that selects the shadow-copy set (SwitchML encodes it the same way)."""
+
+SLOT_MASK = 0x7FFF
+"""pool_index bits that hold the job-relative slot."""
+
+MAX_SLOT = SLOT_MASK
+"""Largest job-relative slot index the header can carry."""
+
+EXPONENT_MIN = -128
+"""Exponent of an all-zero block: the identity of max()."""
+
+EXPONENT_MAX = 127
+
+FLAG_RESEND = 0x01
+
+
+class PacketType(enum.IntEnum):
+    """Value of the 4-bit ``ptype`` field."""
+
+    DATA = 1
+    """worker -> switch: a contribution."""
+    RESULT = 2
+    """switch -> worker: the aggregate of a finished slot (multicast, or unicast re-send)."""
+
+
+HEADER = struct.Struct("!BBHBbHHHI")
+HEADER_SIZE = HEADER.size
+"""16 bytes: the layout above; p4/headers.p4 declares the same fields."""
+
+
+class ProtocolError(ValueError):
+    """A header field is out of range (on pack) or a datagram is malformed (on unpack)."""
+
+
+@dataclass(frozen=True, slots=True)
+class Header:
+    """A decoded INA header; ``slot`` is job-relative and ``pool_set`` is 0 or 1."""
+
+    ptype: PacketType
+    job_id: int
+    rank: int
+    slot: int
+    pool_set: int
+    seq: int
+    num_lanes: int
+    exponent: int = EXPONENT_MIN
+    flags: int = 0
+    version: int = PROTOCOL_VERSION
+
+
+def make_pool_index(slot: int, pool_set: int) -> int:
+    """Encode a job-relative slot and its set into the 16-bit pool_index field.
+
+    Raises:
+        ProtocolError: slot outside 0..MAX_SLOT or pool_set not 0/1.
+    """
+    if not 0 <= slot <= MAX_SLOT:
+        raise ProtocolError(f"slot {slot} outside 0..{MAX_SLOT}")
+    if pool_set not in (0, 1):
+        raise ProtocolError(f"pool set {pool_set} is not 0 or 1")
+    return slot | (POOL_SET_BIT if pool_set else 0)
+
+
+def split_pool_index(pool_index: int) -> tuple[int, int]:
+    """Return ``(slot, pool_set)`` of a pool_index field."""
+    return pool_index & SLOT_MASK, 1 if pool_index & POOL_SET_BIT else 0
+
+
+def packet_size(num_lanes: int) -> int:
+    """UDP payload size in bytes of a packet with ``num_lanes`` lanes."""
+    return HEADER_SIZE + num_lanes * LANE_BYTES
+
+
+def pack_header(h: Header, buf: bytearray | memoryview | None = None, offset: int = 0) -> bytes:
+    """Serialise ``h``; into ``buf`` at ``offset`` when given (returns b"" then).
+
+    Raises:
+        ProtocolError: a field does not fit its width.
+    """
+    _check_range("version", h.version, 0, 15)
+    _check_range("job_id", h.job_id, 0, 0xFFFF)
+    _check_range("rank", h.rank, 0, 0xFF)
+    _check_range("exponent", h.exponent, EXPONENT_MIN, EXPONENT_MAX)
+    _check_range("num_lanes", h.num_lanes, 0, 0xFFFF)
+    _check_range("seq", h.seq, 0, 0xFFFFFFFF)
+    _check_range("flags", h.flags, 0, 0xFF)
+    fields = (
+        (h.version << 4) | int(h.ptype),
+        h.flags,
+        h.job_id,
+        h.rank,
+        h.exponent,
+        h.num_lanes,
+        make_pool_index(h.slot, h.pool_set),
+        0,
+        h.seq,
+    )
+    if buf is None:
+        return HEADER.pack(*fields)
+    HEADER.pack_into(buf, offset, *fields)
+    return b""
+
+
+def unpack_header(data: bytes | bytearray | memoryview) -> Header:
+    """Decode the header at the start of ``data`` (payload length is checked too).
+
+    Raises:
+        ProtocolError: truncated datagram, unknown version or type, or a payload whose
+            length disagrees with ``num_lanes``.
+    """
+    if len(data) < HEADER_SIZE:
+        raise ProtocolError(f"truncated: {len(data)} bytes < header {HEADER_SIZE}")
+    vt, flags, job_id, rank, exponent, lanes, pool_index, _, seq = HEADER.unpack_from(data)
+    version, ptype = vt >> 4, vt & 0x0F
+    if version != PROTOCOL_VERSION:
+        raise ProtocolError(f"unknown protocol version {version}")
+    try:
+        kind = PacketType(ptype)
+    except ValueError:
+        raise ProtocolError(f"unknown packet type {ptype}") from None
+    if len(data) != packet_size(lanes):
+        raise ProtocolError(f"{len(data)} bytes do not hold {lanes} lanes")
+    slot, pool_set = split_pool_index(pool_index)
+    return Header(kind, job_id, rank, slot, pool_set, seq, lanes, exponent, flags, version)
+
+
+def _check_range(name: str, value: int, lo: int, hi: int) -> None:
+    if not lo <= value <= hi:
+        raise ProtocolError(f"{name}={value} outside {lo}..{hi}")
