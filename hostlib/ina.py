@@ -1,0 +1,384 @@
+"""One worker's side of an INA allreduce, as a sans-I/O state machine.
+
+:class:`InaAllreduce` turns a buffer into packets, keeps a window of outstanding slots,
+places results, and decides on retransmissions; it never touches a socket or a clock. A
+driver feeds it datagrams and the time: ``hostlib.session`` over a real
+:class:`~hostlib.transport.base.Transport`, and ``hostlib.transport.memory.FakeNetwork``
+in virtual time for deterministic loss, duplication and reordering tests. Both run this
+same code.
+
+Packet plan (``docs/protocol.md``): ``W = min(slots, blocks)`` slots; packet ``p`` uses
+slot ``p % W`` with set ``(uses of that slot so far) % 2`` and is sent only after the
+result of packet ``p - W`` (the slot's previous use) arrived. int32 data: packet ``p``
+carries block ``p``. float32 data: exponents travel one window ahead, so packet ``p``
+carries the local exponent of block ``p`` and the data of block ``p - W``, quantized with
+the global exponent that came back in the result of packet ``p - W``; the first ``W``
+packets carry exponents only. The header's seq numbers packets monotonically across the
+calls of a session, from 1 (0 is reserved for an unused switch slot, and skipped on
+wrap-around): the switch drops a packet older than the use its slot holds.
+"""
+
+from __future__ import annotations
+
+import heapq
+import math
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from hostlib.protocol import (
+    DEFAULT_SLOTS_PER_JOB,
+    EXPONENT_MIN,
+    FLAG_RESEND,
+    HEADER,
+    HEADER_SIZE,
+    LANES_PER_PACKET,
+    MAX_LANES,
+    MAX_SLOT,
+    MAX_WORKERS,
+    POOL_SET_BIT,
+    PROTOCOL_VERSION,
+    PacketType,
+    packet_size,
+)
+from hostlib.quantize import block_exponents, dequantize, quantize_block
+
+SEQ_MODULUS = 0xFFFFFFFF
+"""Packet numbers run 1..2**32-1 and wrap to 1."""
+
+__all__ = ["SEQ_MODULUS", "Addr", "InaAllreduce", "InaError", "InaTimeoutError", "JobSpec", "RetryPolicy"]
+
+Addr = tuple[str, int]
+
+_RESULT_VT = (PROTOCOL_VERSION << 4) | PacketType.RESULT
+_WIRE_HEADER = np.dtype(
+    [
+        ("vt", "u1"),
+        ("flags", "u1"),
+        ("job", ">u2"),
+        ("rank", "u1"),
+        ("exp", "i1"),
+        ("lanes", ">u2"),
+        ("pool", ">u2"),
+        ("reserved", ">u2"),
+        ("seq", ">u4"),
+    ]
+)
+
+
+class InaError(RuntimeError):
+    """An INA collective could not complete."""
+
+
+class InaTimeoutError(InaError):
+    """The switch or a peer stopped answering for longer than the deadline."""
+
+
+@dataclass(frozen=True)
+class JobSpec:
+    """This worker's place in a job, as configured on the switch.
+
+    Raises:
+        ValueError: a field out of range.
+    """
+
+    job_id: int
+    rank: int
+    num_workers: int
+    switch: Addr
+    lanes: int = LANES_PER_PACKET
+    slots: int = DEFAULT_SLOTS_PER_JOB
+
+    def __post_init__(self) -> None:
+        checks = (
+            ("job_id", self.job_id, 0, 0xFFFF),
+            ("num_workers", self.num_workers, 1, MAX_WORKERS),
+            ("rank", self.rank, 0, self.num_workers - 1),
+            ("lanes", self.lanes, 1, MAX_LANES),
+            ("slots", self.slots, 1, MAX_SLOT + 1),
+        )
+        for name, value, lo, hi in checks:
+            if not lo <= value <= hi:
+                raise ValueError(f"{name}={value} outside {lo}..{hi}")
+
+
+@dataclass(frozen=True)
+class RetryPolicy:
+    """Retransmission timing (seconds). The timeout adapts to the measured round trip
+    (srtt + 4 rttvar, Karn's rule) within ``[min_timeout, max_timeout]`` and doubles per
+    retransmission of a packet; ``deadline`` is the longest time without any new result
+    before :class:`InaTimeoutError`.
+
+    Raises:
+        ValueError: non-positive times, or min > max.
+    """
+
+    timeout: float = 0.02
+    min_timeout: float = 0.002
+    max_timeout: float = 0.5
+    backoff: float = 2.0
+    deadline: float = 10.0
+
+    def __post_init__(self) -> None:
+        if min(self.timeout, self.min_timeout, self.max_timeout, self.deadline) <= 0:
+            raise ValueError("retry times must be positive")
+        if self.min_timeout > self.max_timeout or self.backoff < 1.0:
+            raise ValueError("need min_timeout <= max_timeout and backoff >= 1")
+
+
+@dataclass
+class _Stats:
+    sent: int = 0
+    retransmitted: int = 0
+    stale: int = 0
+    foreign: int = 0
+
+
+@dataclass
+class _Rtt:
+    """Round-trip estimator (RFC 6298) shared by all slots of a session."""
+
+    rto: float
+    srtt: float = 0.0
+    rttvar: float = 0.0
+    samples: int = field(default=0)
+
+    def update(self, rtt: float, policy: RetryPolicy) -> None:
+        if self.samples == 0:
+            self.srtt, self.rttvar = rtt, rtt / 2
+        else:
+            self.rttvar = 0.75 * self.rttvar + 0.25 * abs(self.srtt - rtt)
+            self.srtt = 0.875 * self.srtt + 0.125 * rtt
+        self.samples += 1
+        self.rto = min(max(self.srtt + 4 * self.rttvar, policy.min_timeout), policy.max_timeout)
+
+
+class InaAllreduce:
+    """The state machine of one allreduce call of one worker.
+
+    Args:
+        spec: the job and this worker's rank.
+        data: 1-D float32 or int32 array (not modified).
+        uses: per-slot use counts of this worker's session, shape ``(spec.slots,)``;
+            advanced by :meth:`commit` once the call has completed.
+        policy: retransmission timing.
+        rtt: the session's round-trip estimator (``None``: a fresh one).
+        first_seq: packet number of this call's first packet (1 in a new session).
+
+    Raises:
+        TypeError: data is not float32/int32.
+        ValueError: data is not 1-D, or holds NaN/infinity (float32).
+    """
+
+    def __init__(
+        self,
+        spec: JobSpec,
+        data: np.ndarray,
+        uses: np.ndarray,
+        policy: RetryPolicy,
+        rtt: _Rtt | None = None,
+        first_seq: int = 1,
+    ) -> None:
+        if data.dtype not in (np.float32, np.int32):
+            raise TypeError(f"allreduce supports float32 and int32, not {data.dtype}")
+        if data.ndim != 1:
+            raise ValueError("allreduce takes a 1-D array")
+        if not 1 <= first_seq <= SEQ_MODULUS:
+            raise ValueError(f"first_seq {first_seq} outside 1..{SEQ_MODULUS}")
+        self.spec, self.policy, self.uses = spec, policy, uses
+        self.first_seq = first_seq
+        self.rtt = rtt or _Rtt(policy.timeout)
+        self.stats = _Stats()
+        self.count = data.size
+        self.is_float = data.dtype == np.float32
+        lanes = spec.lanes
+        self.nblocks = max(1, math.ceil(data.size / lanes))
+        self.window = min(spec.slots, self.nblocks)
+        self.npackets = self.nblocks + (self.window if self.is_float else 0)
+        self._blocks = np.zeros((self.nblocks, lanes), dtype=data.dtype)
+        self._blocks.reshape(-1)[: data.size] = data
+        self._sums = np.zeros((self.nblocks, lanes), dtype=np.int32)
+        self._global_exp = np.full(self.nblocks, EXPONENT_MIN, dtype=np.int8)
+        self._wire = self._build_wire()
+        self._wire_view = memoryview(self._wire).cast("B")
+        self._size = packet_size(lanes)
+        w = self.window
+        self._outstanding = np.full(w, -1, dtype=np.int64)  # seq in flight per slot
+        self._sent_at = np.zeros(w)
+        self._slot_rto = np.zeros(w)
+        self._resent = np.zeros(w, dtype=bool)
+        self._timers: list[tuple[float, int, int]] = []
+        self._done = 0
+        self._last_progress = 0.0
+
+    # ------------------------------------------------------------------ plan
+    def _build_wire(self) -> np.ndarray:
+        """All packets of the call, headers filled; payloads filled now (int32) or lazily."""
+        spec, n, w = self.spec, self.npackets, self.window
+        wire = np.zeros((n, packet_size(spec.lanes)), dtype=np.uint8)
+        hdr = np.zeros(n, dtype=_WIRE_HEADER)
+        seq = np.arange(n, dtype=np.int64)
+        slot = seq % w
+        pool_set = (self.uses[slot] + seq // w) % 2
+        hdr["vt"] = (PROTOCOL_VERSION << 4) | PacketType.DATA
+        hdr["job"] = spec.job_id
+        hdr["rank"] = spec.rank
+        hdr["lanes"] = spec.lanes
+        hdr["pool"] = slot | np.where(pool_set == 1, POOL_SET_BIT, 0)
+        hdr["seq"] = (self.first_seq - 1 + seq) % SEQ_MODULUS + 1
+        if self.is_float:
+            hdr["exp"] = EXPONENT_MIN
+            hdr["exp"][: self.nblocks] = block_exponents(self._blocks)
+        else:
+            hdr["exp"] = EXPONENT_MIN
+            self._payload(wire)[:] = self._blocks
+        wire[:, :HEADER_SIZE] = hdr.view(np.uint8).reshape(n, HEADER_SIZE)
+        return wire
+
+    @staticmethod
+    def _payload(rows: np.ndarray) -> np.ndarray:
+        """Big-endian int32 view of the payload of wire rows."""
+        return rows[..., HEADER_SIZE:].view(">i4")
+
+    def _data_block(self, seq: int) -> int:
+        """Block whose data packet ``seq`` carries (-1: exponents only)."""
+        return seq - self.window if self.is_float else seq
+
+    # ------------------------------------------------------------------ driving
+    @property
+    def done(self) -> bool:
+        return self._done == self.npackets
+
+    def start(self, now: float) -> list[memoryview]:
+        """The first window of packets to send."""
+        self._last_progress = now
+        return [self._send(seq, now) for seq in range(self.window)]
+
+    def on_datagram(self, data: memoryview, now: float) -> memoryview | None:
+        """Take one received datagram; return the next packet to send, if any."""
+        if len(data) != self._size:
+            self.stats.foreign += 1
+            return None
+        vt, _f, job, _r, exp, lanes, _p, _x, wire_seq = HEADER.unpack_from(data)
+        if vt != _RESULT_VT or job != self.spec.job_id or lanes != self.spec.lanes:
+            self.stats.foreign += 1
+            return None
+        seq = (wire_seq - self.first_seq) % SEQ_MODULUS
+        slot = seq % self.window if seq < self.npackets else -1
+        if slot < 0 or self._outstanding[slot] != seq:
+            self.stats.stale += 1  # a duplicate, or the unicast re-send of a result we had
+            return None
+        self._accept(slot, seq, exp, data, now)
+        nxt = seq + self.window
+        if nxt >= self.npackets:
+            return None
+        if self.is_float:
+            self._fill(nxt)
+        return self._send(nxt, now)
+
+    def _accept(self, slot: int, seq: int, exp: int, data: memoryview, now: float) -> None:
+        self._outstanding[slot] = -1
+        self._done += 1
+        self._last_progress = now
+        if not self._resent[slot]:
+            self.rtt.update(now - self._sent_at[slot], self.policy)
+        block = self._data_block(seq)
+        if block >= 0:
+            self._sums[block] = np.frombuffer(data, dtype=">i4", offset=HEADER_SIZE)
+        if self.is_float and seq < self.nblocks:
+            self._global_exp[seq] = exp
+
+    def _fill(self, seq: int) -> None:
+        """Quantize the data of packet ``seq`` with its block's global exponent."""
+        block = self._data_block(seq)
+        row = self._wire[seq]
+        quantize_block(
+            self._blocks[block],
+            int(self._global_exp[block]),
+            self.spec.num_workers,
+            self._payload(row),
+        )
+
+    def _send(self, seq: int, now: float) -> memoryview:
+        slot = seq % self.window
+        self._outstanding[slot] = seq
+        self._sent_at[slot] = now
+        self._resent[slot] = False
+        self._slot_rto[slot] = self.rtt.rto
+        heapq.heappush(self._timers, (now + self.rtt.rto, slot, seq))
+        self.stats.sent += 1
+        start = seq * self._size
+        return self._wire_view[start : start + self._size]
+
+    def next_wakeup(self) -> float:
+        """When :meth:`on_timer` has work next (a retransmission or the deadline)."""
+        deadline = self._last_progress + self.policy.deadline
+        return min(self._timers[0][0], deadline) if self._timers else deadline
+
+    def on_timer(self, now: float) -> list[memoryview]:
+        """Packets to retransmit at ``now``.
+
+        Raises:
+            InaTimeoutError: no new result for longer than the policy's deadline.
+        """
+        if self.done:
+            return []
+        if now >= self._last_progress + self.policy.deadline:  # the next_wakeup() sum
+            raise InaTimeoutError(self._timeout_message(now))
+        out = []
+        timers = self._timers
+        while timers and timers[0][0] <= now:
+            _, slot, seq = heapq.heappop(timers)
+            if self._outstanding[slot] != seq:
+                continue  # answered since
+            out.append(self._resend(slot, seq, now))
+        return out
+
+    def _resend(self, slot: int, seq: int, now: float) -> memoryview:
+        rto = min(self._slot_rto[slot] * self.policy.backoff, self.policy.max_timeout)
+        self._slot_rto[slot] = rto
+        self._resent[slot] = True
+        heapq.heappush(self._timers, (now + rto, slot, seq))
+        self._wire[seq, 1] |= FLAG_RESEND
+        self.stats.sent += 1
+        self.stats.retransmitted += 1
+        start = seq * self._size
+        return self._wire_view[start : start + self._size]
+
+    def _timeout_message(self, now: float) -> str:
+        waiting = sorted(int(s) for s in self._outstanding if s >= 0)
+        spec = self.spec
+        return (
+            f"job {spec.job_id} rank {spec.rank}: no result from switch {spec.switch} for "
+            f"{now - self._last_progress:.3f} s (deadline {self.policy.deadline} s); "
+            f"{self._done}/{self.npackets} packets done, waiting for seq {waiting[:8]}"
+            f"{'...' if len(waiting) > 8 else ''}, {self.stats.retransmitted} retransmissions"
+        )
+
+    # ------------------------------------------------------------------ result
+    def result(self) -> np.ndarray:
+        """The reduced array (float32 or int32, the input's size).
+
+        Raises:
+            InaError: the call has not completed.
+        """
+        if not self.done:
+            raise InaError("allreduce has not completed")
+        if self.is_float:
+            flat = dequantize(self._sums, self._global_exp, self.spec.num_workers)
+        else:
+            flat = self._sums
+        return flat.reshape(-1)[: self.count].copy()
+
+    @property
+    def next_seq(self) -> int:
+        """Packet number of the first packet of the session's next call."""
+        return (self.first_seq - 1 + self.npackets) % SEQ_MODULUS + 1
+
+    def commit(self) -> None:
+        """Advance the session's per-slot use counts past this completed call."""
+        if not self.done:
+            raise InaError("allreduce has not completed")
+        w, n = self.window, self.npackets
+        self.uses[:w] += n // w
+        self.uses[: n % w] += 1

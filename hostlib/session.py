@@ -1,0 +1,124 @@
+"""A worker's INA session: one job, a transport, and the slot state kept across calls."""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+import numpy as np
+
+from hostlib.ina import InaAllreduce, InaError, JobSpec, RetryPolicy, _Rtt
+from hostlib.transport.base import Transport
+
+__all__ = ["InaSession"]
+
+_RECV_BYTES = 65536
+
+
+class InaSession:
+    """Runs INA allreduce calls of one worker of one job over a transport.
+
+    Every worker of the job must make the same sequence of calls with the same sizes
+    (as with any collective): the per-slot set alternation is derived from it.
+
+    Args:
+        spec: the job as configured on the switch (this worker's rank and address).
+        transport: a bound transport whose ``local_addr`` the switch has for this rank.
+        policy: retransmission timing and the no-progress deadline.
+    """
+
+    def __init__(
+        self, spec: JobSpec, transport: Transport, policy: RetryPolicy | None = None
+    ) -> None:
+        self.spec = spec
+        self.transport = transport
+        self.policy = policy or RetryPolicy()
+        self.uses = np.zeros(spec.slots, dtype=np.int64)
+        self.rtt = _Rtt(self.policy.timeout)
+        self.retransmissions = 0
+        self.next_seq = 1
+        self._buf = bytearray(_RECV_BYTES)
+        self._broken: str | None = None
+
+    def allreduce(self, x: Any, inplace: bool = False) -> Any:
+        """Sum ``x`` over all workers of the job.
+
+        Args:
+            x: a float32 or int32 numpy array or torch CPU tensor, any shape.
+            inplace: write the result into ``x`` (and return it).
+
+        Returns:
+            The sum, of ``x``'s type, dtype and shape. float32 sums are within
+            ``hostlib.quantize.error_bound``; int32 sums are exact (wrapping).
+
+        Raises:
+            TypeError: unsupported type or dtype, or a non-CPU tensor.
+            ValueError: NaN or infinity in float32 data.
+            InaTimeoutError: the switch or a peer stopped answering for ``policy.deadline``.
+            InaError: the session broke in an earlier call.
+        """
+        if self._broken:
+            raise InaError(f"session unusable after an earlier failure: {self._broken}")
+        array, wrap = _as_numpy(x)
+        flat = np.ascontiguousarray(array).reshape(-1)
+        engine = InaAllreduce(
+            self.spec, flat, self.uses, self.policy, self.rtt, first_seq=self.next_seq
+        )
+        try:
+            self._drive(engine)
+        except InaError as exc:
+            # The switch's slot sets no longer match ours: the job must be re-created.
+            self._broken = str(exc)
+            raise
+        engine.commit()
+        self.next_seq = engine.next_seq
+        self.retransmissions += engine.stats.retransmitted
+        result = engine.result().reshape(array.shape)
+        if inplace:
+            array[...] = result
+            return x
+        return wrap(result)
+
+    def _drive(self, engine: InaAllreduce) -> None:
+        transport, dest = self.transport, self.spec.switch
+        send, recv = transport.send, transport.recv_into
+        view = memoryview(self._buf)
+        now = time.perf_counter()
+        for packet in engine.start(now):
+            send(packet, dest)
+        while not engine.done:
+            wait = engine.next_wakeup() - time.perf_counter()
+            n, src = recv(self._buf, max(wait, 0.0))
+            now = time.perf_counter()
+            if n and src == dest:
+                packet = engine.on_datagram(view[:n], now)
+                if packet is not None:
+                    send(packet, dest)
+            elif n:
+                engine.stats.foreign += 1
+            if now >= engine.next_wakeup():
+                for packet in engine.on_timer(now):
+                    send(packet, dest)
+
+    def close(self) -> None:
+        self.transport.close()
+
+    def __enter__(self) -> InaSession:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+def _as_numpy(x: Any) -> tuple[np.ndarray, Any]:
+    """A numpy view of ``x`` and a function turning a result array back into x's type."""
+    if isinstance(x, np.ndarray):
+        return x, lambda a: a
+    module = type(x).__module__
+    if module.startswith("torch"):
+        if x.device.type != "cpu":
+            raise TypeError(f"tensor on {x.device}: stage it to CPU first")
+        import torch  # only when given a tensor: torch is an optional dependency
+
+        return x.detach().numpy(), torch.from_numpy
+    raise TypeError(f"allreduce takes a numpy array or torch tensor, not {type(x).__name__}")

@@ -1,0 +1,73 @@
+"""UDP sockets as a host-library transport."""
+
+from __future__ import annotations
+
+import select
+import socket
+
+from hostlib.transport.base import Addr, TransportError
+
+__all__ = ["UdpTransport"]
+
+_BUFFER_BYTES = 8 << 20  # the kernel caps it at net.core.{r,w}mem_max; large windows burst
+
+
+class UdpTransport:
+    """A bound, non-blocking UDP socket.
+
+    Args:
+        local: address to bind; port 0 picks a free one (see :attr:`local_addr`).
+
+    Raises:
+        TransportError: the address cannot be bound.
+    """
+
+    def __init__(self, local: Addr = ("127.0.0.1", 0)) -> None:
+        self._sock = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+        try:
+            for opt in (socket.SO_RCVBUF, socket.SO_SNDBUF):
+                self._sock.setsockopt(socket.SOL_SOCKET, opt, _BUFFER_BYTES)
+            self._sock.bind(local)
+        except OSError as exc:
+            self._sock.close()
+            raise TransportError(f"cannot bind UDP {local[0]}:{local[1]}: {exc}") from None
+        self._sock.setblocking(False)
+        self._addr: Addr = self._sock.getsockname()[:2]
+
+    @property
+    def local_addr(self) -> Addr:
+        return self._addr
+
+    def send(self, data: bytes | memoryview, dest: Addr) -> None:
+        """Send one datagram; a full socket buffer waits for room instead of failing."""
+        while True:
+            try:
+                self._sock.sendto(data, dest)
+                return
+            except BlockingIOError:
+                select.select([], [self._sock], [], 0.01)
+            except OSError as exc:
+                raise TransportError(f"send to {dest[0]}:{dest[1]} failed: {exc}") from None
+
+    def recv_into(self, buf: bytearray | memoryview, timeout: float) -> tuple[int, Addr | None]:
+        try:
+            n, src = self._sock.recvfrom_into(buf)
+            return n, src
+        except BlockingIOError:
+            pass
+        if timeout > 0 and select.select([self._sock], [], [], timeout)[0]:
+            try:
+                n, src = self._sock.recvfrom_into(buf)
+                return n, src
+            except BlockingIOError:
+                pass
+        return 0, None
+
+    def close(self) -> None:
+        self._sock.close()
+
+    def __enter__(self) -> UdpTransport:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
