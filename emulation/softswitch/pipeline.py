@@ -18,6 +18,12 @@ Per-slot algorithm (SwitchML's, per ``shared/ANCHORS.md`` 1.3):
   down. Reaching 0 finishes the slot: the result is multicast to every worker of the job.
 * a retransmission of a finished slot is answered with the stored result, unicast; one of
   an unfinished slot is ignored (never counted twice).
+* a seq register per (set, slot) holds the packet number of the use in it (hosts number
+  packets from 1, monotonically across calls; 0 marks an unused slot). A packet older
+  than that use (serial-number order) is a stale retransmission delayed past the worker's
+  next use: it is dropped before it touches the bitmaps, which SwitchML's scheme alone
+  would take as the first contribution of the use after next. A packet of the stored use
+  that finds the slot finished gets the result re-sent, whatever its bitmap bit says.
 """
 
 from __future__ import annotations
@@ -31,6 +37,7 @@ from typing import NamedTuple, Protocol
 import numpy as np
 
 from hostlib.protocol import (
+    EXPONENT_MIN,
     HEADER,
     HEADER_SIZE,
     LANE_BYTES,
@@ -74,6 +81,7 @@ class DropReason(str, enum.Enum):
     BAD_SLOT = "bad_slot"  # slot outside the job's slot range
     BAD_LANES = "bad_lanes"  # num_lanes differs from the switch's lanes
     BAD_LENGTH = "bad_length"  # datagram length disagrees with num_lanes
+    STALE = "stale"  # older than the slot's current use (a delayed retransmission)
     SIM_INGRESS = "sim_ingress"  # drop simulator, switch ingress
     SIM_EGRESS = "sim_egress"  # drop simulator, per replica at egress
 
@@ -203,7 +211,8 @@ class Pipeline:
         # the ALU add wraps exactly as a switch's does.
         self.bitmap = np.zeros((2, slots), dtype=np.uint32)
         self.counter = np.zeros(2 * slots, dtype=np.int32)
-        self.exponent = np.full(2 * slots, -128, dtype=np.int8)
+        self.exponent = np.full(2 * slots, EXPONENT_MIN, dtype=np.int8)
+        self.seq = np.zeros(2 * slots, dtype=np.uint32)
         self.values = np.zeros((2 * slots, lanes), dtype=np.int32)
         self._jobs: dict[int, _Job] = {}
         self._out = bytearray(self._size)
@@ -299,7 +308,7 @@ class Pipeline:
         n = len(data)
         if n < HEADER_SIZE:
             return self._drop(DropReason.TRUNCATED)
-        vt, _flags, job_id, rank, exp, lanes, pidx, _, _seq = HEADER.unpack_from(data)
+        vt, _flags, job_id, rank, exp, lanes, pidx, _, seq = HEADER.unpack_from(data)
         if vt != _DATA_VT:
             return self._drop(DropReason.MALFORMED)
         job = self._jobs.get(job_id)
@@ -319,31 +328,36 @@ class Pipeline:
         pool_set = 1 if pidx & POOL_SET_BIT else 0
         s = job.slot_base + slot
         i = pool_set * self.slots + s
+        left = int(self.counter[i])
+        stored = int(self.seq[i])
+        if seq == stored and (stored or left):  # a packet of the use held in the slot
+            if left == 0:
+                stats["retransmits_answered"] += 1
+                return self._result(data, i, (src,))
+        elif left or (stored and (seq - stored) & 0x80000000):
+            # Another use while this one runs, or older than the finished one.
+            return self._drop(DropReason.STALE)
         bit = 1 << rank
         bitmap = self.bitmap
         seen = int(bitmap[pool_set, s]) & bit
         bitmap[pool_set, s] |= bit
         bitmap[1 - pool_set, s] &= ~bit & 0xFFFFFFFF
-        counter = self.counter
         if seen:
-            if counter[i] == 0:
-                stats["retransmits_answered"] += 1
-                return self._result(data, i, (src,))
             stats["duplicates_ignored"] += 1
             return None
         payload = np.frombuffer(data, dtype=">i4", offset=HEADER_SIZE)
-        left = int(counter[i])
         if left == 0:
-            counter[i] = job.num_workers - 1
+            self.counter[i] = left = job.num_workers - 1
+            self.seq[i] = seq
             self.values[i] = payload
             self.exponent[i] = exp
         else:
-            counter[i] = left - 1
+            self.counter[i] = left = left - 1
             np.add(self.values[i], payload, out=self.values[i], casting="unsafe")
             if exp > self.exponent[i]:
                 self.exponent[i] = exp
         stats["aggregated"] += 1
-        if counter[i] != 0:
+        if left != 0:
             return None
         stats["completed"] += 1
         return self._result(data, i, job.workers)
@@ -369,7 +383,8 @@ class Pipeline:
         self.stats["results_sent"] += len(dests)
         return Emit(self._out_view, dests)
 
-    def _drop(self, reason: DropReason) -> None:
+    def _drop(self, reason: DropReason) -> Emit | None:
+        # Typed as process()'s result (always None) so `return self._drop(...)` type-checks.
         self.stats["drop_" + reason.value] += 1
         return None
 
@@ -380,7 +395,8 @@ class Pipeline:
         for pool_set in (0, 1):
             lo = pool_set * self.slots + base
             self.counter[lo : lo + count] = 0
-            self.exponent[lo : lo + count] = -128
+            self.exponent[lo : lo + count] = EXPONENT_MIN
+            self.seq[lo : lo + count] = 0
             self.values[lo : lo + count] = 0
 
     def _range_free(self, base: int, count: int) -> bool:
