@@ -1,1 +1,11 @@
+"""``inalab bench``: allreduce benchmarks of INA through the soft switch against Gloo.
 
+``config`` holds the sweep (pure data), ``workers`` the per-rank processes, ``sweep`` the
+coordinator that starts the switch and the ranks, ``report`` the nccl-tests style table,
+JSON and plot, and ``cli`` the subcommand. Importing this package starts nothing and does
+not import torch.
+"""
+
+from emulation.bench.config import DEFAULT_BENCH_LANES, BenchConfig, parse_size, size_sweep
+
+__all__ = ["DEFAULT_BENCH_LANES", "BenchConfig", "parse_size", "size_sweep"]

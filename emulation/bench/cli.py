@@ -1,0 +1,333 @@
+"""``inalab bench``: allreduce over a size sweep, INA (soft switch) vs Gloo, nccl-tests style.
+
+Runs on loopback without root: one soft switch process and one process per rank on
+127.0.0.1. Flags follow nccl-tests (``-b/-e/-f`` sweep, ``-n/-w`` iterations, ``-d``
+type). The tables go to stdout, a progress bar to stderr; ``--json`` and ``--plot``
+write the results for later comparison.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import os
+import platform
+import socket
+import sys
+import tempfile
+from datetime import datetime, timezone
+from importlib import metadata
+from pathlib import Path
+from typing import Any
+
+from emulation.bench.config import (
+    ALGORITHMS,
+    DEFAULT_BENCH_LANES,
+    ELEMENT_BYTES,
+    BenchConfig,
+    align_down,
+    format_size,
+    parse_size,
+    size_sweep,
+)
+from hostlib.protocol import DEFAULT_SLOTS_PER_JOB, MAX_LANES, MAX_SLOT, MAX_WORKERS
+
+__all__ = ["add_arguments", "run"]
+
+PROG = "inalab bench"
+
+
+# ----------------------------------------------------------------- argument types
+def _size(text: str) -> int:
+    try:
+        return parse_size(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+
+
+def _int_in(lo: int, hi: int | None = None) -> Any:
+    def parse(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"invalid integer {text!r}") from None
+        if value < lo or (hi is not None and value > hi):
+            bounds = f"{lo}..{hi}" if hi is not None else f">= {lo}"
+            raise argparse.ArgumentTypeError(f"{value} outside {bounds}")
+        return value
+
+    return parse
+
+
+def _probability(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"invalid probability {text!r}") from None
+    if not 0.0 <= value < 1.0:
+        raise argparse.ArgumentTypeError(f"loss {value} outside [0, 1)")
+    return value
+
+
+def _positive_float(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"invalid number {text!r}") from None
+    if not value > 0:
+        raise argparse.ArgumentTypeError(f"{value} must be positive")
+    return value
+
+
+def _algos(text: str) -> tuple[str, ...]:
+    names = [a.strip().lower() for a in text.split(",") if a.strip()]
+    unknown = [a for a in names if a not in ALGORITHMS]
+    if not names or unknown:
+        raise argparse.ArgumentTypeError(
+            f"invalid algorithms {text!r}: a comma-separated subset of {','.join(ALGORITHMS)}"
+        )
+    return tuple(a for a in ALGORITHMS if a in names)
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    """Declare ``inalab bench``'s flags (nccl-tests names where nccl-tests has one)."""
+    add = parser.add_argument
+    add("-b", "--minbytes", type=_size, default=4 << 10, help="smallest size (default 4K)")
+    add("-e", "--maxbytes", type=_size, default=16 << 20, help="largest size (default 16M)")
+    add("-f", "--stepfactor", type=_int_in(2), default=4, help="size multiplier (default 4)")
+    add("-n", "--iters", type=_int_in(1), default=5, help="timed calls per size (default 5)")
+    add("-w", "--warmup_iters", type=_int_in(0), default=2, help="untimed calls (default 2)")
+    add("-d", "--datatype", choices=sorted(ELEMENT_BYTES), default="float32", help="data type")
+    add("--workers", type=_int_in(1, MAX_WORKERS), default=4, help="ranks (default 4)")
+    add("--algos", type=_algos, default=ALGORITHMS, help="comma list of ina,gloo (default both)")
+    add("--loss", type=_probability, default=0.0, help="switch drop probability, in and out")
+    add(
+        "--lanes",
+        type=_int_in(1, MAX_LANES),
+        default=DEFAULT_BENCH_LANES,
+        help=f"int32 lanes per INA packet (default {DEFAULT_BENCH_LANES})",
+    )
+    add(
+        "--slots",
+        type=_int_in(1, MAX_SLOT + 1),
+        default=DEFAULT_SLOTS_PER_JOB,
+        help=f"INA job slots, the outstanding window (default {DEFAULT_SLOTS_PER_JOB})",
+    )
+    add("--seed", type=int, default=0, help="seed of inputs and the drop simulator")
+    add("--timeout", type=_positive_float, default=10.0, help="host no-progress deadline (s)")
+    add("--run-dir", type=Path, help="directory for logs (default: a new temp dir)")
+    add("--json", type=Path, metavar="PATH", help="write results as JSON")
+    add("--plot", type=Path, metavar="PATH", help="write a PNG plot of time and algbw")
+    add("--switch-only", action="store_true", help="only load the switch (loadgen)")
+    add("--seconds", type=_positive_float, default=5.0, help="--switch-only duration (s)")
+
+
+# ----------------------------------------------------------------- run
+class _UsageError(Exception):
+    """Flags that parse one by one but not together: exit status 2, like argparse."""
+
+
+def run(args: argparse.Namespace) -> int:
+    """Run the benchmark; 0 on success, 1 if a run failed or gave wrong results, 2 on
+    bad arguments."""
+    from emulation.bench.sweep import BenchError
+
+    try:
+        for path in (args.json, args.plot):
+            if path is not None and not path.parent.is_dir():
+                raise _UsageError(f"directory of {path} does not exist")
+        if args.switch_only:
+            return _run_switch_only(args)
+        cfg = _config(args)
+    except _UsageError as exc:
+        print(f"{PROG}: error: {exc}", file=sys.stderr)
+        return 2
+    run_dir = _run_dir(args.run_dir)
+    try:
+        return _run_bench(args, cfg, run_dir)
+    except BenchError as exc:
+        print(f"{PROG}: failed: {exc}", file=sys.stderr)
+        return 1
+    finally:
+        print(f"# logs: {run_dir}")
+
+
+def _config(args: argparse.Namespace) -> BenchConfig:
+    elem = ELEMENT_BYTES[args.datatype]
+    minbytes = align_down(args.minbytes, elem)
+    maxbytes = align_down(args.maxbytes, elem)
+    if minbytes == 0:
+        raise _UsageError(f"minbytes {args.minbytes} is smaller than one {args.datatype}")
+    for flag, given, used in (
+        ("minbytes", args.minbytes, minbytes),
+        ("maxbytes", args.maxbytes, maxbytes),
+    ):
+        if given != used:
+            print(
+                f"{PROG}: note: --{flag} {given} rounded down to {used},"
+                f" a multiple of the {elem}-byte {args.datatype}",
+                file=sys.stderr,
+            )
+    try:
+        sizes = size_sweep(minbytes, maxbytes, args.stepfactor)
+        return BenchConfig(
+            sizes=tuple(sizes),
+            algos=tuple(args.algos),
+            workers=args.workers,
+            dtype=args.datatype,
+            iters=args.iters,
+            warmup=args.warmup_iters,
+            lanes=args.lanes,
+            slots=args.slots,
+            loss=args.loss,
+            seed=args.seed,
+            timeout=args.timeout,
+        )
+    except ValueError as exc:
+        raise _UsageError(str(exc)) from None
+
+
+def _run_dir(given: Path | None) -> Path:
+    if given is None:
+        return Path(tempfile.mkdtemp(prefix="inalab-bench-"))
+    given.mkdir(parents=True, exist_ok=True)
+    return given
+
+
+def _run_bench(args: argparse.Namespace, cfg: BenchConfig, run_dir: Path) -> int:
+    from tqdm import tqdm
+
+    from emulation.bench.report import format_table, make_document, write_json, write_plot
+    from emulation.bench.sweep import run_sweep
+
+    print(_banner(cfg), flush=True)
+    total = len(cfg.algos) * len(cfg.sizes)
+    with tqdm(total=total, desc="allreduce", unit="size", file=sys.stderr) as bar:
+
+        def progress(algo: str, k: int) -> None:
+            bar.set_postfix_str(f"{algo} {format_size(cfg.sizes[k])} done")
+            bar.update(1)
+
+        result = run_sweep(cfg, run_dir, progress, logging.getLogger().getEffectiveLevel())
+    for algo in cfg.algos:
+        rows = [r for r in result.rows if r.algo == algo]
+        print(format_table(algo, rows, _describe(algo, cfg)))
+        print("#")
+    wrong = sum(r.wrong for r in result.rows)
+    meta = _metadata(args, cfg, run_dir)
+    meta["switch_counters"] = result.switch_counters
+    meta["switch_log"] = result.switch_log
+    meta["wall_s"] = result.wall_s
+    meta["udp_kernel_counters_delta"] = result.udp_kernel_delta
+    if args.json is not None:
+        write_json(args.json, make_document(meta, result.rows))
+        print(f"# json: {args.json}")
+    if args.plot is not None:
+        title = f"allreduce {cfg.dtype}, {cfg.workers} workers, loss {cfg.loss:g}"
+        write_plot(args.plot, result.rows, title)
+        print(f"# plot: {args.plot}")
+    if wrong:
+        print(f"{PROG}: {wrong} wrong elements in total", file=sys.stderr)
+        return 1
+    return 0
+
+
+def _banner(cfg: BenchConfig) -> str:
+    sizes = f"{format_size(cfg.sizes[0])}..{format_size(cfg.sizes[-1])}"
+    return (
+        f"# inalab bench: allreduce sum, {cfg.workers} workers on 127.0.0.1, {cfg.dtype},"
+        f" sizes {sizes} ({len(cfg.sizes)}), iters {cfg.iters}, warmup {cfg.warmup},"
+        f" seed {cfg.seed}\n#"
+    )
+
+
+def _describe(algo: str, cfg: BenchConfig) -> str:
+    if algo == "ina":
+        return (
+            f"soft switch, lanes={cfg.lanes}, slots={cfg.slots}, loss={cfg.loss:g}"
+            f" in+out, n={cfg.workers}"
+        )
+    return f"torch.distributed gloo {_version('torch')}, TCP loopback, n={cfg.workers}"
+
+
+def _version(dist: str) -> str | None:
+    try:
+        return metadata.version(dist)
+    except metadata.PackageNotFoundError:
+        return None
+
+
+def _metadata(args: argparse.Namespace, cfg: BenchConfig, run_dir: Path) -> dict[str, Any]:
+    import numpy
+
+    return {
+        "collective": "allreduce",
+        "redop": "sum",
+        "algos": list(cfg.algos),
+        "workers": cfg.workers,
+        "lanes": cfg.lanes,
+        "slots": cfg.slots,
+        "loss": cfg.loss,
+        "loss_applies_to": "switch ingress and each egress replica (INA only)",
+        "dtype": cfg.dtype,
+        "seed": cfg.seed,
+        "timeout_s": cfg.timeout,
+        "sweep": {
+            "minbytes": cfg.sizes[0],
+            "maxbytes": align_down(args.maxbytes, ELEMENT_BYTES[cfg.dtype]),
+            "stepfactor": args.stepfactor,
+            "iters": cfg.iters,
+            "warmup_iters": cfg.warmup,
+            "sizes": list(cfg.sizes),
+        },
+        "versions": {
+            "python": platform.python_version(),
+            "numpy": numpy.__version__,
+            "torch": _version("torch"),
+            "inalab": _version("inalab"),
+        },
+        "hostname": socket.gethostname(),
+        "platform": platform.platform(),
+        "cpu_count": os.cpu_count(),
+        "date": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+        "run_dir": str(run_dir),
+    }
+
+
+def _run_switch_only(args: argparse.Namespace) -> int:
+    from emulation.softswitch.loadgen import run_switch_only
+
+    run_dir = _run_dir(args.run_dir)
+    try:
+        numbers = run_switch_only(
+            workers=args.workers, lanes=args.lanes, seconds=args.seconds, run_dir=run_dir
+        )
+    except (ValueError, RuntimeError) as exc:  # SwitchStartError is a RuntimeError
+        print(f"{PROG}: failed: {exc}", file=sys.stderr)
+        return 1
+    finally:
+        print(f"# logs: {run_dir}")
+    print(f"# inalab bench --switch-only: {args.workers} workers, lanes {args.lanes}")
+    width = max((len(str(k)) for k in numbers), default=0)
+    for key, value in numbers.items():
+        shown = f"{value:.6g}" if isinstance(value, float) else str(value)
+        print(f"{key:<{width}}  {shown}")
+    if args.json is not None:
+        doc = {
+            "schema": "inalab.bench/1",
+            "metadata": {
+                "mode": "switch-only",
+                "workers": args.workers,
+                "lanes": args.lanes,
+                "seconds": args.seconds,
+                "versions": {"python": platform.python_version(), "inalab": _version("inalab")},
+                "hostname": socket.gethostname(),
+                "date": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+                "run_dir": str(run_dir),
+            },
+            "switch_only": numbers,
+        }
+        args.json.write_text(json.dumps(doc, indent=2, default=str) + "\n")
+        print(f"# json: {args.json}")
+    return 0

@@ -1,0 +1,151 @@
+"""What one ``inalab bench`` run measures: the size sweep, data type and knobs. Pure data.
+
+Sizes use nccl-tests' syntax (``4K``, ``1M``, ``64M``, plain bytes; binary multiples) and
+its sweep rule: ``minbytes, minbytes*f, minbytes*f**2, ...`` while ``<= maxbytes``.
+Nothing here starts a process or imports torch: ``inalab --help`` imports this module.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+
+from hostlib.protocol import DEFAULT_SLOTS_PER_JOB, MAX_LANES, MAX_WORKERS
+
+__all__ = [
+    "ALGORITHMS",
+    "DEFAULT_BENCH_LANES",
+    "ELEMENT_BYTES",
+    "BenchConfig",
+    "align_down",
+    "format_size",
+    "parse_size",
+    "size_sweep",
+]
+
+DEFAULT_BENCH_LANES = 256
+"""int32 lanes per packet in bench runs. Larger than the P4 target's 64 (1 KiB payload)
+because the soft switch and the host library pay a fixed Python cost per datagram, so
+fewer, bigger packets measure the protocol rather than the interpreter; at most
+``MAX_LANES``."""
+
+ALGORITHMS = ("ina", "gloo")
+"""Allreduce implementations the bench knows, in the order they run."""
+
+ELEMENT_BYTES = {"float32": 4, "int32": 4}
+"""Supported data types and their sizes: the two types the INA wire format carries."""
+
+_UNITS = {"": 1, "K": 1 << 10, "M": 1 << 20, "G": 1 << 30}
+_SIZE_RE = re.compile(r"^\s*(\d+)\s*([KMG]?)\s*$", re.IGNORECASE)
+
+
+def parse_size(text: str) -> int:
+    """Parse an nccl-tests size: digits with an optional K, M or G suffix (powers of 1024).
+
+    Raises:
+        ValueError: anything else, or zero.
+    """
+    m = _SIZE_RE.match(text)
+    if m is None:
+        raise ValueError(f"invalid size {text!r}: expected bytes like 4096, 4K, 1M or 1G")
+    value = int(m.group(1)) * _UNITS[m.group(2).upper()]
+    if value == 0:
+        raise ValueError(f"invalid size {text!r}: must be positive")
+    return value
+
+
+def format_size(nbytes: int) -> str:
+    """The shortest exact nccl-tests spelling of ``nbytes`` (``4096`` -> ``"4K"``)."""
+    for suffix in ("G", "M", "K"):
+        unit = _UNITS[suffix]
+        if nbytes >= unit and nbytes % unit == 0:
+            return f"{nbytes // unit}{suffix}"
+    return str(nbytes)
+
+
+def align_down(nbytes: int, element_bytes: int) -> int:
+    """``nbytes`` rounded down to a whole number of elements."""
+    return nbytes - nbytes % element_bytes
+
+
+def size_sweep(minbytes: int, maxbytes: int, factor: int) -> list[int]:
+    """Sizes from ``minbytes`` multiplied by ``factor`` while not above ``maxbytes``.
+
+    Raises:
+        ValueError: ``minbytes`` not positive, ``minbytes > maxbytes`` or ``factor < 2``.
+    """
+    if minbytes <= 0:
+        raise ValueError(f"minbytes {minbytes} must be positive")
+    if minbytes > maxbytes:
+        raise ValueError(f"minbytes {minbytes} is larger than maxbytes {maxbytes}")
+    if factor < 2:
+        raise ValueError(f"stepfactor {factor} must be at least 2")
+    sizes = []
+    size = minbytes
+    while size <= maxbytes:
+        sizes.append(size)
+        size *= factor
+    return sizes
+
+
+@dataclass(frozen=True)
+class BenchConfig:
+    """One bench run, validated.
+
+    Attributes:
+        sizes: message sizes in bytes, each a multiple of the element size.
+        algos: algorithms to run, a subset of :data:`ALGORITHMS`.
+        workers: ranks per job.
+        dtype: ``"float32"`` or ``"int32"``.
+        iters: timed calls per size.
+        warmup: untimed calls per size before the timed ones.
+        lanes: int32 lanes per INA packet (switch and hosts agree).
+        slots: the INA job's slots per set (its outstanding window).
+        loss: drop probability at switch ingress and, per replica, at egress.
+        seed: seeds inputs and the switch's drop simulator.
+        timeout: seconds a host waits without progress before failing the run.
+
+    Raises:
+        ValueError: any field out of range.
+    """
+
+    sizes: tuple[int, ...]
+    algos: tuple[str, ...] = ALGORITHMS
+    workers: int = 4
+    dtype: str = "float32"
+    iters: int = 5
+    warmup: int = 2
+    lanes: int = DEFAULT_BENCH_LANES
+    slots: int = DEFAULT_SLOTS_PER_JOB
+    loss: float = 0.0
+    seed: int = 0
+    timeout: float = 10.0
+
+    def __post_init__(self) -> None:
+        problems = []
+        if not self.sizes:
+            problems.append("no sizes to run")
+        if self.dtype not in ELEMENT_BYTES:
+            problems.append(f"dtype {self.dtype!r} not one of {', '.join(ELEMENT_BYTES)}")
+        elif any(s <= 0 or s % ELEMENT_BYTES[self.dtype] for s in self.sizes):
+            problems.append(f"sizes must be positive multiples of the {self.dtype} size")
+        if not self.algos or any(a not in ALGORITHMS for a in self.algos):
+            problems.append(f"algos {self.algos} not a non-empty subset of {ALGORITHMS}")
+        if not 1 <= self.workers <= MAX_WORKERS:
+            problems.append(f"workers {self.workers} outside 1..{MAX_WORKERS}")
+        if self.iters < 1 or self.warmup < 0:
+            problems.append("iters must be >= 1 and warmup >= 0")
+        if not 1 <= self.lanes <= MAX_LANES:
+            problems.append(f"lanes {self.lanes} outside 1..{MAX_LANES}")
+        if self.slots < 1:
+            problems.append(f"slots {self.slots} must be positive")
+        if not 0.0 <= self.loss < 1.0:
+            problems.append(f"loss {self.loss} outside [0, 1)")
+        if not self.timeout > 0:
+            problems.append(f"timeout {self.timeout} must be positive")
+        if problems:
+            raise ValueError("; ".join(problems))
+
+    @property
+    def element_bytes(self) -> int:
+        return ELEMENT_BYTES[self.dtype]

@@ -1,0 +1,226 @@
+"""Results of ``inalab bench``: rows, nccl-tests bandwidth math, the table, JSON and plot.
+
+Bandwidths follow nccl-tests (doc/PERFORMANCE.md, ``shared/ANCHORS.md`` 3.7):
+``algbw = S / t`` and, for allreduce, ``busbw = algbw * 2(n-1)/n``, in GB/s of 1e9 bytes.
+That factor assumes an algorithm built from point-to-point sends; with in-network
+aggregation each host sends and receives S once, so INA's busbw can exceed the link rate.
+``t`` is the largest over ranks of each rank's mean time per call, as nccl-tests reports.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+__all__ = [
+    "JSON_SCHEMA",
+    "Row",
+    "bus_factor",
+    "format_table",
+    "make_document",
+    "merge_ranks",
+    "write_json",
+    "write_plot",
+]
+
+JSON_SCHEMA = "inalab.bench/1"
+"""Value of the JSON document's ``schema`` key; bumped on incompatible change."""
+
+REDOP = "sum"
+
+TIMING_NOTE = (
+    "per rank: mean wall time per call over `iters` back-to-back calls after `warmup_iters`"
+    " untimed ones, following a barrier; time_us.mean/min/max are over ranks of those"
+    " per-rank means; algbw and busbw use time_us.max (the slowest rank, as the table)"
+)
+
+BUSBW_NOTE = (
+    "busbw = algbw * 2(n-1)/n (nccl-tests allreduce). The factor assumes point-to-point"
+    " algorithms; with INA each host sends and receives S once, so INA's busbw can exceed"
+    " the link rate: compare algbw across algorithms"
+)
+
+
+def bus_factor(num_workers: int) -> float:
+    """nccl-tests' allreduce bus-bandwidth factor ``2(n-1)/n``.
+
+    Raises:
+        ValueError: ``num_workers`` < 1.
+    """
+    if num_workers < 1:
+        raise ValueError(f"num_workers {num_workers} must be positive")
+    return 2.0 * (num_workers - 1) / num_workers
+
+
+@dataclass(frozen=True)
+class Row:
+    """One algorithm at one size, merged over ranks."""
+
+    algo: str
+    nbytes: int
+    count: int
+    dtype: str
+    num_workers: int
+    time_us_mean: float
+    time_us_min: float
+    time_us_max: float
+    wrong: int
+    """Elements outside tolerance, summed over ranks."""
+    max_abs_err: float = 0.0
+
+    @property
+    def algbw(self) -> float:
+        """GB/s (1e9 B/s) at the slowest rank's mean time."""
+        if self.time_us_max <= 0:
+            return 0.0
+        return self.nbytes / self.time_us_max / 1e3
+
+    @property
+    def busbw(self) -> float:
+        return self.algbw * bus_factor(self.num_workers)
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "algo": self.algo,
+            "size_bytes": self.nbytes,
+            "count": self.count,
+            "type": self.dtype,
+            "redop": REDOP,
+            "time_us": {
+                "mean": self.time_us_mean,
+                "min": self.time_us_min,
+                "max": self.time_us_max,
+            },
+            "algbw_gbps": self.algbw,
+            "busbw_gbps": self.busbw,
+            "wrong": self.wrong,
+            "max_abs_err": self.max_abs_err,
+        }
+
+
+def merge_ranks(
+    algo: str, dtype: str, per_rank: Sequence[Sequence[Any]], num_workers: int | None = None
+) -> list[Row]:
+    """Merge each rank's per-size results (objects with ``nbytes``, ``count``, ``mean_us``,
+    ``wrong``, ``max_abs_err``) into one :class:`Row` per size.
+
+    Raises:
+        ValueError: no ranks, or ranks that measured different sizes.
+    """
+    if not per_rank:
+        raise ValueError("no rank results")
+    n = len(per_rank) if num_workers is None else num_workers
+    sizes = [[r.nbytes for r in results] for results in per_rank]
+    if any(s != sizes[0] for s in sizes):
+        raise ValueError("ranks measured different sizes")
+    rows = []
+    for k, nbytes in enumerate(sizes[0]):
+        at = [results[k] for results in per_rank]
+        times = [r.mean_us for r in at]
+        rows.append(
+            Row(
+                algo=algo,
+                nbytes=nbytes,
+                count=at[0].count,
+                dtype=dtype,
+                num_workers=n,
+                time_us_mean=sum(times) / len(times),
+                time_us_min=min(times),
+                time_us_max=max(times),
+                wrong=sum(r.wrong for r in at),
+                max_abs_err=max(r.max_abs_err for r in at),
+            )
+        )
+    return rows
+
+
+# ----------------------------------------------------------------- table
+_COLS = "#{:>11}  {:>12}  {:>8}  {:>6}  {:>9}  {:>7}  {:>7}  {:>6}"
+
+
+def _fmt_time(us: float) -> str:
+    # nccl-tests drops decimals as times grow, keeping the column width.
+    if us >= 10000:
+        return f"{us:9.0f}"
+    if us >= 100:
+        return f"{us:9.1f}"
+    return f"{us:9.2f}"
+
+
+def format_table(algo: str, rows: Iterable[Row], description: str = "") -> str:
+    """An nccl-tests style table of one algorithm's rows, with a summary footer."""
+    rows = list(rows)
+    lines = [
+        f"# algorithm: {algo}" + (f" ({description})" if description else ""),
+        "# time = slowest rank's mean per call; algbw = size/time;"
+        " busbw = algbw * 2(n-1)/n (nccl-tests).",
+        "# note: INA's busbw can exceed the link rate, because each host sends and receives"
+        " S once rather than 2(n-1)/n * S; compare algbw.",
+        "#",
+        _COLS.format("size", "count", "type", "redop", "time", "algbw", "busbw", "#wrong"),
+        _COLS.format("(B)", "(elements)", "", "", "(us)", "(GB/s)", "(GB/s)", ""),
+    ]
+    for r in rows:
+        lines.append(
+            f"{r.nbytes:12d}  {r.count:12d}  {r.dtype:>8}  {REDOP:>6}  {_fmt_time(r.time_us_max)}"
+            f"  {r.algbw:7.4f}  {r.busbw:7.4f}  {r.wrong:6d}"
+        )
+    wrong = sum(r.wrong for r in rows)
+    avg = sum(r.busbw for r in rows) / len(rows) if rows else 0.0
+    lines += [
+        f"# Out of bounds values : {wrong} {'OK' if wrong == 0 else 'FAILED'}",
+        f"# Avg bus bandwidth    : {avg:.4f}",
+    ]
+    return "\n".join(lines)
+
+
+# ----------------------------------------------------------------- JSON
+def make_document(metadata: Mapping[str, Any], rows: Iterable[Row]) -> dict[str, Any]:
+    """The JSON document: schema tag, metadata, notes on timing, one entry per row."""
+    return {
+        "schema": JSON_SCHEMA,
+        "metadata": dict(metadata),
+        "notes": {"timing": TIMING_NOTE, "busbw": BUSBW_NOTE},
+        "rows": [r.to_json() for r in rows],
+    }
+
+
+def write_json(path: Path, document: Mapping[str, Any]) -> None:
+    """Write ``document`` as indented JSON (parent directories must exist)."""
+    path.write_text(json.dumps(document, indent=2, sort_keys=False) + "\n")
+
+
+# ----------------------------------------------------------------- plot
+def write_plot(path: Path, rows: Iterable[Row], title: str = "") -> None:
+    """Two panels, time and algbw against size (log x), one line per algorithm, as PNG.
+
+    Uses the Agg canvas directly, so no display and no pyplot global state.
+    """
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+    from matplotlib.figure import Figure
+
+    by_algo: dict[str, list[Row]] = {}
+    for r in rows:
+        by_algo.setdefault(r.algo, []).append(r)
+    fig = Figure(figsize=(11, 4.5), layout="constrained")
+    FigureCanvasAgg(fig)
+    ax_t, ax_bw = fig.subplots(1, 2)
+    for algo, algo_rows in by_algo.items():
+        algo_rows.sort(key=lambda r: r.nbytes)
+        x = [r.nbytes for r in algo_rows]
+        ax_t.plot(x, [r.time_us_max for r in algo_rows], marker="o", label=algo)
+        ax_bw.plot(x, [r.algbw for r in algo_rows], marker="o", label=algo)
+    for ax, ylabel in ((ax_t, "time per call (us), slowest rank"), (ax_bw, "algbw (GB/s)")):
+        ax.set_xscale("log", base=2)
+        ax.set_xlabel("size (bytes)")
+        ax.set_ylabel(ylabel)
+        ax.grid(True, which="both", alpha=0.3)
+        if by_algo:
+            ax.legend()
+    ax_t.set_yscale("log")
+    if title:
+        fig.suptitle(title)
+    fig.savefig(str(path), format="png", dpi=100)

@@ -1,0 +1,330 @@
+"""The coordinator of ``inalab bench``: start the switch and the workers, drive the sweep.
+
+For each algorithm the coordinator spawns one process per rank (``workers.py``), for INA
+after starting a soft switch process and installing the job with the workers' addresses
+in rank order. It then releases the ranks size by size (a barrier it holds) and collects
+each rank's timings. It never hangs on a broken rank: it waits on the pipes and the
+process sentinels together, with a deadline, reports the first failing rank's traceback,
+and stops only the processes it started (the switch by its own PID).
+"""
+
+from __future__ import annotations
+
+import logging
+import multiprocessing
+import os
+import socket
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from multiprocessing.connection import Connection, wait
+from multiprocessing.process import BaseProcess
+from pathlib import Path
+from typing import Any
+
+from emulation.bench.config import BenchConfig
+from emulation.bench.report import Row, merge_ranks
+from emulation.bench.workers import SizeResult, WorkerPlan, worker_main
+
+__all__ = ["BENCH_JOB_ID", "BenchError", "SweepResult", "run_sweep", "stall_limit", "udp_counters"]
+
+log = logging.getLogger(__name__)
+
+BENCH_JOB_ID = 1
+"""Job id of the bench's INA job: the switch is the bench's own, so any id will do."""
+
+_JOIN_S = 30.0
+"""How long finished workers get to exit (Gloo tears down its process group) before the
+coordinator terminates them."""
+
+ProgressFn = Callable[[str, int], None]
+"""Called with (algorithm, size index) once every rank has finished that size."""
+
+
+class BenchError(RuntimeError):
+    """A worker failed, died, or went silent; or the switch could not be run."""
+
+
+@dataclass
+class SweepResult:
+    """What a sweep measured, plus where its logs are."""
+
+    rows: list[Row] = field(default_factory=list)
+    switch_counters: dict[str, int] | None = None
+    switch_log: str | None = None
+    wall_s: dict[str, float] = field(default_factory=dict)
+    udp_kernel_delta: dict[str, dict[str, int]] = field(default_factory=dict)
+    """Per algorithm: change of the host's UDP counters (``/proc/net/snmp``) over its run;
+    ``RcvbufErrors`` counts datagrams the kernel dropped on full socket buffers, loss the
+    switch's drop simulator did not cause. Host-wide, so other traffic adds to it."""
+
+
+def run_sweep(
+    cfg: BenchConfig,
+    run_dir: Path,
+    progress: ProgressFn | None = None,
+    log_level: int = logging.WARNING,
+) -> SweepResult:
+    """Run every algorithm of ``cfg`` over its size sweep; logs go to ``run_dir``.
+
+    Raises:
+        BenchError: a rank failed (its traceback is in the message), died, or sent
+            nothing for longer than the stall limit; or the switch failed to start.
+    """
+    result = SweepResult()
+    for algo in cfg.algos:
+        start = time.perf_counter()
+        udp_before = udp_counters()
+        if algo == "ina":
+            per_rank = _run_ina(cfg, run_dir, progress, log_level, result)
+        else:
+            per_rank = _run_gloo(cfg, run_dir, progress, log_level)
+        result.wall_s[algo] = time.perf_counter() - start
+        udp_after = udp_counters()
+        result.udp_kernel_delta[algo] = {k: v - udp_before[k] for k, v in udp_after.items()}
+        result.rows += merge_ranks(algo, cfg.dtype, per_rank, cfg.workers)
+    return result
+
+
+def udp_counters(path: Path = Path("/proc/net/snmp")) -> dict[str, int]:
+    """The host's UDP counters by name (Linux); empty where the file is missing."""
+    try:
+        lines = [line.split() for line in path.read_text().splitlines()]
+    except OSError:
+        return {}
+    udp = [fields[1:] for fields in lines if fields and fields[0] == "Udp:"]
+    if len(udp) < 2:
+        return {}
+    return {name: int(value) for name, value in zip(udp[0], udp[1], strict=False)}
+
+
+def stall_limit(cfg: BenchConfig) -> float:
+    """Seconds the coordinator waits for any one rank's next message.
+
+    Hosts fail on their own after ``cfg.timeout`` without progress (Gloo after at least a
+    minute), and report it; this limit only catches a rank stuck outside a collective, so
+    it is generous: one phase may be a whole size's warm-up and timed calls.
+    """
+    return max(600.0, 60.0 * cfg.timeout)
+
+
+def _plans(
+    cfg: BenchConfig, algo: str, run_dir: Path, log_level: int, gloo_init: str | None = None
+) -> list[WorkerPlan]:
+    return [
+        WorkerPlan(
+            algo=algo,
+            rank=r,
+            num_workers=cfg.workers,
+            sizes=tuple(cfg.sizes),
+            dtype=cfg.dtype,
+            iters=cfg.iters,
+            warmup=cfg.warmup,
+            seed=cfg.seed,
+            lanes=cfg.lanes,
+            slots=cfg.slots,
+            timeout=cfg.timeout,
+            gloo_init=gloo_init,
+            log_path=str(run_dir / f"{algo}-rank{r}.log"),
+            log_level=log_level,
+        )
+        for r in range(cfg.workers)
+    ]
+
+
+def _run_gloo(
+    cfg: BenchConfig, run_dir: Path, progress: ProgressFn | None, log_level: int
+) -> list[list[SizeResult]]:
+    init = f"tcp://127.0.0.1:{_free_tcp_port()}"
+    with _Fleet("gloo", _plans(cfg, "gloo", run_dir, log_level, init), stall_limit(cfg)) as fleet:
+        return fleet.drive(len(cfg.sizes), progress)
+
+
+def _run_ina(
+    cfg: BenchConfig,
+    run_dir: Path,
+    progress: ProgressFn | None,
+    log_level: int,
+    result: SweepResult,
+) -> list[list[SizeResult]]:
+    from emulation.softswitch.control import SwitchControlError
+    from emulation.softswitch.pipeline import JobConfig
+    from emulation.softswitch.process import SoftSwitchProcess, SwitchStartError
+
+    switch = SoftSwitchProcess(
+        run_dir,
+        lanes=cfg.lanes,
+        slots=cfg.slots,
+        drop_ingress=cfg.loss,
+        drop_egress=cfg.loss,
+        seed=cfg.seed,
+    )
+    result.switch_log = str(switch.log_path)
+    try:
+        switch.start()
+        with switch.control() as ctl:
+            plans = _plans(cfg, "ina", run_dir, log_level)
+            with _Fleet("ina", plans, stall_limit(cfg), switch.log_path) as fleet:
+                addrs = tuple((str(ip), int(port)) for _, (ip, port) in fleet.gather("addr"))
+                ctl.add_job(JobConfig(BENCH_JOB_ID, addrs, slot_count=cfg.slots))
+                fleet.send_all(("job", BENCH_JOB_ID, tuple(switch.data_addr)))
+                per_rank = fleet.drive(len(cfg.sizes), progress)
+            result.switch_counters = ctl.counters()
+            ctl.remove_job(BENCH_JOB_ID)
+        return per_rank
+    except (SwitchStartError, SwitchControlError) as exc:
+        raise BenchError(f"soft switch: {exc}") from exc
+    finally:
+        switch.stop()
+
+
+def _free_tcp_port() -> int:
+    # Gloo's tcp:// rendezvous needs a port number up front; the small window between
+    # closing this socket and rank 0 binding it is accepted (loopback, our own run).
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+class _Fleet:
+    """The worker processes of one algorithm: spawned, driven in lock-step, reaped."""
+
+    def __init__(
+        self,
+        algo: str,
+        plans: Sequence[WorkerPlan],
+        stall_s: float,
+        switch_log: Path | None = None,
+    ) -> None:
+        self.algo = algo
+        self.stall_s = stall_s
+        self.plans = list(plans)
+        self.switch_log = switch_log
+        self.procs: list[BaseProcess] = []
+        self.conns: list[Connection] = []
+        ctx = multiprocessing.get_context("spawn")
+        try:
+            for plan in plans:
+                parent, child = ctx.Pipe()
+                proc = ctx.Process(
+                    target=worker_main,
+                    args=(plan, child),
+                    name=f"inalab-bench-{algo}-{plan.rank}",
+                    daemon=True,
+                )
+                proc.start()
+                child.close()
+                self.procs.append(proc)
+                self.conns.append(parent)
+        except BaseException:
+            self.stop()
+            raise
+
+    def __enter__(self) -> _Fleet:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+    def drive(self, num_sizes: int, progress: ProgressFn | None) -> list[list[SizeResult]]:
+        """Release the ranks size by size; return each rank's results, index = rank."""
+        for k in range(num_sizes):
+            self.gather("barrier")
+            if k and progress is not None:
+                progress(self.algo, k - 1)
+            self.send_all(("go",))
+        results = [list(msg[1]) for msg in self.gather("result")]
+        if progress is not None and num_sizes:
+            progress(self.algo, num_sizes - 1)
+        self._join(_JOIN_S)
+        return results
+
+    def send_all(self, msg: tuple[Any, ...]) -> None:
+        for rank, conn in enumerate(self.conns):
+            try:
+                conn.send(msg)
+            except OSError:
+                raise BenchError(self._death_note(rank)) from None
+
+    def gather(self, kind: str) -> list[tuple[Any, ...]]:
+        """One message of ``kind`` from every rank, index = rank.
+
+        Raises:
+            BenchError: a rank reported an error, exited, or sent nothing for ``stall_s``.
+        """
+        got: dict[int, tuple[Any, ...]] = {}
+        deadline = time.monotonic() + self.stall_s
+        while len(got) < len(self.conns):
+            pending = {self.conns[r]: r for r in range(len(self.conns)) if r not in got}
+            # After its result a rank may exit; before that, exiting means it died.
+            sentinels = {
+                p.sentinel: r
+                for r, p in enumerate(self.procs)
+                if not (kind == "result" and r in got)
+            }
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                ranks = sorted(pending.values())
+                raise BenchError(
+                    f"{self.algo}: no {kind!r} from rank(s) {ranks} for {self.stall_s:.0f}s"
+                    f"{self._logs_note()}"
+                )
+            ready = wait([*pending, *sentinels], timeout=remaining)
+            for obj in ready:
+                if isinstance(obj, Connection) and obj in pending:
+                    got[pending[obj]] = self._receive(pending[obj], kind)
+            for obj in ready:
+                if isinstance(obj, int) and obj in sentinels:
+                    rank = sentinels[obj]
+                    if rank not in got:
+                        # An exiting rank may have sent its traceback just before.
+                        got[rank] = self._receive(rank, kind)
+                    else:
+                        raise BenchError(self._death_note(rank))
+        return [got[r] for r in range(len(self.conns))]
+
+    def _receive(self, rank: int, kind: str) -> tuple[Any, ...]:
+        conn = self.conns[rank]
+        try:
+            if not conn.poll(0.5):
+                raise EOFError
+            msg = conn.recv()
+        except (EOFError, OSError):
+            raise BenchError(self._death_note(rank)) from None
+        if isinstance(msg, tuple) and msg and msg[0] == "error":
+            raise BenchError(f"{self.algo} rank {rank} failed:\n{msg[1]}{self._logs_note()}")
+        if not isinstance(msg, tuple) or not msg or msg[0] != kind:
+            raise BenchError(f"{self.algo} rank {rank} sent {msg!r}, expected {kind!r}")
+        return msg
+
+    def _death_note(self, rank: int) -> str:
+        proc = self.procs[rank]
+        proc.join(0.5)
+        code = proc.exitcode
+        how = "is unresponsive" if code is None else f"exited with status {code}"
+        return f"{self.algo} rank {rank} {how} without reporting an error{self._logs_note()}"
+
+    def _logs_note(self) -> str:
+        notes = [f"worker logs: {os.path.dirname(self.plans[0].log_path or '')}"]
+        if self.switch_log is not None:
+            notes.append(f"switch log: {self.switch_log}")
+        return "\n(" + "; ".join(notes) + ")"
+
+    def _join(self, timeout: float) -> None:
+        deadline = time.monotonic() + timeout
+        for proc in self.procs:
+            proc.join(max(deadline - time.monotonic(), 0.0))
+
+    def stop(self) -> None:
+        """Terminate the ranks still running (only the processes this fleet started)."""
+        for proc in self.procs:
+            if proc.is_alive():
+                log.warning("terminating %s (pid %s)", proc.name, proc.pid)
+                proc.terminate()
+        for proc in self.procs:
+            proc.join(5.0)
+            if proc.is_alive():
+                proc.kill()
+                proc.join(5.0)
+        for conn in self.conns:
+            conn.close()

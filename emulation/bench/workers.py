@@ -1,0 +1,309 @@
+"""The worker side of ``inalab bench``: one process per rank, INA or Gloo.
+
+A worker talks to the coordinator (``sweep.py``) over one ``multiprocessing`` pipe, in
+strict lock-step so the coordinator can read one message per rank per phase:
+
+* INA only: worker -> ``("addr", (ip, port))``; coordinator -> ``("job", job_id, data_addr)``
+* per size k: worker -> ``("barrier", k)``; coordinator -> ``("go",)``
+* at the end: worker -> ``("result", [SizeResult, ...])``
+* on any exception: worker -> ``("error", traceback_text)`` and exit status 1.
+
+Inputs are a vectorised formula of (seed, rank, index), so every rank rebuilds all ranks'
+inputs and the float64 reference without any exchange. Torch is imported only by Gloo
+workers; INA workers import only hostlib.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+import time
+import traceback
+from collections.abc import Callable
+from dataclasses import dataclass
+from datetime import timedelta
+from multiprocessing.connection import Connection
+from typing import Any, Protocol
+
+import numpy as np
+
+__all__ = [
+    "GLOO_ATOL_FRACTION",
+    "GLOO_RTOL",
+    "SizeResult",
+    "WorkerPlan",
+    "count_wrong",
+    "make_input",
+    "reference",
+    "worker_main",
+]
+
+log = logging.getLogger(__name__)
+
+GLOO_RTOL = 1e-5
+"""Relative tolerance for Gloo float32 sums: float32 adds in a rank-dependent order."""
+
+GLOO_ATOL_FRACTION = 1e-6
+"""Absolute tolerance for Gloo float32, as a fraction of max|reference| (cancellation)."""
+
+_INT_RANGE = 1000
+"""Inputs are integers in [-1000, 1000] (scaled for float32): a sum over MAX_WORKERS ranks
+stays exact in int32 and float64, so int32 results must match exactly."""
+
+_SCALE_BLOCK = 4096
+"""float32 inputs change magnitude every 4096 elements (2**-4 .. 2**4), so INA's per-packet
+block exponents differ across packets as they would for real gradients."""
+
+
+@dataclass(frozen=True)
+class WorkerPlan:
+    """Everything one worker needs; picklable for the ``spawn`` start method."""
+
+    algo: str
+    rank: int
+    num_workers: int
+    sizes: tuple[int, ...]
+    dtype: str
+    iters: int
+    warmup: int
+    seed: int
+    lanes: int
+    slots: int
+    timeout: float
+    gloo_init: str | None = None
+    log_path: str | None = None
+    log_level: int = logging.WARNING
+
+
+@dataclass(frozen=True)
+class SizeResult:
+    """One rank's measurement of one size."""
+
+    nbytes: int
+    count: int
+    mean_us: float
+    """Mean wall time per call over the timed calls."""
+    wrong: int
+    """Elements of the last result outside the tolerance."""
+    max_abs_err: float
+
+
+# ----------------------------------------------------------------- inputs and checks
+def make_input(seed: int, rank: int, count: int, dtype: str) -> np.ndarray:
+    """Rank ``rank``'s input of ``count`` elements: deterministic, cheap, varied.
+
+    Raises:
+        ValueError: unknown dtype.
+    """
+    i = np.arange(count, dtype=np.int64)
+    k = (i * 7919 + (rank + 1) * 104729 + (seed % 2003) * 15485863) % (2 * _INT_RANGE + 1)
+    k -= _INT_RANGE
+    if dtype == "int32":
+        return k.astype(np.int32)
+    if dtype == "float32":
+        scale = np.exp2(((i // _SCALE_BLOCK) % 9) - 4.0) / _INT_RANGE
+        return (k * scale).astype(np.float32)
+    raise ValueError(f"unknown dtype {dtype!r}")
+
+
+def reference(seed: int, num_workers: int, count: int, dtype: str) -> tuple[np.ndarray, np.ndarray]:
+    """The float64 sum over all ranks' inputs and the elementwise max over ranks of |x_r|."""
+    total = np.zeros(count, dtype=np.float64)
+    absmax = np.zeros(count, dtype=np.float64)
+    for r in range(num_workers):
+        x = make_input(seed, r, count, dtype).astype(np.float64)
+        total += x
+        np.maximum(absmax, np.abs(x), out=absmax)
+    return total, absmax
+
+
+def count_wrong(
+    algo: str,
+    result: np.ndarray,
+    ref: np.ndarray,
+    absmax: np.ndarray,
+    num_workers: int,
+    lanes: int,
+) -> tuple[int, float]:
+    """Elements of ``result`` outside the tolerance, and the largest absolute error.
+
+    int32 must match exactly. float32 from INA must lie within
+    ``hostlib.quantize.error_bound`` (the quantisation's own bound); float32 from Gloo
+    within ``GLOO_RTOL * |ref| + GLOO_ATOL_FRACTION * max|ref|``.
+
+    Raises:
+        ValueError: ``result`` has the wrong shape.
+    """
+    if result.shape != ref.shape:
+        raise ValueError(f"result shape {result.shape} != reference shape {ref.shape}")
+    err = np.abs(result.astype(np.float64) - ref)
+    max_err = float(err.max()) if err.size else 0.0
+    if result.dtype.kind in "iu":
+        return int(np.count_nonzero(err)), max_err
+    if algo == "ina":
+        from hostlib.quantize import error_bound
+
+        bound = error_bound(absmax, num_workers, lanes, ref)
+    else:
+        scale = float(np.abs(ref).max()) if ref.size else 0.0
+        bound = GLOO_RTOL * np.abs(ref) + GLOO_ATOL_FRACTION * scale
+    return int(np.count_nonzero(~(err <= bound))), max_err
+
+
+# ----------------------------------------------------------------- allreduce backends
+class _Allreduce(Protocol):
+    def prepare(self, x: np.ndarray) -> Callable[[], np.ndarray]:
+        """A zero-argument out-of-place allreduce of ``x`` (one timed call)."""
+        ...
+
+    def close(self) -> None: ...
+
+
+class _InaAllreduce:
+    """hostlib's INA session through the soft switch."""
+
+    def __init__(self, plan: WorkerPlan, conn: Connection) -> None:
+        from hostlib import InaSession, JobSpec, RetryPolicy
+        from hostlib.transport.udp import UdpTransport
+
+        self._transport = UdpTransport(local=("127.0.0.1", 0))
+        try:
+            conn.send(("addr", tuple(self._transport.local_addr)))
+            msg = _expect(conn, "job")
+            job_id, data_addr = msg[1], tuple(msg[2])
+            spec = JobSpec(
+                job_id=job_id,
+                rank=plan.rank,
+                num_workers=plan.num_workers,
+                switch=data_addr,
+                lanes=plan.lanes,
+                slots=plan.slots,
+            )
+            self._session = InaSession(spec, self._transport, RetryPolicy(deadline=plan.timeout))
+        except BaseException:
+            self._transport.close()
+            raise
+
+    def prepare(self, x: np.ndarray) -> Callable[[], np.ndarray]:
+        allreduce = self._session.allreduce
+        return lambda: allreduce(x)
+
+    def close(self) -> None:
+        try:
+            self._session.close()
+        finally:
+            close = getattr(self._transport, "close", None)
+            if close is not None:
+                close()
+
+
+class _GlooAllreduce:
+    """torch.distributed's Gloo backend over loopback TCP."""
+
+    def __init__(self, plan: WorkerPlan) -> None:
+        import torch
+        import torch.distributed as dist
+
+        # Keep Gloo on loopback even if the hostname resolves to another interface.
+        os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")
+        torch.set_num_threads(1)
+        self._torch = torch
+        self._dist = dist
+        # Rendezvous waits for the slowest spawn (each imports torch), so it gets at least
+        # a minute whatever the per-operation --timeout.
+        dist.init_process_group(
+            "gloo",
+            init_method=plan.gloo_init,
+            rank=plan.rank,
+            world_size=plan.num_workers,
+            timeout=timedelta(seconds=max(plan.timeout, 60.0)),
+        )
+
+    def prepare(self, x: np.ndarray) -> Callable[[], np.ndarray]:
+        src = self._torch.from_numpy(x)
+        buf = self._torch.empty_like(src)
+        all_reduce = self._dist.all_reduce
+
+        def call() -> np.ndarray:
+            # all_reduce is in place; the copy makes it out of place like INA's.
+            buf.copy_(src)
+            all_reduce(buf)
+            return buf.numpy()
+
+        return call
+
+    def close(self) -> None:
+        if self._dist.is_initialized():
+            self._dist.destroy_process_group()
+
+
+# ----------------------------------------------------------------- the worker process
+def worker_main(plan: WorkerPlan, conn: Connection) -> None:
+    """Process entry point: run the sweep, report results or the traceback, exit."""
+    _setup_logging(plan)
+    try:
+        results = _run(plan, conn)
+        conn.send(("result", results))
+    except BaseException:
+        text = traceback.format_exc()
+        log.error("rank %d failed:\n%s", plan.rank, text)
+        # If the coordinator is gone, the exit status still says we failed.
+        with contextlib.suppress(OSError):
+            conn.send(("error", text))
+        raise SystemExit(1) from None
+    finally:
+        conn.close()
+
+
+def _run(plan: WorkerPlan, conn: Connection) -> list[SizeResult]:
+    coll: _Allreduce
+    if plan.algo == "ina":
+        coll = _InaAllreduce(plan, conn)
+    elif plan.algo == "gloo":
+        coll = _GlooAllreduce(plan)
+    else:
+        raise ValueError(f"unknown algorithm {plan.algo!r}")
+    try:
+        return [_run_size(plan, conn, coll, k, nbytes) for k, nbytes in enumerate(plan.sizes)]
+    finally:
+        coll.close()
+
+
+def _run_size(
+    plan: WorkerPlan, conn: Connection, coll: _Allreduce, k: int, nbytes: int
+) -> SizeResult:
+    count = nbytes // np.dtype(plan.dtype).itemsize
+    x = make_input(plan.seed, plan.rank, count, plan.dtype)
+    call = coll.prepare(x)
+    conn.send(("barrier", k))
+    _expect(conn, "go")
+    for _ in range(plan.warmup):
+        call()
+    y = x
+    start = time.perf_counter()
+    for _ in range(plan.iters):
+        y = call()
+    elapsed = time.perf_counter() - start
+    ref, absmax = reference(plan.seed, plan.num_workers, count, plan.dtype)
+    wrong, max_err = count_wrong(plan.algo, y, ref, absmax, plan.num_workers, plan.lanes)
+    mean_us = elapsed / plan.iters * 1e6
+    log.info("rank %d size %d: %.1f us/call, %d wrong", plan.rank, nbytes, mean_us, wrong)
+    return SizeResult(nbytes, count, mean_us, wrong, max_err)
+
+
+def _expect(conn: Connection, kind: str) -> tuple[Any, ...]:
+    msg = conn.recv()
+    if not isinstance(msg, tuple) or not msg or msg[0] != kind:
+        raise RuntimeError(f"coordinator sent {msg!r}, expected {kind!r}")
+    return msg
+
+
+def _setup_logging(plan: WorkerPlan) -> None:
+    if plan.log_path is None:
+        return
+    handler = logging.FileHandler(plan.log_path)
+    handler.setFormatter(logging.Formatter("%(asctime)s %(name)s %(levelname)s %(message)s"))
+    root = logging.getLogger()
+    root.addHandler(handler)
+    root.setLevel(plan.log_level)

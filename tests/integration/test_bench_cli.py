@@ -1,0 +1,164 @@
+"""``inalab bench`` end to end: real processes, loopback sockets, the soft switch and Gloo.
+
+Each run is a subprocess (the command a user types) with a tiny sweep; the JSON it writes
+is the oracle. A few tests drive the coordinator in-process to show a failing or dying
+rank ends the run with that rank's story instead of a hang.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from emulation.bench.sweep import BenchError, _Fleet
+from emulation.bench.workers import WorkerPlan
+
+TINY = ["-b", "4K", "-e", "64K", "-f", "4", "-n", "2", "-w", "1", "--workers", "2"]
+
+
+def _bench(*argv: str, timeout: float = 300) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "emulation.cli", "bench", *argv],
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        check=False,
+    )
+
+
+def _ok(proc: subprocess.CompletedProcess[str]) -> None:
+    assert proc.returncode == 0, f"stdout:\n{proc.stdout}\nstderr:\n{proc.stderr}"
+
+
+def test_ina_and_gloo_tiny_sweep(tmp_path: Path) -> None:
+    out, png = tmp_path / "bench.json", tmp_path / "bench.png"
+    proc = _bench(*TINY, "--json", str(out), "--plot", str(png), "--run-dir", str(tmp_path))
+    _ok(proc)
+    doc = json.loads(out.read_text())
+    rows = doc["rows"]
+    assert [(r["algo"], r["size_bytes"]) for r in rows] == [
+        (algo, size) for algo in ("ina", "gloo") for size in (4096, 16384, 65536)
+    ]
+    assert all(r["wrong"] == 0 for r in rows)
+    assert all(r["time_us"]["min"] <= r["time_us"]["mean"] <= r["time_us"]["max"] for r in rows)
+    assert all(r["algbw_gbps"] > 0 and r["busbw_gbps"] == r["algbw_gbps"] for r in rows)  # n=2
+    meta = doc["metadata"]
+    assert meta["workers"] == 2 and meta["dtype"] == "float32"
+    assert meta["sweep"]["sizes"] == [4096, 16384, 65536]
+    assert set(meta["versions"]) >= {"python", "numpy", "torch"}
+    counters = meta["switch_counters"]
+    assert counters["completed"] > 0 and counters["drop_bad_source"] == 0
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert (tmp_path / "switch.log").exists()
+    # Tables on stdout, one per algorithm; the progress bar on stderr.
+    assert proc.stdout.count("# algorithm:") == 2
+    assert "Out of bounds values : 0 OK" in proc.stdout
+    assert "allreduce" in proc.stderr
+
+
+def test_ina_with_loss_is_still_correct(tmp_path: Path) -> None:
+    out = tmp_path / "loss.json"
+    proc = _bench(*TINY, "--algos", "ina", "--loss", "0.05", "--seed", "3", "--json", str(out))
+    _ok(proc)
+    doc = json.loads(out.read_text())
+    assert all(r["wrong"] == 0 for r in doc["rows"])
+    counters = doc["metadata"]["switch_counters"]
+    assert counters["drop_sim_ingress"] > 0
+    assert counters["drop_sim_egress"] > 0
+    assert doc["metadata"]["loss"] == 0.05
+
+
+def test_ina_int32_is_exact(tmp_path: Path) -> None:
+    out = tmp_path / "int.json"
+    proc = _bench(*TINY, "--algos", "ina", "-d", "int32", "--json", str(out))
+    _ok(proc)
+    rows = json.loads(out.read_text())["rows"]
+    assert all(r["wrong"] == 0 and r["max_abs_err"] == 0 and r["type"] == "int32" for r in rows)
+
+
+@pytest.mark.skipif(
+    importlib.util.find_spec("emulation.softswitch.loadgen") is None,
+    reason="emulation.softswitch.loadgen not present",
+)
+def test_switch_only(tmp_path: Path) -> None:
+    out = tmp_path / "switch.json"
+    proc = _bench("--switch-only", "--workers", "2", "--seconds", "1", "--json", str(out))
+    _ok(proc)
+    doc = json.loads(out.read_text())
+    assert doc["metadata"]["mode"] == "switch-only"
+    assert doc["switch_only"]
+    assert proc.stdout.strip()
+
+
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [
+        (["-b", "4X"], "invalid size"),
+        (["-b", "1M", "-e", "4K"], "larger than"),
+        (["-b", "2"], "smaller than one float32"),
+        (["--algos", "nccl"], "invalid algorithms"),
+        (["--loss", "1.5"], "outside"),
+        (["--json", "/nonexistent-dir/x.json"], "does not exist"),
+    ],
+)
+def test_bad_arguments_exit_2(argv: list[str], message: str) -> None:
+    proc = _bench(*argv, timeout=60)
+    assert proc.returncode == 2, proc.stderr
+    assert message in proc.stderr
+    assert "Traceback" not in proc.stderr
+
+
+def test_unaligned_sizes_are_rounded_down_with_a_note(tmp_path: Path) -> None:
+    out = tmp_path / "r.json"
+    proc = _bench(
+        "-b", "4097", "-e", "4099", "-n", "1", "-w", "0", "--workers", "2",
+        "--algos", "ina", "--json", str(out),
+    )  # fmt: skip
+    _ok(proc)
+    assert "rounded down to 4096" in proc.stderr
+    assert [r["size_bytes"] for r in json.loads(out.read_text())["rows"]] == [4096]
+
+
+# ----------------------------------------------------------------- failures, in-process
+def _plans(algo: str, n: int, tmp_path: Path, **kw: Any) -> list[WorkerPlan]:
+    base: dict[str, Any] = dict(
+        sizes=(4096,), dtype="float32", iters=1, warmup=0, seed=0, lanes=64, slots=8, timeout=5.0
+    )
+    base.update(kw)
+    return [
+        WorkerPlan(algo=algo, rank=r, num_workers=n, log_path=str(tmp_path / f"w{r}.log"), **base)
+        for r in range(n)
+    ]
+
+
+def test_a_raising_worker_fails_the_run_with_its_traceback(tmp_path: Path) -> None:
+    with _Fleet("bogus", _plans("bogus", 2, tmp_path), stall_s=60) as fleet:
+        with pytest.raises(BenchError) as info:
+            fleet.drive(1, None)
+        procs = list(fleet.procs)
+    text = str(info.value)
+    assert "rank" in text and "Traceback" in text and "unknown algorithm 'bogus'" in text
+    assert all(not p.is_alive() for p in procs)
+
+
+def test_a_dying_worker_fails_the_run_without_a_hang(tmp_path: Path) -> None:
+    start = time.monotonic()
+    with _Fleet("ina", _plans("ina", 2, tmp_path), stall_s=60) as fleet:
+        fleet.gather("addr")  # both ranks are up, now waiting for their job
+        victim = fleet.procs[1]
+        assert victim.pid is not None
+        os.kill(victim.pid, signal.SIGKILL)
+        with pytest.raises(BenchError, match=r"rank 1 exited with status -9"):
+            fleet.gather("barrier")
+        survivor = fleet.procs[0]
+    assert not survivor.is_alive()  # stopped by the fleet, not left waiting
+    assert time.monotonic() - start < 30

@@ -1,0 +1,339 @@
+"""Unit tests of ``inalab bench``'s pure parts: sizes, flags, bandwidth math, table, JSON,
+plot, inputs and correctness checks. No processes, no sockets."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from emulation.bench.config import (
+    DEFAULT_BENCH_LANES,
+    BenchConfig,
+    align_down,
+    format_size,
+    parse_size,
+    size_sweep,
+)
+from emulation.bench.report import (
+    JSON_SCHEMA,
+    Row,
+    bus_factor,
+    format_table,
+    make_document,
+    merge_ranks,
+    write_json,
+    write_plot,
+)
+from emulation.bench.workers import count_wrong, make_input, reference
+from emulation.cli import build_parser
+from hostlib.protocol import DEFAULT_SLOTS_PER_JOB
+
+
+# ----------------------------------------------------------------- sizes
+@pytest.mark.parametrize(
+    ("text", "value"),
+    [
+        ("4096", 4096),
+        ("4K", 4096),
+        ("4k", 4096),
+        ("1M", 1 << 20),
+        ("64M", 64 << 20),
+        ("1G", 1 << 30),
+        (" 16K ", 16384),
+        ("3", 3),
+    ],
+)
+def test_parse_size_accepts_nccl_tests_syntax(text: str, value: int) -> None:
+    assert parse_size(text) == value
+
+
+@pytest.mark.parametrize("text", ["", "K", "4X", "-4K", "1.5K", "4KB", "0", "0K", "4 K B"])
+def test_parse_size_rejects_garbage(text: str) -> None:
+    with pytest.raises(ValueError, match="invalid size"):
+        parse_size(text)
+
+
+def test_format_size_round_trips() -> None:
+    for n in (1, 3, 4096, 4097, 1 << 20, 3 << 20, 1 << 30, 4 << 30):
+        assert parse_size(format_size(n)) == n
+    assert format_size(4096) == "4K"
+    assert format_size(16 << 20) == "16M"
+    assert format_size(4097) == "4097"
+
+
+def test_size_sweep_follows_nccl_tests() -> None:
+    assert size_sweep(4 << 10, 16 << 20, 4) == [4 << (10 + 2 * k) for k in range(7)]
+    assert size_sweep(4 << 10, 64 << 10, 4) == [4096, 16384, 65536]
+    assert size_sweep(4096, 4096, 2) == [4096]
+    assert size_sweep(4096, 10000, 2) == [4096, 8192]  # the max need not be on the grid
+
+
+@pytest.mark.parametrize(
+    ("lo", "hi", "f", "message"),
+    [(1 << 20, 4096, 4, "larger than"), (4096, 1 << 20, 1, "stepfactor"), (0, 4096, 2, "positive")],
+)
+def test_size_sweep_rejects_bad_ranges(lo: int, hi: int, f: int, message: str) -> None:
+    with pytest.raises(ValueError, match=message):
+        size_sweep(lo, hi, f)
+
+
+def test_align_down() -> None:
+    assert align_down(4097, 4) == 4096
+    assert align_down(4096, 4) == 4096
+    assert align_down(3, 4) == 0
+
+
+def test_bench_config_validates() -> None:
+    cfg = BenchConfig(sizes=(4096,))
+    assert cfg.lanes == DEFAULT_BENCH_LANES
+    assert cfg.slots == DEFAULT_SLOTS_PER_JOB
+    assert cfg.algos == ("ina", "gloo")
+    with pytest.raises(ValueError, match="multiples"):
+        BenchConfig(sizes=(4098,))
+    with pytest.raises(ValueError, match="workers"):
+        BenchConfig(sizes=(4096,), workers=33)
+    with pytest.raises(ValueError, match="loss"):
+        BenchConfig(sizes=(4096,), loss=1.0)
+    with pytest.raises(ValueError, match="algos"):
+        BenchConfig(sizes=(4096,), algos=("nccl",))
+
+
+# ----------------------------------------------------------------- flags
+def test_bench_flag_defaults() -> None:
+    args = build_parser().parse_args(["bench"])
+    assert (args.minbytes, args.maxbytes, args.stepfactor) == (4 << 10, 16 << 20, 4)
+    assert (args.iters, args.warmup_iters, args.workers) == (5, 2, 4)
+    assert args.algos == ("ina", "gloo")
+    assert args.datatype == "float32"
+    assert args.loss == 0.0
+    assert args.lanes == DEFAULT_BENCH_LANES
+    assert args.slots == DEFAULT_SLOTS_PER_JOB
+    assert args.timeout == 10.0
+    assert args.json is None and args.plot is None and not args.switch_only
+
+
+def test_bench_short_flags() -> None:
+    argv = "bench -b 1K -e 1M -f 2 -n 3 -w 0 -d int32 --algos gloo,ina --workers 2"
+    args = build_parser().parse_args(argv.split())
+    assert (args.minbytes, args.maxbytes, args.stepfactor) == (1024, 1 << 20, 2)
+    assert (args.iters, args.warmup_iters, args.datatype) == (3, 0, "int32")
+    assert args.algos == ("ina", "gloo")  # canonical order, whatever the order given
+
+
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [
+        (["-b", "4X"], "invalid size"),
+        (["-e", "lots"], "invalid size"),
+        (["-f", "1"], "outside"),
+        (["--algos", "nccl"], "invalid algorithms"),
+        (["--algos", ""], "invalid algorithms"),
+        (["--loss", "1"], "outside"),
+        (["--loss", "x"], "invalid probability"),
+        (["--workers", "0"], "outside"),
+        (["--workers", "33"], "outside"),
+        (["-d", "float16"], "invalid choice"),
+        (["--timeout", "0"], "must be positive"),
+        (["--lanes", "4096"], "outside"),
+    ],
+)
+def test_bench_bad_flags_exit_2(
+    argv: list[str], message: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    with pytest.raises(SystemExit) as info:
+        build_parser().parse_args(["bench", *argv])
+    assert info.value.code == 2
+    err = capsys.readouterr().err
+    assert message in err
+    assert "Traceback" not in err
+
+
+# ----------------------------------------------------------------- bandwidth math
+def test_bus_factor_is_nccl_tests_allreduce() -> None:
+    assert bus_factor(1) == 0.0
+    assert bus_factor(2) == 1.0
+    assert bus_factor(4) == 1.5
+    assert bus_factor(8) == 1.75
+    with pytest.raises(ValueError):
+        bus_factor(0)
+
+
+def _row(algo: str = "ina", nbytes: int = 1_000_000, t: float = 1000.0, n: int = 4) -> Row:
+    return Row(algo, nbytes, nbytes // 4, "float32", n, t * 0.9, t * 0.8, t, 0)
+
+
+def test_algbw_and_busbw_use_slowest_rank() -> None:
+    r = _row(nbytes=1_000_000, t=1000.0, n=4)  # 1 MB in 1 ms = 1 GB/s (1e9)
+    assert r.algbw == pytest.approx(1.0)
+    assert r.busbw == pytest.approx(1.5)
+    assert Row("gloo", 8, 2, "int32", 2, 0.0, 0.0, 0.0, 0).algbw == 0.0
+
+
+@dataclass
+class _Res:
+    nbytes: int
+    count: int
+    mean_us: float
+    wrong: int
+    max_abs_err: float = 0.0
+
+
+def test_merge_ranks_takes_mean_min_max_and_sums_wrong() -> None:
+    per_rank = [
+        [_Res(4096, 1024, 10.0, 0), _Res(16384, 4096, 40.0, 1, 0.5)],
+        [_Res(4096, 1024, 30.0, 2), _Res(16384, 4096, 20.0, 0, 0.25)],
+    ]
+    rows = merge_ranks("gloo", "float32", per_rank)
+    assert [r.nbytes for r in rows] == [4096, 16384]
+    assert (rows[0].time_us_mean, rows[0].time_us_min, rows[0].time_us_max) == (20.0, 10.0, 30.0)
+    assert rows[0].wrong == 2 and rows[1].wrong == 1
+    assert rows[1].max_abs_err == 0.5
+    assert rows[0].num_workers == 2
+    with pytest.raises(ValueError, match="different sizes"):
+        merge_ranks("gloo", "float32", [per_rank[0], per_rank[1][:1]])
+    with pytest.raises(ValueError):
+        merge_ranks("gloo", "float32", [])
+
+
+# ----------------------------------------------------------------- table
+def test_table_has_nccl_tests_columns_and_note() -> None:
+    rows = [_row(nbytes=4096, t=12.345), _row(nbytes=16 << 20, t=123456.0)]
+    text = format_table("ina", rows, "soft switch")
+    lines = text.splitlines()
+    header = next(line for line in lines if "size" in line and "#wrong" in line)
+    for col in ("size", "count", "type", "redop", "time", "algbw", "busbw", "#wrong"):
+        assert col in header
+    assert any("(B)" in line and "(elements)" in line and "(GB/s)" in line for line in lines)
+    assert "exceed the link rate" in text
+    assert "2(n-1)/n" in text
+    data = [line for line in lines if not line.startswith("#")]
+    assert len(data) == 2
+    fields = data[0].split()
+    assert fields[:4] == ["4096", "1024", "float32", "sum"]
+    assert fields[4] == "12.35" and fields[-1] == "0"
+    assert data[1].split()[4] == "123456"  # large times lose their decimals, not width
+    assert len({len(line) for line in data}) == 1  # fixed-width columns
+    assert "Out of bounds values : 0 OK" in text
+
+
+def test_table_reports_failures() -> None:
+    bad = Row("gloo", 4096, 1024, "float32", 2, 1.0, 1.0, 1.0, 7)
+    assert "7 FAILED" in format_table("gloo", [bad])
+
+
+# ----------------------------------------------------------------- JSON
+def test_json_document_schema(tmp_path: Path) -> None:
+    meta = {"workers": 4, "lanes": 256, "loss": 0.0, "dtype": "float32", "switch_counters": {}}
+    rows = [_row("ina"), _row("gloo")]
+    path = tmp_path / "bench.json"
+    write_json(path, make_document(meta, rows))
+    doc = json.loads(path.read_text())
+    assert doc["schema"] == JSON_SCHEMA
+    assert doc["metadata"] == meta
+    assert "slowest rank" in doc["notes"]["timing"]
+    assert "exceed the link rate" in doc["notes"]["busbw"]
+    assert [r["algo"] for r in doc["rows"]] == ["ina", "gloo"]
+    row = doc["rows"][0]
+    assert set(row) == {
+        "algo",
+        "size_bytes",
+        "count",
+        "type",
+        "redop",
+        "time_us",
+        "algbw_gbps",
+        "busbw_gbps",
+        "wrong",
+        "max_abs_err",
+    }
+    assert set(row["time_us"]) == {"mean", "min", "max"}
+    assert row["time_us"]["max"] == 1000.0
+    assert row["algbw_gbps"] == pytest.approx(1.0)
+    assert row["busbw_gbps"] == pytest.approx(1.5)
+
+
+# ----------------------------------------------------------------- plot
+def test_plot_writes_png(tmp_path: Path) -> None:
+    rows = [
+        _row(algo, nbytes=s, t=t)
+        for algo, scale in (("ina", 1.0), ("gloo", 2.0))
+        for s, t in ((4096, 10.0 * scale), (65536, 50.0 * scale), (1 << 20, 400.0 * scale))
+    ]
+    path = tmp_path / "bench.png"
+    write_plot(path, rows, "test")
+    assert path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    empty = tmp_path / "empty.png"
+    write_plot(empty, [])
+    assert empty.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+# ----------------------------------------------------------------- inputs and checks
+def test_inputs_are_deterministic_and_small() -> None:
+    a = make_input(3, 1, 10000, "int32")
+    assert a.dtype == np.int32
+    assert np.array_equal(a, make_input(3, 1, 10000, "int32"))
+    assert not np.array_equal(a, make_input(3, 2, 10000, "int32"))
+    assert not np.array_equal(a, make_input(4, 1, 10000, "int32"))
+    assert np.abs(a).max() <= 1000
+    f = make_input(0, 0, 100000, "float32")
+    assert f.dtype == np.float32 and np.isfinite(f).all()
+    assert len(np.unique(np.frexp(f[f != 0])[1])) > 5  # magnitudes vary across blocks
+    with pytest.raises(ValueError):
+        make_input(0, 0, 4, "float16")
+
+
+def test_reference_is_the_float64_sum() -> None:
+    n, count = 4, 5000
+    xs = [make_input(7, r, count, "float32").astype(np.float64) for r in range(n)]
+    ref, absmax = reference(7, n, count, "float32")
+    assert np.array_equal(ref, sum(xs))
+    assert np.array_equal(absmax, np.max(np.abs(xs), axis=0))
+
+
+def test_count_wrong_int32_is_exact() -> None:
+    ref, absmax = reference(0, 3, 1000, "int32")
+    good = ref.astype(np.int32)
+    assert count_wrong("ina", good, ref, absmax, 3, 256) == (0, 0.0)
+    bad = good.copy()
+    bad[[1, 5]] += 1
+    assert count_wrong("gloo", bad, ref, absmax, 3, 256) == (2, 1.0)
+
+
+def test_count_wrong_gloo_float_tolerance() -> None:
+    ref, absmax = reference(0, 4, 4096, "float32")
+    y = ref.astype(np.float32)
+    assert count_wrong("gloo", y, ref, absmax, 4, 256)[0] == 0
+    y[10] += np.float32(1e-2 * np.abs(ref).max())
+    assert count_wrong("gloo", y, ref, absmax, 4, 256)[0] == 1
+    with pytest.raises(ValueError, match="shape"):
+        count_wrong("gloo", y[:-1], ref, absmax, 4, 256)
+
+
+def test_count_wrong_ina_uses_quantisation_bound() -> None:
+    quantize = pytest.importorskip("hostlib.quantize")
+    ref, absmax = reference(0, 4, 4096, "float32")
+    bound = quantize.error_bound(absmax, 4, 256, ref)
+    inside = (ref + 0.5 * bound).astype(np.float32)
+    # float32 rounding adds at most half an ulp; keep the test about the bound itself.
+    inside = np.where(np.abs(inside - ref) <= bound, inside, ref.astype(np.float32))
+    assert count_wrong("ina", inside, ref, absmax, 4, 256)[0] == 0
+    outside = inside.copy()
+    outside[3] = np.float32(ref[3] + 4 * bound[3] + 1e-3)
+    assert count_wrong("ina", outside, ref, absmax, 4, 256)[0] == 1
+
+
+def test_udp_counters_parse_proc_net_snmp(tmp_path: Path) -> None:
+    from emulation.bench.sweep import udp_counters
+
+    snmp = tmp_path / "snmp"
+    snmp.write_text(
+        "Ip: Forwarding DefaultTTL\nIp: 1 64\n"
+        "Udp: InDatagrams NoPorts InErrors RcvbufErrors\nUdp: 10 0 3 3\n"
+        "UdpLite: InDatagrams\nUdpLite: 0\n"
+    )
+    assert udp_counters(snmp) == {"InDatagrams": 10, "NoPorts": 0, "InErrors": 3, "RcvbufErrors": 3}
+    assert udp_counters(tmp_path / "missing") == {}
