@@ -1,0 +1,255 @@
+"""The soft switch as a separate process: start it, prove it is ready, stop it.
+
+p4-utils' ``P4Switch.start`` pattern, with a sleeping poll: the switch is ready when its
+ready file exists, its recorded PID is alive, and its control port answers a request.
+On failure the error names the switch's log and quotes its tail. :meth:`stop` signals
+only the PID this object started.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import subprocess
+import sys
+import time
+from pathlib import Path
+from types import TracebackType
+from typing import IO, Any
+
+from emulation.softswitch.control import SwitchControl, SwitchControlError
+from emulation.softswitch.pipeline import Addr
+from hostlib.protocol import LANES_PER_PACKET, SWITCH_SLOTS
+
+__all__ = ["SoftSwitchProcess", "SwitchStartError"]
+
+log = logging.getLogger(__name__)
+
+_POLL_SECONDS = 0.02
+_LOG_TAIL_LINES = 20
+
+
+class SwitchStartError(RuntimeError):
+    """The switch process did not become ready; the message names its log and tail."""
+
+    def __init__(self, message: str, log_path: Path) -> None:
+        super().__init__(f"{message}; log {log_path}:\n{_tail(log_path)}")
+        self.log_path = log_path
+
+
+class SoftSwitchProcess:
+    """One ``inalab switch`` subprocess with its addresses, PID and log.
+
+    It runs ``python -m emulation.softswitch.cli`` (the same options and code as
+    ``inalab switch``) so the switch does not import the other subcommands.
+
+    Args:
+        run_dir: directory for ``<name>.log`` and ``<name>.ready.json`` (created).
+        name: file name stem, unique within ``run_dir``.
+        host: address both sockets bind to; the ports are chosen by the kernel.
+        lanes: int32 lanes per packet.
+        slots: slots per set in the switch pool.
+        drop_ingress: drop probability at ingress.
+        drop_egress: drop probability per result replica at egress.
+        seed: drop simulator seed.
+        start_timeout: seconds :meth:`start` waits for readiness.
+        extra_args: more ``inalab switch`` options, appended as given.
+    """
+
+    def __init__(
+        self,
+        run_dir: Path,
+        *,
+        name: str = "switch",
+        host: str = "127.0.0.1",
+        lanes: int = LANES_PER_PACKET,
+        slots: int = SWITCH_SLOTS,
+        drop_ingress: float = 0.0,
+        drop_egress: float = 0.0,
+        seed: int = 0,
+        start_timeout: float = 15.0,
+        extra_args: tuple[str, ...] = (),
+    ) -> None:
+        self.run_dir = Path(run_dir)
+        self.log_path = self.run_dir / f"{name}.log"
+        self.ready_path = self.run_dir / f"{name}.ready.json"
+        self.start_timeout = start_timeout
+        self.argv = [
+            sys.executable, "-m", "emulation.softswitch.cli", "-v",
+            "--listen", f"{host}:0", "--control", f"{host}:0",
+            "--ready-file", str(self.ready_path),
+            "--lanes", str(lanes), "--slots", str(slots),
+            "--drop-ingress", repr(drop_ingress), "--drop-egress", repr(drop_egress),
+            "--seed", str(seed), *extra_args,
+        ]  # fmt: skip
+        self._proc: subprocess.Popen[bytes] | None = None
+        self._log_file: IO[bytes] | None = None
+        self._ready: dict[str, Any] | None = None
+        self.returncode: int | None = None
+
+    # ----------------------------------------------------------------- lifecycle
+    def start(self) -> SoftSwitchProcess:
+        """Launch the switch and wait until it is ready; return ``self``.
+
+        Raises:
+            RuntimeError: already started.
+            SwitchStartError: it could not be run, exited, or was not ready within
+                ``start_timeout``; the process is stopped before this is raised.
+        """
+        if self._proc is not None:
+            raise RuntimeError("switch process already started")
+        self.run_dir.mkdir(parents=True, exist_ok=True)
+        # Our own file from an earlier start in this run directory: never a stale answer.
+        self.ready_path.unlink(missing_ok=True)
+        self._log_file = self.log_path.open("wb")
+        try:
+            self._proc = subprocess.Popen(
+                self.argv, stdin=subprocess.DEVNULL, stdout=self._log_file, stderr=subprocess.STDOUT
+            )
+        except OSError as exc:
+            self.stop()
+            raise SwitchStartError(f"cannot run {self.argv[0]}: {exc}", self.log_path) from exc
+        log.debug("switch pid %d: %s", self._proc.pid, " ".join(self.argv))
+        try:
+            self._wait_ready(self._proc)
+        except BaseException:
+            self.stop()
+            raise
+        return self
+
+    def stop(self, timeout: float = 5.0) -> int | None:
+        """SIGTERM the recorded PID, wait, SIGKILL if it lingers; idempotent.
+
+        Returns:
+            the exit status (negative: killed by that signal), or None if never started.
+        """
+        proc = self._proc
+        if proc is not None and proc.returncode is None:
+            proc.terminate()
+            try:
+                proc.wait(timeout)
+            except subprocess.TimeoutExpired:
+                log.warning("switch pid %d ignored SIGTERM; killing it", proc.pid)
+                proc.kill()
+                proc.wait()
+        if proc is not None:
+            self.returncode = proc.returncode
+        if self._log_file is not None:
+            self._log_file.close()
+            self._log_file = None
+        return self.returncode
+
+    def wait(self, timeout: float | None = None) -> int:
+        """Wait for the process to exit by itself (e.g. after a ``shutdown`` request).
+
+        Raises:
+            RuntimeError: never started.
+            subprocess.TimeoutExpired: still running after ``timeout`` seconds.
+        """
+        proc = self._require_proc()
+        self.returncode = proc.wait(timeout)
+        return self.returncode
+
+    def __enter__(self) -> SoftSwitchProcess:
+        return self if self._proc is not None else self.start()
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.stop()
+
+    # ----------------------------------------------------------------- what it realised
+    @property
+    def pid(self) -> int:
+        """PID of the switch process.
+
+        Raises:
+            RuntimeError: never started.
+        """
+        return self._require_proc().pid
+
+    @property
+    def data_addr(self) -> Addr:
+        """The UDP ``(ip, port)`` workers send to (from the ready file)."""
+        ip, port = self._require_ready()["data"]
+        return ip, port
+
+    @property
+    def control_addr(self) -> Addr:
+        """The TCP ``(ip, port)`` of the control channel (from the ready file)."""
+        ip, port = self._require_ready()["control"]
+        return ip, port
+
+    @property
+    def ready_info(self) -> dict[str, Any]:
+        """The ready file's content: data, control, pid, lanes, slots."""
+        return dict(self._require_ready())
+
+    def control(self, timeout: float = 5.0) -> SwitchControl:
+        """A new control client for this switch (close it, or use it as a context manager).
+
+        Raises:
+            SwitchControlError: the control port cannot be reached.
+        """
+        return SwitchControl(self.control_addr, timeout)
+
+    def is_running(self) -> bool:
+        """Whether the recorded process has not exited."""
+        return self._proc is not None and self._proc.poll() is None
+
+    # ----------------------------------------------------------------- readiness
+    def _wait_ready(self, proc: subprocess.Popen[bytes]) -> None:
+        deadline = time.monotonic() + self.start_timeout
+        while True:
+            code = proc.poll()
+            if code is not None:
+                raise SwitchStartError(f"switch exited with status {code}", self.log_path)
+            info = self._read_ready_file()
+            if info is not None and info.get("pid") == proc.pid and self._answers(info):
+                self._ready = info
+                log.info("switch pid %d ready: data %s", proc.pid, tuple(info["data"]))
+                return
+            if time.monotonic() > deadline:
+                raise SwitchStartError(
+                    f"switch not ready after {self.start_timeout:.1f}s", self.log_path
+                )
+            time.sleep(_POLL_SECONDS)
+
+    def _read_ready_file(self) -> dict[str, Any] | None:
+        try:
+            info = json.loads(self.ready_path.read_text())
+        except (FileNotFoundError, ValueError):
+            return None  # not written yet (the switch replaces it atomically)
+        return info if isinstance(info, dict) else None
+
+    @staticmethod
+    def _answers(info: dict[str, Any]) -> bool:
+        """Whether the control port named in ``info`` answers a request."""
+        ip, port = info["control"]
+        try:
+            with SwitchControl((ip, port), timeout=1.0) as ctl:
+                ctl.counters()
+        except SwitchControlError:
+            return False
+        return True
+
+    def _require_proc(self) -> subprocess.Popen[bytes]:
+        if self._proc is None:
+            raise RuntimeError("switch process not started")
+        return self._proc
+
+    def _require_ready(self) -> dict[str, Any]:
+        if self._ready is None:
+            raise RuntimeError("switch process not started (or not ready)")
+        return self._ready
+
+
+def _tail(path: Path) -> str:
+    try:
+        lines = path.read_text(errors="replace").splitlines()
+    except OSError as exc:
+        return f"(log unreadable: {exc})"
+    return "\n".join(lines[-_LOG_TAIL_LINES:]) or "(log empty)"
