@@ -114,7 +114,7 @@ class RetryPolicy:
     """
 
     timeout: float = 0.02
-    min_timeout: float = 0.002
+    min_timeout: float = 0.01
     max_timeout: float = 0.5
     backoff: float = 2.0
     deadline: float = 10.0

@@ -31,6 +31,9 @@ import numpy as np
 
 from hostlib.protocol import EXPONENT_MAX, EXPONENT_MIN, MAX_WORKERS
 
+_F32_SHIFT_MIN = -126  # 2**s is a normal float32 in this range
+_F32_SHIFT_MAX = 127
+
 __all__ = [
     "block_exponents",
     "dequantize",
@@ -81,15 +84,30 @@ def quantize_block(block: np.ndarray, exponent: int, num_workers: int, out: np.n
     worker uses the same scale and the sum cannot overflow.
     """
     s = 29 - exponent - headroom_bits(num_workers)
-    scaled = np.ldexp(block.astype(np.float64), s)
+    if _F32_SHIFT_MIN <= s <= _F32_SHIFT_MAX:
+        # Scaling by a power of two representable in float32 is exact: no float64 pass.
+        scaled = block * np.float32(2.0**s)
+    else:
+        scaled = np.ldexp(block.astype(np.float64), s)
     np.rint(scaled, out=scaled)
-    out[:] = scaled.astype(np.int32)
+    out[:] = scaled
 
 
 def dequantize(sums: np.ndarray, exponents: np.ndarray, num_workers: int) -> np.ndarray:
     """float32 values of int32 block sums (rows) with their global exponents (one per row)."""
-    s = np.asarray(scale_shift(exponents, num_workers))
-    return np.ldexp(sums.astype(np.float64), -s[:, None]).astype(np.float32)
+    shift = np.asarray(scale_shift(exponents, num_workers))
+    # float32(sum) is the one rounding; scaling it by a normal power of two is exact as
+    # long as the results stay normal (shift <= 126). Other rows take a float64 pass.
+    out = sums.astype(np.float32)
+    fast = (shift >= -_F32_SHIFT_MAX) & (shift <= -_F32_SHIFT_MIN)
+    if fast.all():
+        out *= np.ldexp(np.float32(1.0), -shift).astype(np.float32)[:, None]
+        return out
+    rows = np.flatnonzero(fast)
+    out[rows] *= np.ldexp(np.float32(1.0), -shift[rows]).astype(np.float32)[:, None]
+    slow = np.flatnonzero(~fast)
+    out[slow] = np.ldexp(sums[slow].astype(np.float64), -shift[slow][:, None])
+    return out
 
 
 def error_bound(
