@@ -24,6 +24,7 @@ from typing import Any
 from emulation.bench.config import (
     ALGORITHMS,
     DEFAULT_BENCH_LANES,
+    DEFAULT_BENCH_SLOTS,
     ELEMENT_BYTES,
     BenchConfig,
     align_down,
@@ -31,7 +32,7 @@ from emulation.bench.config import (
     parse_size,
     size_sweep,
 )
-from hostlib.protocol import DEFAULT_SLOTS_PER_JOB, MAX_LANES, MAX_SLOT, MAX_WORKERS
+from hostlib.protocol import MAX_LANES, MAX_SLOT, MAX_WORKERS
 
 __all__ = ["add_arguments", "run"]
 
@@ -111,8 +112,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     add(
         "--slots",
         type=_int_in(1, MAX_SLOT + 1),
-        default=DEFAULT_SLOTS_PER_JOB,
-        help=f"INA job slots, the outstanding window (default {DEFAULT_SLOTS_PER_JOB})",
+        default=DEFAULT_BENCH_SLOTS,
+        help=f"INA job slots, the outstanding window (default {DEFAULT_BENCH_SLOTS})",
     )
     add("--seed", type=int, default=0, help="seed of inputs and the drop simulator")
     add("--timeout", type=_positive_float, default=10.0, help="host no-progress deadline (s)")
@@ -203,7 +204,9 @@ def _run_bench(args: argparse.Namespace, cfg: BenchConfig, run_dir: Path) -> int
 
     print(_banner(cfg), flush=True)
     total = len(cfg.algos) * len(cfg.sizes)
-    with tqdm(total=total, desc="allreduce", unit="size", file=sys.stderr) as bar:
+    # disable=None: a bar on a terminal; nothing in a log file or CI, where each
+    # refresh would be one more line of carriage returns.
+    with tqdm(total=total, desc="allreduce", unit="size", file=sys.stderr, disable=None) as bar:
 
         def progress(algo: str, k: int) -> None:
             bar.set_postfix_str(f"{algo} {format_size(cfg.sizes[k])} done")
