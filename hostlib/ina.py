@@ -46,7 +46,15 @@ from hostlib.quantize import block_exponents, dequantize, quantize_block
 SEQ_MODULUS = 0xFFFFFFFF
 """Packet numbers run 1..2**32-1 and wrap to 1."""
 
-__all__ = ["SEQ_MODULUS", "Addr", "InaAllreduce", "InaError", "InaTimeoutError", "JobSpec", "RetryPolicy"]
+__all__ = [
+    "SEQ_MODULUS",
+    "Addr",
+    "InaAllreduce",
+    "InaError",
+    "InaTimeoutError",
+    "JobSpec",
+    "RetryPolicy",
+]
 
 Addr = tuple[str, int]
 
@@ -200,7 +208,7 @@ class InaAllreduce:
         self._sums = np.zeros((self.nblocks, lanes), dtype=np.int32)
         self._global_exp = np.full(self.nblocks, EXPONENT_MIN, dtype=np.int8)
         self._wire = self._build_wire()
-        self._wire_view = memoryview(self._wire).cast("B")
+        self._wire_view = self._wire.data.cast("B")
         self._size = packet_size(lanes)
         w = self.window
         self._outstanding = np.full(w, -1, dtype=np.int64)  # seq in flight per slot

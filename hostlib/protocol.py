@@ -1,9 +1,9 @@
 """The INA wire protocol: header layout and the constants shared by hosts and switches.
 
 This module is the single definition of what crosses the wire between a worker and an
-aggregation switch (the soft switch in ``emulation.softswitch`` and the P4 program in
-``p4/``). It imports nothing of inalab's own. ``docs/protocol.md`` explains the fields;
-a test cross-checks these constants against the P4 sources.
+aggregation switch (the soft switch in ``emulation.softswitch``; the P4 program for bmv2,
+upcoming in ``p4/``, must match it). It imports nothing of inalab's own.
+``docs/protocol.md`` explains the fields and what each side does with them.
 
 Frame: Ethernet / IPv4 / UDP (dst port :data:`INA_UDP_PORT`) / INA header (16 bytes) /
 ``num_lanes`` x int32 payload. Every multi-byte field, payload included, is big-endian
@@ -13,8 +13,8 @@ adds lanes as they were extracted; hosts byte-swap once per packet with numpy.
 Header (16 bytes, offsets in bytes)::
 
     0      version:4 | ptype:4
-    1      flags:8          FLAG_RESEND: the host marks retransmissions (counted only;
-                            the switch decides by its bitmap, never by this flag)
+    1      flags:8          FLAG_RESEND: the host marks retransmissions for its own
+                            statistics and for pcaps; the switch ignores flags
     2..3   job_id:16        selects the job entry (ATP-style per-job isolation)
     4      rank:8           worker rank within the job, < MAX_WORKERS
     5      exponent:s8      block exponent E (2**E <= max|x| < 2**(E+1)); in a result:
@@ -23,8 +23,14 @@ Header (16 bytes, offsets in bytes)::
     8..9   pool_index:16    bit 15: the set (shadow copy); bits 0..14: slot within the
                             job's slot range (the switch adds the job's slot base)
     10..11 reserved:16      zero on send, ignored on receive
-    12..15 seq:32           packet index within one collective, echoed in the result so
-                            the host places it without per-slot state
+    12..15 seq:32           packet number, monotonic across the calls of a session: from
+                            1, wrapping from 2**32-1 to 1 (0 is reserved: it marks an
+                            unused switch slot). Every worker's packet of one use of a
+                            slot carries the same seq. The switch keeps the seq of the
+                            use each (set, slot) holds and drops packets of older uses
+                            (serial-number order: bit 31 of (seq - stored) mod 2**32) as
+                            stale; the result echoes it, so the host places the result
+                            by seq alone.
 """
 
 from __future__ import annotations
@@ -81,8 +87,10 @@ MAX_WORKERS = 32
 """Workers per job: the worker bitmap is one 32-bit register cell per slot and set."""
 
 SWITCH_SLOTS = 16384
-"""Slots per set in the whole switch pool (every job takes a contiguous range). bmv2
-registers have no stage limit; 16384 matches SwitchML's Tofino register size."""
+"""Slots per set in the whole switch pool (every job takes a contiguous range). Twice
+SwitchML's 8192 per set (its 16384-entry Tofino register holds both sets): bmv2 registers
+have no per-stage size limit, and 16384 per set x 2 sets x 64 lanes x 4 B = 8 MiB of
+value registers is cheap for bmv2 and the soft switch."""
 
 DEFAULT_SLOTS_PER_JOB = 256
 """Slots a job gets unless configured otherwise: SwitchML's default outstanding window."""
@@ -100,8 +108,12 @@ EXPONENT_MIN = -128
 """Exponent of an all-zero block: the identity of max()."""
 
 EXPONENT_MAX = 127
+"""Largest value of the signed 8-bit exponent field; float32 exponents never exceed it."""
 
 FLAG_RESEND = 0x01
+"""flags bit the host sets on a retransmission. Informational only (host statistics,
+pcaps): the switch ignores flags and tells a retransmission by its bitmap and seq
+registers, since a packet it never saw must be aggregated however it is marked."""
 
 
 class PacketType(enum.IntEnum):
@@ -115,7 +127,8 @@ class PacketType(enum.IntEnum):
 
 HEADER = struct.Struct("!BBHBbHHHI")
 HEADER_SIZE = HEADER.size
-"""16 bytes: the layout above; p4/headers.p4 declares the same fields."""
+"""16 bytes: the layout above; the P4 program's header (upcoming) must declare the same
+fields."""
 
 
 class ProtocolError(ValueError):
@@ -165,8 +178,13 @@ def pack_header(h: Header, buf: bytearray | memoryview | None = None, offset: in
     """Serialise ``h``; into ``buf`` at ``offset`` when given (returns b"" then).
 
     Raises:
-        ProtocolError: a field does not fit its width.
+        ProtocolError: ``ptype`` is not a :class:`PacketType`, a field does not fit its
+            width, or ``buf`` has no room for the header at ``offset``.
     """
+    try:
+        ptype = PacketType(h.ptype)
+    except ValueError:
+        raise ProtocolError(f"ptype={h.ptype!r} is not a packet type") from None
     _check_range("version", h.version, 0, 15)
     _check_range("job_id", h.job_id, 0, 0xFFFF)
     _check_range("rank", h.rank, 0, 0xFF)
@@ -175,7 +193,7 @@ def pack_header(h: Header, buf: bytearray | memoryview | None = None, offset: in
     _check_range("seq", h.seq, 0, 0xFFFFFFFF)
     _check_range("flags", h.flags, 0, 0xFF)
     fields = (
-        (h.version << 4) | int(h.ptype),
+        (h.version << 4) | ptype,
         h.flags,
         h.job_id,
         h.rank,
@@ -187,7 +205,14 @@ def pack_header(h: Header, buf: bytearray | memoryview | None = None, offset: in
     )
     if buf is None:
         return HEADER.pack(*fields)
-    HEADER.pack_into(buf, offset, *fields)
+    try:
+        HEADER.pack_into(buf, offset, *fields)
+    except struct.error:
+        # Every field was range-checked above: only the buffer can be at fault.
+        raise ProtocolError(
+            f"no room for the {HEADER_SIZE}-byte header at offset {offset} of a "
+            f"{memoryview(buf).nbytes}-byte buffer"
+        ) from None
     return b""
 
 

@@ -91,9 +91,9 @@ class InaSession:
             n, src = recv(self._buf, max(wait, 0.0))
             now = time.perf_counter()
             if n and src == dest:
-                packet = engine.on_datagram(view[:n], now)
-                if packet is not None:
-                    send(packet, dest)
+                reply = engine.on_datagram(view[:n], now)
+                if reply is not None:
+                    send(reply, dest)
             elif n:
                 engine.stats.foreign += 1
             if now >= engine.next_wakeup():

@@ -2,28 +2,41 @@
 
 This is the reference semantics that ``p4/`` implements on bmv2. Everything here is what a
 P4 program can hold and do: exact-match tables (jobs, workers), register arrays indexed by
-slot (bitmaps, counters, exponents, one value array per lane), counters, and per-packet
+slot (bitmaps, counters, exponents, seqs, one value array per lane), counters, and per-packet
 logic that touches one slot and loops over nothing but the lanes. I/O lives elsewhere
 (``server.py`` for UDP, the in-memory network in ``hostlib.transport.memory`` for tests),
 so a second backend (XDP/eBPF) can implement :class:`Dataplane` and be held to the same
 tests.
 
-Per-slot algorithm (SwitchML's, per ``shared/ANCHORS.md`` 1.3):
+Per-slot algorithm: SwitchML's bitmap, counter, value and exponent registers (its
+bitmap_checker, workers_counter, processor and exponents controls), plus a seq register.
+Registers per (set, slot): the worker bitmap, a down-counter (0: idle or finished), the
+max exponent, one int32 value per lane, and the seq of the use the slot holds (0: unused;
+hosts number packets from 1, monotonically across the calls of a session, and every
+worker's packet of one use of a slot carries the same seq). A DATA packet of rank r, set
+k, seq q that passed the table checks goes through, in this order:
 
-* bitmaps: a DATA packet for set k ORs the worker's bit into set k and clears it in set
-  1-k; the bit read before the update says whether this is a retransmission.
-* counter per (set, slot): 0 means idle or finished. A new contribution that finds 0 is
-  the first: it *writes* values and exponent and sets the counter to workers-1; later new
-  contributions *add* (wrapping int32, as a switch ALU) and max the exponent, and count
-  down. Reaching 0 finishes the slot: the result is multicast to every worker of the job.
-* a retransmission of a finished slot is answered with the stored result, unicast; one of
-  an unfinished slot is ignored (never counted twice).
-* a seq register per (set, slot) holds the packet number of the use in it (hosts number
-  packets from 1, monotonically across calls; 0 marks an unused slot). A packet older
-  than that use (serial-number order) is a stale retransmission delayed past the worker's
-  next use: it is dropped before it touches the bitmaps, which SwitchML's scheme alone
-  would take as the first contribution of the use after next. A packet of the stored use
-  that finds the slot finished gets the result re-sent, whatever its bitmap bit says.
+1. seq check, before anything is written. If q equals the stored seq of a slot holding a
+   use (stored seq or counter non-zero), the packet belongs to that use: on a finished
+   slot (counter 0) the stored result is unicast to the sender whatever its bitmap bit
+   (``retransmits_answered``); on a slot in progress it goes on to 2. Otherwise, a slot in
+   progress (another use is running) or a q older than the stored seq (serial-number
+   order: bit 31 of (q - stored) mod 2**32) drops it as ``stale``. Anything else (a newer
+   q on a finished slot, or an unused slot) starts a new use and goes on to 2.
+2. bitmaps: OR the worker's bit into set k and clear it in set 1-k; the bit read before
+   the update set means a duplicate within the running use: ignored
+   (``duplicates_ignored``), never counted twice.
+3. counter 0: the first contribution *writes* values, exponent and seq and sets the
+   counter to workers-1 (no clearing between uses). Otherwise *add* (wrapping int32, as
+   a switch ALU) and max the exponent, and count down.
+4. counter reaching 0 finishes the slot: the result is multicast to every worker of the
+   job (``completed``).
+
+Why the seq register: a retransmission of use u delayed past the same worker's use u+1
+finds its bit cleared by u+1, and SwitchML's bitmaps alone would take it as the first
+contribution of use u+2, silently corrupting that sum. Here it matches the stored seq of
+finished use u (answered by unicast), or meets u+2 in progress or finished (stale). In P4
+it is one more register array. ``docs/protocol.md`` gives the exactly-once argument.
 """
 
 from __future__ import annotations
@@ -332,6 +345,7 @@ class Pipeline:
         stored = int(self.seq[i])
         if seq == stored and (stored or left):  # a packet of the use held in the slot
             if left == 0:
+                # Before the bitmaps: the sender's next use may have cleared its bit here.
                 stats["retransmits_answered"] += 1
                 return self._result(data, i, (src,))
         elif left or (stored and (seq - stored) & 0x80000000):

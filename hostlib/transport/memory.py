@@ -166,4 +166,6 @@ class FakeNetwork:
             if link.reorder and rnd() < link.reorder:
                 delay += rnd() * link.reorder_delay
             self._order += 1
-            heapq.heappush(self._events, _Event(self.now + delay, self._order, dest, src, bytes(data)))
+            heapq.heappush(
+                self._events, _Event(self.now + delay, self._order, dest, src, bytes(data))
+            )

@@ -133,6 +133,36 @@ def test_out_of_range_field_raises_on_pack(field: str, value: int) -> None:
         pack_header(bad, bytearray(HEADER_SIZE))
 
 
+@pytest.mark.parametrize("ptype", [0, 3, 15, 16, -1, None, "DATA"])
+def test_unknown_ptype_raises_on_pack(ptype: object) -> None:
+    change: dict[str, Any] = {"ptype": ptype}
+    bad = dataclasses.replace(BASE, **change)
+    with pytest.raises(ProtocolError, match="ptype"):
+        pack_header(bad)
+    with pytest.raises(ProtocolError, match="ptype"):
+        pack_header(bad, bytearray(HEADER_SIZE))
+
+
+@pytest.mark.parametrize("ptype", list(PacketType))
+def test_plain_int_ptype_packs_like_the_enum(ptype: PacketType) -> None:
+    change: dict[str, Any] = {"ptype": int(ptype)}
+    as_int = dataclasses.replace(BASE, **change)
+    assert pack_header(as_int) == pack_header(dataclasses.replace(BASE, ptype=ptype))
+
+
+@pytest.mark.parametrize(
+    ("size", "offset"),
+    [(0, 0), (HEADER_SIZE - 1, 0), (HEADER_SIZE, 1), (HEADER_SIZE + 3, 4), (HEADER_SIZE, 99)],
+)
+def test_pack_into_too_small_buffer_raises(size: int, offset: int) -> None:
+    buf = bytearray(b"\xaa" * size)
+    with pytest.raises(ProtocolError, match="no room"):
+        pack_header(BASE, buf, offset)
+    with pytest.raises(ProtocolError, match="no room"):
+        pack_header(BASE, memoryview(buf), offset)
+    assert buf == bytearray(b"\xaa" * size)  # nothing written
+
+
 def test_protocol_error_is_a_value_error() -> None:
     assert issubclass(ProtocolError, ValueError)
 
