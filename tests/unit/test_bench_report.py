@@ -12,6 +12,7 @@ import pytest
 
 from emulation.bench.config import (
     DEFAULT_BENCH_LANES,
+    DEFAULT_BENCH_SLOTS,
     BenchConfig,
     align_down,
     format_size,
@@ -30,7 +31,6 @@ from emulation.bench.report import (
 )
 from emulation.bench.workers import count_wrong, make_input, reference
 from emulation.cli import build_parser
-from hostlib.protocol import DEFAULT_SLOTS_PER_JOB
 
 
 # ----------------------------------------------------------------- sizes
@@ -90,7 +90,7 @@ def test_align_down() -> None:
 def test_bench_config_validates() -> None:
     cfg = BenchConfig(sizes=(4096,))
     assert cfg.lanes == DEFAULT_BENCH_LANES
-    assert cfg.slots == DEFAULT_SLOTS_PER_JOB
+    assert cfg.slots == DEFAULT_BENCH_SLOTS
     assert cfg.algos == ("ina", "gloo")
     with pytest.raises(ValueError, match="multiples"):
         BenchConfig(sizes=(4098,))
@@ -111,7 +111,7 @@ def test_bench_flag_defaults() -> None:
     assert args.datatype == "float32"
     assert args.loss == 0.0
     assert args.lanes == DEFAULT_BENCH_LANES
-    assert args.slots == DEFAULT_SLOTS_PER_JOB
+    assert args.slots == DEFAULT_BENCH_SLOTS
     assert args.timeout == 10.0
     assert args.json is None and args.plot is None and not args.switch_only
 

@@ -1,0 +1,176 @@
+"""Shared test code: reference allreduce results and a worker's state across calls.
+
+Imported as ``helpers`` (``tests/conftest.py`` puts this directory on ``sys.path``).
+The references are computed independently of the engine and the switch: int32 as a
+wrapping sum in int64, float32 by quantizing each worker's blocks with the global exponent
+exactly as the protocol specifies, so a correct INA run is *bit-identical* to them.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+from emulation.softswitch.pipeline import JobConfig, Pipeline
+from hostlib.ina import Addr, InaAllreduce, JobSpec, RetryPolicy
+from hostlib.protocol import INA_UDP_PORT
+from hostlib.quantize import block_exponents, dequantize, error_bound, quantize_block
+from hostlib.transport.memory import FakeNetwork
+
+INT32_MIN = -(2**31)
+INT32_MAX = 2**31 - 1
+
+
+def wrapping_sum(inputs: np.ndarray) -> np.ndarray:
+    """Elementwise int32 sum over rows, wrapping like a switch ALU."""
+    total = inputs.astype(np.int64).sum(axis=0)
+    return ((total - INT32_MIN) % 2**32 + INT32_MIN).astype(np.int32)
+
+
+def blocks_of(data: np.ndarray, lanes: int) -> np.ndarray:
+    """``data`` zero-padded to whole packets, one row per block."""
+    nblocks = max(1, math.ceil(data.size / lanes))
+    out = np.zeros(nblocks * lanes, dtype=data.dtype)
+    out[: data.size] = data
+    return out.reshape(nblocks, lanes)
+
+
+def quantized_sums(inputs: np.ndarray, lanes: int) -> tuple[np.ndarray, np.ndarray]:
+    """Exact int64 block sums of every worker's quantized blocks, and the global exponents.
+
+    ``inputs`` holds one float32 row per worker. The sums are not wrapped, so a caller
+    can check that they fit int32 (the no-overflow guarantee).
+    """
+    n = len(inputs)
+    blocks = [blocks_of(row, lanes) for row in inputs]
+    exps = np.max([block_exponents(b) for b in blocks], axis=0)
+    total = np.zeros(blocks[0].shape, dtype=np.int64)
+    q = np.empty(lanes, dtype=np.int32)
+    for b in blocks:
+        for i, e in enumerate(exps):
+            quantize_block(b[i], int(e), n, q)
+            total[i] += q
+    return total, exps
+
+
+def float_reference(inputs: np.ndarray, lanes: int) -> np.ndarray:
+    """What a correct float32 INA allreduce of ``inputs`` (workers x size) returns."""
+    sums, exps = quantized_sums(inputs, lanes)
+    assert sums.min() >= INT32_MIN and sums.max() <= INT32_MAX, "int32 overflow"
+    out = dequantize(sums.astype(np.int32), exps, len(inputs))
+    return out.reshape(-1)[: inputs.shape[1]]
+
+
+def assert_within_bound(result: np.ndarray, inputs: np.ndarray, lanes: int) -> None:
+    """``|result - sum(inputs)| <= error_bound``, soundly.
+
+    The float64 sum of n float32 values is itself off the exact sum by at most
+    ``(n-1) * 2**-53 * sum|x|``; that (doubled) is allowed on top of the bound. It is
+    ~2**-20 of the bound's own first term, so it does not loosen the check.
+    """
+    n = len(inputs)
+    wide = inputs.astype(np.float64)
+    reference = wide.sum(axis=0)
+    slack = n * 2.0**-52 * np.abs(wide).sum(axis=0)
+    bound = error_bound(np.abs(wide).max(axis=0), n, lanes, reference)
+    err = np.abs(result.astype(np.float64) - reference)
+    bad = np.flatnonzero(err > bound + slack)
+    assert bad.size == 0, (
+        f"{bad.size} elements outside the bound, first {bad[:5]}: "
+        f"error {err[bad[:5]]} bound {bound[bad[:5]]}"
+    )
+
+
+def random_inputs(rng: np.random.Generator, dtype: type, workers: int, size: int) -> np.ndarray:
+    """Worker inputs (one row each): int32 near both limits, float32 over many scales."""
+    if dtype is np.int32:
+        out = rng.integers(
+            INT32_MIN, INT32_MAX, size=(workers, size), dtype=np.int64, endpoint=True
+        )
+        edge = rng.random((workers, size)) < 0.3
+        out[edge] = rng.choice(
+            [INT32_MIN, INT32_MIN + 1, INT32_MAX - 1, INT32_MAX], size=int(edge.sum())
+        )
+        return out.astype(np.int32)
+    scale = np.exp2(rng.integers(-20, 20, size=(1, size)))
+    out = rng.standard_normal((workers, size)) * scale
+    out[rng.random((workers, size)) < 0.05] = 0.0
+    return out.astype(np.float32)
+
+
+def expected(inputs: np.ndarray, lanes: int) -> np.ndarray:
+    """The bit-exact result of an INA allreduce of ``inputs``."""
+    if inputs.dtype == np.int32:
+        return wrapping_sum(inputs)
+    return float_reference(inputs, lanes)
+
+
+class WorkerState:
+    """What :class:`hostlib.session.InaSession` keeps across calls, for engines driven
+    by hand (the fake network): per-slot uses, the next packet number, the RTT estimate.
+    """
+
+    def __init__(self, spec: JobSpec, policy: RetryPolicy, first_seq: int = 1) -> None:
+        self.spec = spec
+        self.policy = policy
+        self.uses = np.zeros(spec.slots, dtype=np.int64)
+        self.next_seq = first_seq
+        self._rtt = None
+
+    def engine(self, data: np.ndarray) -> InaAllreduce:
+        eng = InaAllreduce(
+            self.spec, data, self.uses, self.policy, self._rtt, first_seq=self.next_seq
+        )
+        self._rtt = eng.rtt
+        return eng
+
+    def finish(self, engine: InaAllreduce) -> np.ndarray:
+        """Commit a completed call (as the session does) and return its result."""
+        engine.commit()
+        self.next_seq = engine.next_seq
+        return engine.result()
+
+
+FAKE_SWITCH: Addr = ("10.255.0.1", INA_UDP_PORT)
+"""Where workers on a :class:`FakeNetwork` send."""
+
+
+class FakeJob:
+    """A job installed on ``pipeline`` whose workers live on a :class:`FakeNetwork`.
+
+    Every call goes through the same per-worker :class:`WorkerState`, so consecutive
+    calls exercise slot reuse and packet numbering exactly as a session's do.
+    """
+
+    def __init__(
+        self,
+        pipeline: Pipeline,
+        job_id: int,
+        workers: int,
+        policy: RetryPolicy,
+        slots: int = 4,
+        first_seq: int = 1,
+    ) -> None:
+        self.addrs = tuple((f"10.{job_id % 250}.0.{r + 1}", 5000 + r) for r in range(workers))
+        pipeline.add_job(JobConfig(job_id, self.addrs, slots))
+        self.states = [
+            WorkerState(
+                JobSpec(job_id, r, workers, FAKE_SWITCH, pipeline.lanes, slots), policy, first_seq
+            )
+            for r in range(workers)
+        ]
+
+    def start(self, inputs: np.ndarray) -> dict[Addr, InaAllreduce]:
+        """One engine per worker for one call (``inputs``: one row per worker)."""
+        return {a: w.engine(x) for a, w, x in zip(self.addrs, self.states, inputs, strict=True)}
+
+    def finish(self, engines: dict[Addr, InaAllreduce]) -> list[np.ndarray]:
+        return [w.finish(engines[a]) for a, w in zip(self.addrs, self.states, strict=True)]
+
+    def allreduce(self, net: FakeNetwork, inputs: np.ndarray) -> list[np.ndarray]:
+        """Run one call of every worker to completion; return each worker's result."""
+        engines = self.start(inputs)
+        errors = net.run(engines)
+        assert all(e is None for e in errors.values()), errors
+        return self.finish(engines)
