@@ -16,7 +16,7 @@ import platform
 import socket
 import sys
 import tempfile
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from importlib import metadata
 from pathlib import Path
 from typing import Any
@@ -293,7 +293,7 @@ def _metadata(args: argparse.Namespace, cfg: BenchConfig, run_dir: Path) -> dict
         "hostname": socket.gethostname(),
         "platform": platform.platform(),
         "cpu_count": os.cpu_count(),
-        "date": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+        "date": datetime.now(UTC).isoformat(timespec="seconds"),
         "run_dir": str(run_dir),
     }
 
@@ -326,7 +326,7 @@ def _run_switch_only(args: argparse.Namespace) -> int:
                 "seconds": args.seconds,
                 "versions": {"python": platform.python_version(), "inalab": _version("inalab")},
                 "hostname": socket.gethostname(),
-                "date": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+                "date": datetime.now(UTC).isoformat(timespec="seconds"),
                 "run_dir": str(run_dir),
             },
             "switch_only": numbers,

@@ -61,7 +61,7 @@ stops a misbehaving client from growing the switch's memory."""
 _RECV_BYTES = 65536
 
 
-class ErrorKind(str, enum.Enum):
+class ErrorKind(enum.StrEnum):
     """The ``kind`` of an error reply (and of :class:`SwitchControlError`)."""
 
     BAD_JSON = "bad_json"  # the line is not a JSON object

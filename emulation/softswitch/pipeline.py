@@ -83,7 +83,7 @@ _DATA_VT = (PROTOCOL_VERSION << 4) | PacketType.DATA
 _RESULT_VT = (PROTOCOL_VERSION << 4) | PacketType.RESULT
 
 
-class DropReason(str, enum.Enum):
+class DropReason(enum.StrEnum):
     """Why the pipeline dropped a packet; one counter each."""
 
     TRUNCATED = "truncated"  # shorter than the INA header

@@ -1,0 +1,41 @@
+"""The capability probes in conftest.py: a marked test runs only where its probe holds.
+
+Each test here asserts the capability itself, so a probe that says yes wrongly fails it,
+and one that says no wrongly shows up as a skip with its reason in ``pytest -ra``.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import tomllib
+from pathlib import Path
+
+import pytest
+from conftest import PROBES, capability
+
+
+@pytest.mark.root
+def test_root_probe_means_root() -> None:
+    assert os.geteuid() == 0
+
+
+@pytest.mark.mininet
+def test_mininet_probe_means_mnexec() -> None:
+    assert os.geteuid() == 0 and shutil.which("mnexec")
+
+
+@pytest.mark.bmv2
+def test_bmv2_probe_means_simple_switch_grpc() -> None:
+    assert shutil.which("simple_switch_grpc")
+
+
+def test_every_marker_of_pyproject_has_a_probe() -> None:
+    pyproject = Path(__file__).parents[2] / "pyproject.toml"
+    markers = tomllib.loads(pyproject.read_text())["tool"]["pytest"]["ini_options"]["markers"]
+    declared = {line.split(":")[0] for line in markers}
+    assert declared - {"slow"} == set(PROBES)
+
+
+def test_root_probe_agrees_with_the_process() -> None:
+    assert capability("root") == (os.geteuid() == 0)
