@@ -33,11 +33,12 @@ from hostlib.protocol import (
     EXPONENT_MIN,
     FLAG_RESEND,
     INA_UDP_PORT,
+    MAX_LANES,
     PROTOCOL_VERSION,
     PacketType,
 )
 
-__all__ = ["INA"]
+__all__ = ["INA", "bind_port"]
 
 # FlagsField names bits from the least significant one up.
 _FLAG_NAMES = [f"bit{i}" for i in range(8)]
@@ -65,7 +66,14 @@ class INA(Packet):
         BitField("slot", 0, 15),
         ShortField("reserved", 0),
         IntField("seq", 0),
-        FieldListField("lanes", [], SignedIntField("", 0), count_from=lambda pkt: pkt.num_lanes),
+        # max_count: scapy stops at conf.max_list_count (100) items otherwise.
+        FieldListField(
+            "lanes",
+            [],
+            SignedIntField("", 0),
+            count_from=lambda pkt: pkt.num_lanes,
+            max_count=MAX_LANES,
+        ),
     ]
 
     def extract_padding(self, s: bytes) -> tuple[bytes, bytes]:
@@ -83,3 +91,16 @@ class INA(Packet):
 # dissect. Building UDP()/INA() fills in the destination port only.
 bind_layers(UDP, INA, dport=INA_UDP_PORT)
 bind_bottom_up(UDP, INA, sport=INA_UDP_PORT)
+
+
+def bind_port(port: int) -> None:
+    """Also dissect UDP datagrams to or from ``port`` as INA, e.g. for the pcap of a soft
+    switch started on a free port (``inalab switch --listen 127.0.0.1:0 --pcap ...``).
+
+    Raises:
+        ValueError: port outside 1..65535.
+    """
+    if not 1 <= port <= 0xFFFF:
+        raise ValueError(f"port {port} outside 1..65535")
+    bind_bottom_up(UDP, INA, dport=port)
+    bind_bottom_up(UDP, INA, sport=port)

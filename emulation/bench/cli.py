@@ -118,6 +118,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     add("--seed", type=int, default=0, help="seed of inputs and the drop simulator")
     add("--timeout", type=_positive_float, default=10.0, help="host no-progress deadline (s)")
     add("--run-dir", type=Path, help="directory for logs (default: a new temp dir)")
+    add(
+        "--pcap-count",
+        type=_int_in(0),
+        default=0,
+        metavar="N",
+        help="record the switch's first N packets in RUN_DIR/switch.pcap (default 0: none)",
+    )
     add("--json", type=Path, metavar="PATH", help="write results as JSON")
     add("--plot", type=Path, metavar="PATH", help="write a PNG plot of time and algbw")
     add("--switch-only", action="store_true", help="only load the switch (loadgen)")
@@ -184,6 +191,7 @@ def _config(args: argparse.Namespace) -> BenchConfig:
             loss=args.loss,
             seed=args.seed,
             timeout=args.timeout,
+            pcap_count=args.pcap_count,
         )
     except ValueError as exc:
         raise _UsageError(str(exc)) from None
@@ -223,6 +231,11 @@ def _run_bench(args: argparse.Namespace, cfg: BenchConfig, run_dir: Path) -> int
     meta["switch_log"] = result.switch_log
     meta["wall_s"] = result.wall_s
     meta["udp_kernel_counters_delta"] = result.udp_kernel_delta
+    pcap = run_dir / "switch.pcap"
+    if cfg.pcap_count and pcap.exists():
+        meta["pcap"] = str(pcap)
+        # The switch ran on a free port: scapy needs it (hostlib.scapy_layer.bind_port).
+        print(f"# pcap: {pcap} (switch port in {run_dir / 'switch.ready.json'})")
     if args.json is not None:
         write_json(args.json, make_document(meta, result.rows))
         print(f"# json: {args.json}")

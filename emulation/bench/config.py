@@ -110,6 +110,8 @@ class BenchConfig:
         loss: drop probability at switch ingress and, per replica, at egress.
         seed: seeds inputs and the switch's drop simulator.
         timeout: seconds a host waits without progress before failing the run.
+        pcap_count: packets the switch records into ``switch.pcap`` in the run
+            directory (0: no capture).
 
     Raises:
         ValueError: any field out of range.
@@ -126,6 +128,7 @@ class BenchConfig:
     loss: float = 0.0
     seed: int = 0
     timeout: float = 10.0
+    pcap_count: int = 0
 
     def __post_init__(self) -> None:
         problems = []
@@ -147,6 +150,8 @@ class BenchConfig:
             problems.append(f"slots {self.slots} must be positive")
         if not 0.0 <= self.loss < 1.0:
             problems.append(f"loss {self.loss} outside [0, 1)")
+        if self.pcap_count < 0:
+            problems.append(f"pcap_count {self.pcap_count} must be >= 0")
         if not self.timeout > 0:
             problems.append(f"timeout {self.timeout} must be positive")
         if problems:

@@ -158,6 +158,7 @@ def _run_ina(
         drop_ingress=cfg.loss,
         drop_egress=cfg.loss,
         seed=cfg.seed,
+        extra_args=_pcap_args(cfg, run_dir),
     )
     result.switch_log = str(switch.log_path)
     try:
@@ -328,3 +329,10 @@ class _Fleet:
                 proc.join(5.0)
         for conn in self.conns:
             conn.close()
+
+
+def _pcap_args(cfg: BenchConfig, run_dir: Path) -> tuple[str, ...]:
+    """The switch's capture options: its first ``cfg.pcap_count`` packets, if any."""
+    if not cfg.pcap_count:
+        return ()
+    return ("--pcap", str(run_dir / "switch.pcap"), "--pcap-count", str(cfg.pcap_count))

@@ -16,6 +16,7 @@ import sys
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
+from emulation.softswitch.pcap import PcapWriter
 from emulation.softswitch.pipeline import (
     Addr,
     DropSimulator,
@@ -152,6 +153,19 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="write {data, control, pid, lanes, slots} as JSON here once listening",
     )
     a(
+        "--pcap",
+        type=Path,
+        metavar="PATH",
+        help="record every datagram received and sent to this pcap (IPv4/UDP/INA)",
+    )
+    a(
+        "--pcap-count",
+        type=_int_range(0, 2**63 - 1),
+        default=0,
+        metavar="N",
+        help="stop recording after N packets (default 0: no limit)",
+    )
+    a(
         "--job",
         type=parse_job,
         action="append",
@@ -188,8 +202,14 @@ def run(args: argparse.Namespace) -> int:
     except JobTableError as exc:
         return _usage_error(f"--job: {exc}")
     try:
-        server = SwitchServer(pipeline, args.listen, args.control)
+        pcap = PcapWriter(args.pcap, args.pcap_count) if args.pcap is not None else None
     except OSError as exc:
+        return _usage_error(f"--pcap: {exc}", status=1)
+    try:
+        server = SwitchServer(pipeline, args.listen, args.control, pcap=pcap)
+    except OSError as exc:
+        if pcap is not None:
+            pcap.close()
         return _usage_error(f"cannot bind {args.listen} / {args.control}: {exc}", status=1)
     with server:
         server.install_signal_handlers()

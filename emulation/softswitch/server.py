@@ -16,6 +16,7 @@ import socket
 from types import FrameType, TracebackType
 
 from emulation.softswitch.control import ControlHandler, ControlServer
+from emulation.softswitch.pcap import PcapWriter
 from emulation.softswitch.pipeline import Addr, Pipeline
 from hostlib.protocol import packet_size
 
@@ -42,6 +43,8 @@ class SwitchServer:
         data_addr: UDP ``(host, port)`` to bind; port 0 picks a free one.
         control_addr: TCP ``(host, port)`` of the control channel; port 0 picks one.
         poll_interval: seconds to wait in ``select`` when idle (bounds stop latency).
+        pcap: where to record every datagram received and sent (none by default); the
+            server closes it.
 
     Raises:
         OSError: an address cannot be bound.
@@ -53,6 +56,7 @@ class SwitchServer:
         data_addr: Addr,
         control_addr: Addr,
         poll_interval: float = 0.05,
+        pcap: PcapWriter | None = None,
     ) -> None:
         self.pipeline = pipeline
         self.poll_interval = poll_interval
@@ -73,6 +77,8 @@ class SwitchServer:
         # The one datagram size that is valid: a ready-made view avoids a slice per packet.
         self._full_size = packet_size(pipeline.lanes)
         self._full_view = self._view[: self._full_size]
+        self.pcap = pcap
+        self._own_addr = self.data_addr
 
     @property
     def data_addr(self) -> Addr:
@@ -113,8 +119,11 @@ class SwitchServer:
         signal.signal(signal.SIGINT, _on_signal)
 
     def counters(self) -> dict[str, int]:
-        """Pipeline counters plus the I/O layer's (``send_errors``)."""
-        return {**self.pipeline.counters(), **self.stats}
+        """Pipeline counters plus the I/O layer's (``send_errors``, pcap records)."""
+        extra = {}
+        if self.pcap is not None:
+            extra = {"pcap_written": self.pcap.written, "pcap_skipped": self.pcap.skipped}
+        return {**self.pipeline.counters(), **self.stats, **extra}
 
     def serve_forever(self) -> dict[str, int]:
         """Forward datagrams and answer control requests until asked to stop.
@@ -137,6 +146,8 @@ class SwitchServer:
         if self._udp.fileno() < 0:
             return
         self.control.close()
+        if self.pcap is not None:
+            self.pcap.close()
         self._selector.unregister(self._udp)
         self._selector.close()
         self._udp.close()
@@ -147,12 +158,16 @@ class SwitchServer:
         sendto = self._udp.sendto
         process = self.pipeline.process
         buf, view, full_size, full_view = self._buf, self._view, self._full_size, self._full_view
+        pcap, own = self.pcap, self._own_addr
         for count in range(CONTROL_EVERY):
             try:
                 n, src = recv(buf)
             except BlockingIOError:
                 return count
-            emit = process(full_view if n == full_size else view[:n], src)
+            data = full_view if n == full_size else view[:n]
+            if pcap is not None:
+                pcap.record(data, src, own)
+            emit = process(data, src)
             if emit is None:
                 continue
             # emit.payload is the pipeline's reusable buffer: all sends before next process().
@@ -161,6 +176,9 @@ class SwitchServer:
                     sendto(emit.payload, dest)
                 except OSError as exc:
                     self._send_error(exc, dest)
+                    continue
+                if pcap is not None:
+                    pcap.record(emit.payload, own, dest)
         return CONTROL_EVERY
 
     def _send_error(self, exc: OSError, dest: Addr) -> None:

@@ -77,6 +77,20 @@ def test_ina_with_loss_is_still_correct(tmp_path: Path) -> None:
     assert doc["metadata"]["loss"] == 0.05
 
 
+def test_pcap_count_records_the_switchs_first_packets(tmp_path: Path) -> None:
+    out = tmp_path / "cap.json"
+    run = tmp_path / "run"
+    proc = _bench(*TINY, "--algos", "ina", "--pcap-count", "50", "--run-dir", str(run),
+                  "--json", str(out))  # fmt: skip
+    _ok(proc)
+    pcap = run / "switch.pcap"
+    assert json.loads(out.read_text())["metadata"]["pcap"] == str(pcap)
+    assert f"# pcap: {pcap}" in proc.stdout
+    # pcap global header + 50 records, each of a 16-byte record header, IPv4, UDP, INA.
+    size = 16 + 20 + 8 + 16 + 4 * 2048
+    assert pcap.stat().st_size == 24 + 50 * size
+
+
 def test_ina_int32_is_exact(tmp_path: Path) -> None:
     out = tmp_path / "int.json"
     proc = _bench(*TINY, "--algos", "ina", "-d", "int32", "--json", str(out))

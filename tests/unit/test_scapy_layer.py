@@ -18,6 +18,7 @@ from hostlib.protocol import (
     FLAG_RESEND,
     HEADER_SIZE,
     INA_UDP_PORT,
+    MAX_LANES,
     PROTOCOL_VERSION,
     Header,
     PacketType,
@@ -80,6 +81,14 @@ def test_dissects_bytes_packed_by_protocol() -> None:
     _check_fields(p)
     assert Raw not in p
     assert Padding not in p
+
+
+def test_dissects_the_largest_lane_count() -> None:
+    # scapy caps list fields at conf.max_list_count (100) unless the field says otherwise.
+    lanes = np.arange(-MAX_LANES // 2, MAX_LANES // 2, dtype=np.int32)
+    h = Header(PacketType.DATA, 1, 0, 0, 0, 1, MAX_LANES)
+    frame = IP(bytes(IP(dst="127.0.0.1") / UDP(dport=INA_UDP_PORT) / _wire(h, lanes)))
+    _check_fields(frame[INA], h, lanes)
 
 
 def test_bytes_after_the_lanes_are_padding() -> None:

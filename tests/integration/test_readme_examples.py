@@ -1,0 +1,36 @@
+"""The README's marked examples run as written (each in a fresh directory)."""
+
+from __future__ import annotations
+
+import re
+import subprocess
+from pathlib import Path
+
+import pytest
+
+README = Path(__file__).parents[2] / "README.md"
+_EXAMPLE = re.compile(r"<!-- example: (\S+).*?-->\n```bash\n(.*?)```", re.DOTALL)
+
+
+def examples() -> dict[str, str]:
+    return dict(_EXAMPLE.findall(README.read_text()))
+
+
+def test_readme_has_examples() -> None:
+    assert "pcap" in examples()
+
+
+@pytest.mark.timeout(300)
+def test_pcap_example_dissects_the_switch_capture(tmp_path: Path) -> None:
+    proc = subprocess.run(
+        ["bash", "-euo", "pipefail", "-c", examples()["pcap"]],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=280,
+        check=False,
+    )
+    assert proc.returncode == 0, proc.stderr
+    lines = [line for line in proc.stdout.splitlines() if " / INA " in line]
+    assert len(lines) == 8, proc.stdout
+    assert "INA DATA job=1" in lines[0], lines[0]
