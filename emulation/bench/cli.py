@@ -21,6 +21,7 @@ from importlib import metadata
 from pathlib import Path
 from typing import Any
 
+from emulation.argtypes import int_in, positive_float, probability
 from emulation.bench.config import (
     ALGORITHMS,
     DEFAULT_BENCH_LANES,
@@ -47,40 +48,6 @@ def _size(text: str) -> int:
         raise argparse.ArgumentTypeError(str(exc)) from None
 
 
-def _int_in(lo: int, hi: int | None = None) -> Any:
-    def parse(text: str) -> int:
-        try:
-            value = int(text)
-        except ValueError:
-            raise argparse.ArgumentTypeError(f"invalid integer {text!r}") from None
-        if value < lo or (hi is not None and value > hi):
-            bounds = f"{lo}..{hi}" if hi is not None else f">= {lo}"
-            raise argparse.ArgumentTypeError(f"{value} outside {bounds}")
-        return value
-
-    return parse
-
-
-def _probability(text: str) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"invalid probability {text!r}") from None
-    if not 0.0 <= value < 1.0:
-        raise argparse.ArgumentTypeError(f"loss {value} outside [0, 1)")
-    return value
-
-
-def _positive_float(text: str) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"invalid number {text!r}") from None
-    if not value > 0:
-        raise argparse.ArgumentTypeError(f"{value} must be positive")
-    return value
-
-
 def _algos(text: str) -> tuple[str, ...]:
     names = [a.strip().lower() for a in text.split(",") if a.strip()]
     unknown = [a for a in names if a not in ALGORITHMS]
@@ -96,31 +63,36 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     add = parser.add_argument
     add("-b", "--minbytes", type=_size, default=4 << 10, help="smallest size (default 4K)")
     add("-e", "--maxbytes", type=_size, default=16 << 20, help="largest size (default 16M)")
-    add("-f", "--stepfactor", type=_int_in(2), default=4, help="size multiplier (default 4)")
-    add("-n", "--iters", type=_int_in(1), default=5, help="timed calls per size (default 5)")
-    add("-w", "--warmup_iters", type=_int_in(0), default=2, help="untimed calls (default 2)")
+    add("-f", "--stepfactor", type=int_in(2), default=4, help="size multiplier (default 4)")
+    add("-n", "--iters", type=int_in(1), default=5, help="timed calls per size (default 5)")
+    add("-w", "--warmup_iters", type=int_in(0), default=2, help="untimed calls (default 2)")
     add("-d", "--datatype", choices=sorted(ELEMENT_BYTES), default="float32", help="data type")
-    add("--workers", type=_int_in(1, MAX_WORKERS), default=4, help="ranks (default 4)")
+    add("--workers", type=int_in(1, MAX_WORKERS), default=4, help="ranks (default 4)")
     add("--algos", type=_algos, default=ALGORITHMS, help="comma list of ina,gloo (default both)")
-    add("--loss", type=_probability, default=0.0, help="switch drop probability, in and out")
+    add(
+        "--loss",
+        type=probability(allow_one=False),  # at 1 nothing would ever complete
+        default=0.0,
+        help="switch drop probability, in and out",
+    )
     add(
         "--lanes",
-        type=_int_in(1, MAX_LANES),
+        type=int_in(1, MAX_LANES),
         default=DEFAULT_BENCH_LANES,
         help=f"int32 lanes per INA packet (default {DEFAULT_BENCH_LANES})",
     )
     add(
         "--slots",
-        type=_int_in(1, MAX_SLOT + 1),
+        type=int_in(1, MAX_SLOT + 1),
         default=DEFAULT_BENCH_SLOTS,
         help=f"INA job slots, the outstanding window (default {DEFAULT_BENCH_SLOTS})",
     )
     add("--seed", type=int, default=0, help="seed of inputs and the drop simulator")
-    add("--timeout", type=_positive_float, default=10.0, help="host no-progress deadline (s)")
+    add("--timeout", type=positive_float, default=10.0, help="host no-progress deadline (s)")
     add("--run-dir", type=Path, help="directory for logs (default: a new temp dir)")
     add(
         "--pcap-count",
-        type=_int_in(0),
+        type=int_in(0),
         default=0,
         metavar="N",
         help="record the switch's first N packets in RUN_DIR/switch.pcap (default 0: none)",
@@ -128,7 +100,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     add("--json", type=Path, metavar="PATH", help="write results as JSON")
     add("--plot", type=Path, metavar="PATH", help="write a PNG plot of time and algbw")
     add("--switch-only", action="store_true", help="only load the switch (loadgen)")
-    add("--seconds", type=_positive_float, default=5.0, help="--switch-only duration (s)")
+    add("--seconds", type=positive_float, default=5.0, help="--switch-only duration (s)")
 
 
 # ----------------------------------------------------------------- run

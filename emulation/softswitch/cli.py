@@ -13,9 +13,10 @@ import json
 import logging
 import os
 import sys
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from pathlib import Path
 
+from emulation.argtypes import int_in, probability
 from emulation.softswitch.pcap import PcapWriter
 from emulation.softswitch.pipeline import (
     Addr,
@@ -79,29 +80,6 @@ def parse_job(text: str) -> JobConfig:
     return JobConfig(int(parts[0]), tuple(workers), int(parts[1]))
 
 
-def _int_range(lo: int, hi: int) -> Callable[[str], int]:
-    def parse(text: str) -> int:
-        try:
-            value = int(text)
-        except ValueError:
-            raise argparse.ArgumentTypeError(f"{text!r} is not an integer") from None
-        if not lo <= value <= hi:
-            raise argparse.ArgumentTypeError(f"{value} outside {lo}..{hi}")
-        return value
-
-    return parse
-
-
-def _probability(text: str) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a number") from None
-    if not 0.0 <= value <= 1.0:
-        raise argparse.ArgumentTypeError(f"probability {value} outside 0..1")
-    return value
-
-
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     """Declare the ``inalab switch`` options on ``parser``."""
     a = parser.add_argument
@@ -121,26 +99,26 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     a(
         "--lanes",
-        type=_int_range(1, MAX_LANES),
+        type=int_in(1, MAX_LANES),
         default=LANES_PER_PACKET,
         help=f"int32 lanes per packet (default {LANES_PER_PACKET})",
     )
     a(
         "--slots",
-        type=_int_range(1, SLOT_MASK + 1),
+        type=int_in(1, SLOT_MASK + 1),
         default=SWITCH_SLOTS,
         help=f"slots per set in the switch pool (default {SWITCH_SLOTS})",
     )
     a(
         "--drop-ingress",
-        type=_probability,
+        type=probability(),
         default=0.0,
         metavar="P",
         help="drop probability at ingress (default 0)",
     )
     a(
         "--drop-egress",
-        type=_probability,
+        type=probability(),
         default=0.0,
         metavar="P",
         help="drop probability per result replica at egress (default 0)",
@@ -160,7 +138,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     a(
         "--pcap-count",
-        type=_int_range(0, 2**63 - 1),
+        type=int_in(0),
         default=0,
         metavar="N",
         help="stop recording after N packets (default 0: no limit)",
