@@ -164,7 +164,9 @@ def test_allreduce_sizes_from_one_element(
     [
         (np.float32, 2, 4 * 2**20 + 3),  # 16 MiB and a bit: not a multiple of the lanes
         (np.int32, 4, 4 * 2**20 + 1),
-        (np.float32, 8, 2**20 + 5),
+        (np.float32, 8, 4 * 2**20 + 5),
+        (np.float32, 4, 4 * 2**20 + 7),
+        (np.int32, 8, 4 * 2**20 + 2),
     ],
 )
 def test_allreduce_up_to_16_mib(
