@@ -70,6 +70,8 @@ class Row:
     wrong: int
     """Elements outside tolerance, summed over ranks."""
     max_abs_err: float = 0.0
+    retransmits: int = 0
+    """Packets the hosts sent again (INA), summed over ranks, warm-up calls included."""
 
     @property
     def algbw(self) -> float:
@@ -98,6 +100,7 @@ class Row:
             "busbw_gbps": self.busbw,
             "wrong": self.wrong,
             "max_abs_err": self.max_abs_err,
+            "retransmits": self.retransmits,
         }
 
 
@@ -105,7 +108,8 @@ def merge_ranks(
     algo: str, dtype: str, per_rank: Sequence[Sequence[Any]], num_workers: int | None = None
 ) -> list[Row]:
     """Merge each rank's per-size results (objects with ``nbytes``, ``count``, ``mean_us``,
-    ``wrong``, ``max_abs_err``) into one :class:`Row` per size.
+    ``wrong``, ``max_abs_err`` and optionally ``retransmits``) into one :class:`Row` per
+    size.
 
     Raises:
         ValueError: no ranks, or ranks that measured different sizes.
@@ -132,6 +136,7 @@ def merge_ranks(
                 time_us_max=max(times),
                 wrong=sum(r.wrong for r in at),
                 max_abs_err=max(r.max_abs_err for r in at),
+                retransmits=sum(getattr(r, "retransmits", 0) for r in at),
             )
         )
     return rows

@@ -87,6 +87,8 @@ class SizeResult:
     wrong: int
     """Elements of the last result outside the tolerance."""
     max_abs_err: float
+    retransmits: int = 0
+    """Packets this rank sent again during this size's calls (INA; 0 for Gloo)."""
 
 
 # ----------------------------------------------------------------- inputs and checks
@@ -159,6 +161,11 @@ class _Allreduce(Protocol):
 
     def close(self) -> None: ...
 
+    @property
+    def retransmits(self) -> int:
+        """Retransmitted packets so far (0 where the transport retransmits itself)."""
+        ...
+
 
 class _InaAllreduce:
     """hostlib's INA session through the soft switch."""
@@ -189,13 +196,12 @@ class _InaAllreduce:
         allreduce = self._session.allreduce
         return lambda: allreduce(x)
 
+    @property
+    def retransmits(self) -> int:
+        return self._session.retransmissions
+
     def close(self) -> None:
-        try:
-            self._session.close()
-        finally:
-            close = getattr(self._transport, "close", None)
-            if close is not None:
-                close()
+        self._session.close()  # closes its transport
 
 
 class _GlooAllreduce:
@@ -232,6 +238,10 @@ class _GlooAllreduce:
             return buf.numpy()
 
         return call
+
+    @property
+    def retransmits(self) -> int:
+        return 0  # TCP's own, invisible from here
 
     def close(self) -> None:
         if self._dist.is_initialized():
@@ -278,6 +288,7 @@ def _run_size(
     call = coll.prepare(x)
     conn.send(("barrier", k))
     _expect(conn, "go")
+    resent = coll.retransmits
     for _ in range(plan.warmup):
         call()
     y = x
@@ -289,7 +300,7 @@ def _run_size(
     wrong, max_err = count_wrong(plan.algo, y, ref, absmax, plan.num_workers, plan.lanes)
     mean_us = elapsed / plan.iters * 1e6
     log.info("rank %d size %d: %.1f us/call, %d wrong", plan.rank, nbytes, mean_us, wrong)
-    return SizeResult(nbytes, count, mean_us, wrong, max_err)
+    return SizeResult(nbytes, count, mean_us, wrong, max_err, coll.retransmits - resent)
 
 
 def _expect(conn: Connection, kind: str) -> tuple[Any, ...]:
