@@ -249,6 +249,7 @@ def test_json_document_schema(tmp_path: Path) -> None:
         "busbw_gbps",
         "wrong",
         "max_abs_err",
+        "retransmits",
     }
     assert set(row["time_us"]) == {"mean", "min", "max"}
     assert row["time_us"]["max"] == 1000.0
