@@ -236,7 +236,9 @@ def _describe(algo: str, cfg: BenchConfig) -> str:
             f"soft switch, lanes={cfg.lanes}, slots={cfg.slots}, loss={cfg.loss:g}"
             f" in+out, n={cfg.workers}"
         )
-    return f"torch.distributed gloo {_version('torch')}, TCP loopback, n={cfg.workers}"
+    # torch's ProcessGroupGloo runs gloo::allreduce: segmented ring reduce-scatter + all-gather.
+    torch_version = _version("torch")
+    return f"torch.distributed gloo {torch_version}: ring allreduce, TCP loopback, n={cfg.workers}"
 
 
 def _version(dist: str) -> str | None:
