@@ -22,7 +22,9 @@ Header (16 bytes, offsets in bytes)::
     6..7   num_lanes:16     int32 lanes in the payload; must equal the switch's lanes
     8..9   pool_index:16    bit 15: the set (shadow copy); bits 0..14: slot within the
                             job's slot range (the switch adds the job's slot base)
-    10..11 reserved:16      zero on send, ignored on receive
+    10..11 reserved:16      zero on send, ignored on receive (a result echoes the
+                            triggering packet's value: the switch rewrites only ptype,
+                            exponent and lanes)
     12..15 seq:32           packet number, monotonic across the calls of a session: from
                             1, wrapping from 2**32-1 to 1 (0 is reserved: it marks an
                             unused switch slot). Every worker's packet of one use of a

@@ -1,0 +1,276 @@
+"""The bmv2 target for the data-plane vectors: simple_switch_grpc on veth pairs.
+
+Selected only where ``simple_switch_grpc`` is on PATH (tests marked ``bmv2``). Each vector
+port ``p`` is a veth pair: bmv2 owns one end as its port ``p``, the test sends and
+receives Ethernet/IPv4/UDP frames on the other with a raw socket, built from the port's
+identity (:func:`runner.port_identity`). The INA datagram of a vector step is the frame's
+UDP payload. The switch is configured through the P4Runtime controller (``controller/``);
+until that exists, :meth:`Bmv2Target.configure` raises :class:`runner.TargetUnavailable`
+and the tests skip with that reason before anything is started.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+import shutil
+import socket
+import subprocess
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Protocol
+
+from runner import (
+    COUNTERS,
+    Forward,
+    Job,
+    PortIdentity,
+    Received,
+    TargetUnavailable,
+    Vector,
+    VectorFailure,
+    port_identity,
+)
+
+from hostlib.protocol import INA_UDP_PORT
+
+REPO = Path(__file__).resolve().parents[2]
+P4_PROGRAM = REPO / "p4" / "ina.p4"
+P4INFO = REPO / "p4" / "ina.p4info.txtpb"
+SWITCH_MAC = "02:00:00:00:00:fe"
+SWITCH_IP = "10.0.0.254"
+"""The switch's INA endpoint on the wire: where workers send DATA, whence RESULTs come."""
+_ETH_P_ALL = 0x0003
+_START_TIMEOUT = 15.0
+
+
+class Bmv2Control(Protocol):
+    """What the bmv2 target needs from the P4Runtime controller, by protocol names.
+
+    The controller's own API need not be this one: :func:`control_factory` adapts it.
+    """
+
+    def push_pipeline(self, p4info: Path, bmv2_json: Path) -> None: ...
+    def set_switch_identity(self, mac: str, ip: str, udp_port: int) -> None: ...
+    def add_job(self, job: Job, workers: list[PortIdentity]) -> None: ...
+    def add_host_route(self, host: PortIdentity) -> None: ...
+    def set_drops(self, ingress: float, egress: float) -> None: ...
+    def counters(self) -> dict[str, int]: ...
+    def close(self) -> None: ...
+
+
+def control_factory() -> Callable[[str], Bmv2Control]:
+    """What connects a :class:`Bmv2Control` to the switch at a gRPC address.
+
+    Raises:
+        TargetUnavailable: the controller package has no P4Runtime client yet, or this
+            module has no adapter over it yet; either way before anything is started.
+    """
+    if importlib.util.find_spec("controller.client") is None:
+        raise TargetUnavailable(
+            "needs the P4Runtime controller (controller/): controller.client does not exist yet"
+        )
+    raise TargetUnavailable(
+        "controller.client exists but bmv2_target.control_factory has no adapter over it "
+        "yet (implement the Bmv2Control protocol) to run the vectors on bmv2"
+    )
+
+
+class Bmv2Target:
+    """simple_switch_grpc with one veth pair per vector port, configured over P4Runtime."""
+
+    name = "bmv2"
+
+    def __init__(self) -> None:
+        self._proc: subprocess.Popen[bytes] | None = None
+        self._log: Path | None = None
+        self._veths: list[str] = []
+        self._socks: dict[int, socket.socket] = {}
+        self._control: Bmv2Control | None = None
+
+    def configure(self, vector: Vector, run_dir: Path) -> None:
+        """Check every prerequisite, then build veths, start bmv2 and push the config.
+
+        Raises:
+            TargetUnavailable: a prerequisite is missing (nothing has been started then).
+        """
+        connect = control_factory()
+        _prerequisites()
+        bmv2_json = _compile(run_dir)
+        grpc_port = _free_tcp_port()
+        self._start(vector, run_dir, grpc_port)
+        self._control = connect(f"127.0.0.1:{grpc_port}")
+        self._control.push_pipeline(P4INFO, bmv2_json)
+        self._control.set_switch_identity(SWITCH_MAC, SWITCH_IP, INA_UDP_PORT)
+        for port in vector.ports:
+            self._control.add_host_route(port_identity(port))
+        for job in vector.jobs:
+            self._control.add_job(job, [port_identity(p) for p in job.workers])
+        self._control.set_drops(*vector.drops)
+
+    def send(self, port: int, payload: bytes, to: Forward | None) -> None:
+        from scapy.layers.inet import IP, UDP
+        from scapy.layers.l2 import Ether
+
+        me = port_identity(port)
+        if to is None:
+            dst_mac, dst_ip, dport = SWITCH_MAC, SWITCH_IP, INA_UDP_PORT
+        else:
+            peer = port_identity(to.port)
+            dst_mac, dst_ip, dport = peer.mac, peer.ip, to.udp_dport
+        frame = (
+            Ether(src=me.mac, dst=dst_mac)
+            / IP(src=me.ip, dst=dst_ip)
+            / UDP(sport=me.udp_port, dport=dport)
+            / payload
+        )
+        self._socks[port].send(bytes(frame))
+
+    def recv(self, port: int, timeout: float) -> Received | None:
+        deadline = time.monotonic() + timeout
+        sock = self._socks[port]
+        while True:
+            sock.settimeout(max(deadline - time.monotonic(), 1e-6))
+            try:
+                frame = sock.recv(65536)
+            except TimeoutError:
+                return None
+            got = _datagram(port, frame)
+            if got is not None:
+                return got
+
+    def set_drops(self, ingress: float, egress: float) -> None:
+        self._require_control().set_drops(ingress, egress)
+
+    def counters(self) -> dict[str, int]:
+        return {k: v for k, v in self._require_control().counters().items() if k in COUNTERS}
+
+    def close(self) -> None:
+        if self._control is not None:
+            self._control.close()
+            self._control = None
+        for sock in self._socks.values():
+            sock.close()
+        self._socks.clear()
+        if self._proc is not None and self._proc.poll() is None:
+            self._proc.terminate()
+            try:
+                self._proc.wait(5.0)
+            except subprocess.TimeoutExpired:
+                self._proc.kill()
+                self._proc.wait()
+        self._proc = None
+        for name in self._veths:  # only the pairs this target created
+            subprocess.run(["ip", "link", "del", name], check=False, capture_output=True)
+        self._veths.clear()
+
+    def _start(self, vector: Vector, run_dir: Path, grpc_port: int) -> None:
+        tag = f"iv{os.getpid() % 100000}"
+        interfaces = []
+        for port in vector.ports:
+            host_if, switch_if = f"{tag}h{port}", f"{tag}s{port}"
+            _ip("link", "add", host_if, "type", "veth", "peer", "name", switch_if)
+            self._veths.append(host_if)
+            for name in (host_if, switch_if):
+                # No IPv6 router solicitations or other kernel chatter on the test ports.
+                _sysctl(f"net.ipv6.conf.{name}.disable_ipv6", "1")
+                _ip("link", "set", name, "up")
+            sock = socket.socket(socket.AF_PACKET, socket.SOCK_RAW, socket.htons(_ETH_P_ALL))
+            sock.bind((host_if, 0))
+            self._socks[port] = sock
+            interfaces += ["-i", f"{port}@{switch_if}"]
+        self._log = run_dir / f"bmv2-{vector.name}.log"
+        argv = [
+            "simple_switch_grpc", "--device-id", "0", *interfaces, "--no-p4",
+            "--", "--grpc-server-addr", f"127.0.0.1:{grpc_port}",
+        ]  # fmt: skip
+        with self._log.open("wb") as log:
+            self._proc = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT)
+        _wait_listening(self._proc, grpc_port, self._log)
+
+    def _require_control(self) -> Bmv2Control:
+        if self._control is None:
+            raise RuntimeError("target not configured")
+        return self._control
+
+
+def _prerequisites() -> None:
+    if not P4_PROGRAM.exists() or not P4INFO.exists():
+        raise TargetUnavailable(f"needs the P4 program {P4_PROGRAM} and its p4info {P4INFO}")
+    if shutil.which("p4c-bm2-ss") is None:
+        raise TargetUnavailable("needs p4c-bm2-ss on PATH to compile p4/ina.p4")
+    if os.geteuid() != 0:
+        raise TargetUnavailable("needs root for veth pairs and raw sockets")
+
+
+def _compile(run_dir: Path) -> Path:
+    out = run_dir / "ina.json"
+    proc = subprocess.run(
+        ["p4c-bm2-ss", "--std", "p4-16", "-o", str(out), str(P4_PROGRAM)],
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    if proc.returncode != 0:
+        raise VectorFailure(f"p4c-bm2-ss failed on {P4_PROGRAM}:\n{proc.stderr}")
+    return out
+
+
+def _datagram(port: int, frame: bytes) -> Received | None:
+    """The UDP payload of an IPv4/UDP frame for ``port``; None for other traffic.
+
+    Raises:
+        VectorFailure: an IPv4/UDP frame whose addresses are not this port's.
+    """
+    from scapy.layers.inet import IP, UDP
+    from scapy.layers.l2 import Ether
+
+    pkt = Ether(frame)
+    if IP not in pkt or UDP not in pkt:
+        return None
+    me, ip, udp = port_identity(port), pkt[IP], pkt[UDP]
+    payload = bytes(udp.payload)[: udp.len - 8]  # without Ethernet padding
+    if (pkt[Ether].dst, ip.dst) != (me.mac, me.ip):
+        raise VectorFailure(f"port {port} got a frame for {pkt[Ether].dst} {ip.dst}")
+    if ip.src == SWITCH_IP and udp.sport == INA_UDP_PORT:
+        if udp.dport != me.udp_port:
+            raise VectorFailure(f"port {port}: result to UDP {udp.dport}, not {me.udp_port}")
+        return Received(payload, None)
+    src = next((p for p in range(1, 251) if port_identity(p).ip == ip.src), None)
+    if src is None:
+        raise VectorFailure(f"port {port} got a frame from unknown IP {ip.src}")
+    return Received(payload, Forward(src, udp.dport))
+
+
+def _ip(*args: str) -> None:
+    proc = subprocess.run(["ip", *args], capture_output=True, text=True, check=False)
+    if proc.returncode != 0:
+        raise VectorFailure(f"ip {' '.join(args)}: {proc.stderr.strip()}")
+
+
+def _sysctl(key: str, value: str) -> None:
+    path = Path("/proc/sys") / key.replace(".", "/")
+    if path.exists():
+        path.write_text(value)
+
+
+def _free_tcp_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port: int = s.getsockname()[1]
+        return port
+
+
+def _wait_listening(proc: subprocess.Popen[bytes], port: int, log: Path) -> None:
+    deadline = time.monotonic() + _START_TIMEOUT
+    while True:
+        if proc.poll() is not None:
+            raise VectorFailure(f"simple_switch_grpc exited with {proc.returncode}; log {log}")
+        try:
+            socket.create_connection(("127.0.0.1", port), timeout=0.5).close()
+            return
+        except OSError:
+            if time.monotonic() > deadline:
+                raise VectorFailure(f"simple_switch_grpc not listening; log {log}") from None
+            time.sleep(0.05)

@@ -1,0 +1,46 @@
+"""Every data-plane vector on every target: the soft switch always, bmv2 where it exists.
+
+A target that cannot run here (bmv2 without its controller, a vector for another target)
+skips with its reason; a vector whose expectation fails names its file and step.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from runner import (
+    SoftSwitchTarget,
+    Target,
+    TargetUnavailable,
+    Vector,
+    load_vectors,
+    run_vector,
+)
+
+VECTORS = load_vectors()
+
+
+def _target(name: str) -> Target:
+    if name == "soft":
+        return SoftSwitchTarget()
+    from bmv2_target import Bmv2Target  # only where simple_switch_grpc is: marker bmv2
+
+    return Bmv2Target()
+
+
+def _params() -> list[object]:
+    params: list[object] = []
+    for vector in VECTORS:
+        params.append(pytest.param(vector, "soft", id=f"{vector.name}-soft"))
+        marks = [pytest.mark.bmv2, pytest.mark.root]
+        params.append(pytest.param(vector, "bmv2", id=f"{vector.name}-bmv2", marks=marks))
+    return params
+
+
+@pytest.mark.parametrize(("vector", "target_name"), _params())
+def test_vector(vector: Vector, target_name: str, tmp_path: Path) -> None:
+    try:
+        run_vector(vector, _target(target_name), tmp_path)
+    except TargetUnavailable as exc:
+        pytest.skip(str(exc))
