@@ -1,0 +1,48 @@
+/* next_step.p4: NextStep, what becomes of a packet that passed every check (SwitchML's
+ * next_step_selector, without recirculation: bmv2 handles 64 lanes in one pass).
+ *
+ *   - completed slot (meta.complete): the packet becomes the RESULT and is multicast
+ *     to the job's group (set_job's mgid); replicas.p4 sets each replica's destination;
+ *   - retransmission of a finished use (meta.answer): the RESULT goes back out of the
+ *     ingress port to the sender alone;
+ *   - otherwise (a contribution that did not complete the slot, or a duplicate): the
+ *     packet is consumed.
+ * A RESULT is the packet's own header with ptype = RESULT, the slot's exponent and
+ * values (exponents.p4, values.p4); job_id, pool_index, num_lanes and seq are the
+ * worker's. Source and destination swap at every layer: the result comes from the
+ * address the worker sent to (the switch's), to the sender; a replica's destination
+ * is then rewritten in egress. The UDP checksum is 0 ("none" over IPv4).
+ */
+#ifndef _INA_NEXT_STEP_P4_
+#define _INA_NEXT_STEP_P4_
+
+control NextStep(inout headers_t hdr,
+                 inout metadata_t meta,
+                 inout standard_metadata_t standard_metadata) {
+    apply {
+        if (meta.answer == 1 || meta.complete == 1) {
+            mac_addr_t mac = hdr.ethernet.src_addr;
+            hdr.ethernet.src_addr = hdr.ethernet.dst_addr;
+            hdr.ethernet.dst_addr = mac;
+            ipv4_addr_t ip = hdr.ipv4.src_addr;
+            hdr.ipv4.src_addr = hdr.ipv4.dst_addr;
+            hdr.ipv4.dst_addr = ip;
+            l4_port_t udp_port = hdr.udp.src_port;
+            hdr.udp.src_port = hdr.udp.dst_port;
+            hdr.udp.dst_port = udp_port;
+            hdr.udp.checksum = 0;
+            hdr.ina.ptype = PTYPE_RESULT;
+            meta.result = 1;
+            if (meta.answer == 1) {
+                standard_metadata.egress_spec = standard_metadata.ingress_port;
+            } else {
+                standard_metadata.mcast_grp = meta.mgid;
+                meta.multicast = 1;
+            }
+        } else {
+            mark_to_drop(standard_metadata);
+        }
+    }
+}
+
+#endif  // _INA_NEXT_STEP_P4_

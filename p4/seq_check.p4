@@ -1,0 +1,34 @@
+/* seq_check.p4: SeqCheck, step 1 of the slot algorithm (docs/protocol.md), before
+ * anything of the slot is written.
+ *
+ * Reads meta.stored_seq and meta.remaining: the seq of the use the (set, slot) holds
+ * (0: unused) and its down-counter (0: idle or finished). Both registers live in
+ * ina.p4 because they are read here and written after the bitmaps (bitmap.p4), and a
+ * register cannot be shared between two controls. Outcome:
+ *   - the packet's seq is the stored one and the slot holds a use:
+ *       finished (remaining 0): meta.answer = 1, the stored result goes back by unicast
+ *         whatever the sender's bitmap bit (its next use may have cleared it);
+ *       in progress: on to the bitmaps;
+ *   - otherwise a use in progress (remaining != 0), or a seq older than the stored one
+ *     (serial-number order: bit 31 of seq - stored): DROP_STALE;
+ *   - otherwise (a newer seq on a finished slot, or an unused slot): a new use starts.
+ */
+#ifndef _INA_SEQ_CHECK_P4_
+#define _INA_SEQ_CHECK_P4_
+
+control SeqCheck(in headers_t hdr, inout metadata_t meta) {
+    apply {
+        if (hdr.ina.seq == meta.stored_seq
+                && (meta.stored_seq != 0 || meta.remaining != 0)) {
+            if (meta.remaining == 0) {
+                meta.answer = 1;
+            }
+        } else if (meta.remaining != 0
+                   || (meta.stored_seq != 0
+                       && ((hdr.ina.seq - meta.stored_seq) & SEQ_OLDER_BIT) != 0)) {
+            meta.drop_reason = DROP_STALE;
+        }
+    }
+}
+
+#endif  // _INA_SEQ_CHECK_P4_

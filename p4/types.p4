@@ -1,0 +1,52 @@
+/* types.p4: typedefs and the metadata every control reads and writes.
+ *
+ * bmv2 zero-fills user metadata when a packet arrives and copies it into every
+ * multicast replica, so egress sees what ingress decided (result, multicast).
+ */
+#ifndef _INA_TYPES_P4_
+#define _INA_TYPES_P4_
+
+typedef bit<48> mac_addr_t;
+typedef bit<32> ipv4_addr_t;
+typedef bit<16> l4_port_t;
+typedef bit<9> port_t;        // v1model port numbers
+typedef bit<16> mcast_group_t;
+typedef bit<16> replica_id_t;
+
+struct metadata_t {
+    // Set by the parser: UDP destination port is INA_UDP_PORT.
+    bit<1> is_ina;
+    // NO_DROP, or the drops counter index of why the packet is dropped.
+    bit<32> drop_reason;
+
+    // From the jobs table (set_job), widened to bit<32> for the arithmetic.
+    bit<32> num_workers;
+    bit<32> slot_base;
+    bit<32> slot_count;
+    mcast_group_t mgid;
+
+    // The packet's slot: absolute slot in the pool (bitmap index) and register index
+    // of its (set, slot): pool_set * SWITCH_SLOTS + slot.
+    bit<32> slot;
+    bit<32> index;
+    bit<32> worker_bit;   // 1 << rank
+
+    // The use the (set, slot) holds, read before the bitmaps (see ina.p4).
+    bit<32> stored_seq;
+    bit<32> remaining;    // read value, then the value to write back
+
+    // Decisions.
+    bit<1> answer;        // retransmission of a finished use: unicast the result back
+    bit<1> seen;          // this worker's bit was already set: duplicate
+    bit<1> first;         // first contribution of a new use: write, not add
+    bit<1> complete;      // the counter reached 0: multicast the result
+    bit<2> lane_op;       // LANE_OP_*: what exponents.p4 and values.p4 do
+
+    // Carried to egress.
+    bit<1> result;        // leaves as a RESULT (multicast or unicast re-send)
+    bit<1> multicast;     // a replica of the job's group: replicas.p4 sets its destination
+    bit<1> no_replica;    // replicas table miss: dropped, not counted
+    bit<1> flooded;       // ordinary traffic flooded by forwarder.p4: not back out its port
+}
+
+#endif  // _INA_TYPES_P4_
