@@ -1,11 +1,18 @@
 """The worker side of inalab: wire protocol, quantization, transports, collectives.
 
 Import what a worker needs from here; ``hostlib.protocol`` is the wire format shared
-with the switches.
+with the switches. The names below load on first use (PEP 562), so a switch that imports
+``hostlib.protocol`` gets the wire format and not the host engine.
 """
 
-from hostlib.ina import InaAllreduce, InaError, InaTimeoutError, JobSpec, RetryPolicy
-from hostlib.session import InaSession
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from hostlib.ina import InaAllreduce, InaError, InaTimeoutError, JobSpec, RetryPolicy
+    from hostlib.session import InaSession
 
 __all__ = [
     "InaAllreduce",
@@ -15,3 +22,16 @@ __all__ = [
     "JobSpec",
     "RetryPolicy",
 ]
+
+_HOME = {name: "hostlib.ina" for name in __all__} | {"InaSession": "hostlib.session"}
+
+
+def __getattr__(name: str) -> Any:
+    module = _HOME.get(name)
+    if module is None:
+        raise AttributeError(f"module 'hostlib' has no attribute {name!r}")
+    return getattr(importlib.import_module(module), name)
+
+
+def __dir__() -> list[str]:
+    return sorted([*globals(), *__all__])
