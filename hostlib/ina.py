@@ -211,7 +211,8 @@ class InaAllreduce:
         self._wire_view = self._wire.data.cast("B")
         self._size = packet_size(lanes)
         w = self.window
-        self._outstanding = np.full(w, -1, dtype=np.int64)  # seq in flight per slot
+        # Per slot: index (within this call) of the packet in flight, -1 when none.
+        self._outstanding = np.full(w, -1, dtype=np.int64)
         self._sent_at = np.zeros(w)
         self._slot_rto = np.zeros(w)
         self._resent = np.zeros(w, dtype=bool)
@@ -225,15 +226,15 @@ class InaAllreduce:
         spec, n, w = self.spec, self.npackets, self.window
         wire = np.zeros((n, packet_size(spec.lanes)), dtype=np.uint8)
         hdr = np.zeros(n, dtype=_WIRE_HEADER)
-        seq = np.arange(n, dtype=np.int64)
-        slot = seq % w
-        pool_set = (self.uses[slot] + seq // w) % 2
+        index = np.arange(n, dtype=np.int64)
+        slot = index % w
+        pool_set = (self.uses[slot] + index // w) % 2
         hdr["vt"] = (PROTOCOL_VERSION << 4) | PacketType.DATA
         hdr["job"] = spec.job_id
         hdr["rank"] = spec.rank
         hdr["lanes"] = spec.lanes
         hdr["pool"] = slot | np.where(pool_set == 1, POOL_SET_BIT, 0)
-        hdr["seq"] = (self.first_seq - 1 + seq) % SEQ_MODULUS + 1
+        hdr["seq"] = (self.first_seq - 1 + index) % SEQ_MODULUS + 1
         if self.is_float:
             hdr["exp"] = EXPONENT_MIN
             hdr["exp"][: self.nblocks] = block_exponents(self._blocks)
@@ -248,9 +249,9 @@ class InaAllreduce:
         """Big-endian int32 view of the payload of wire rows."""
         return rows[..., HEADER_SIZE:].view(">i4")
 
-    def _data_block(self, seq: int) -> int:
-        """Block whose data packet ``seq`` carries (-1: exponents only)."""
-        return seq - self.window if self.is_float else seq
+    def _data_block(self, index: int) -> int:
+        """Block whose data packet ``index`` (within this call) carries (-1: exponents only)."""
+        return index - self.window if self.is_float else index
 
     # ------------------------------------------------------------------ driving
     @property
@@ -260,46 +261,46 @@ class InaAllreduce:
     def start(self, now: float) -> list[memoryview]:
         """The first window of packets to send."""
         self._last_progress = now
-        return [self._send(seq, now) for seq in range(self.window)]
+        return [self._send(index, now) for index in range(self.window)]
 
     def on_datagram(self, data: memoryview, now: float) -> memoryview | None:
         """Take one received datagram; return the next packet to send, if any."""
         if len(data) != self._size:
             self.stats.foreign += 1
             return None
-        vt, _f, job, _r, exp, lanes, _p, _x, wire_seq = HEADER.unpack_from(data)
+        vt, _f, job, _r, exp, lanes, _p, _x, seq = HEADER.unpack_from(data)
         if vt != _RESULT_VT or job != self.spec.job_id or lanes != self.spec.lanes:
             self.stats.foreign += 1
             return None
-        seq = (wire_seq - self.first_seq) % SEQ_MODULUS
-        slot = seq % self.window if seq < self.npackets else -1
-        if slot < 0 or self._outstanding[slot] != seq:
+        index = (seq - self.first_seq) % SEQ_MODULUS  # the header numbers the session
+        slot = index % self.window if index < self.npackets else -1
+        if slot < 0 or self._outstanding[slot] != index:
             self.stats.stale += 1  # a duplicate, or the unicast re-send of a result we had
             return None
-        self._accept(slot, seq, exp, data, now)
-        nxt = seq + self.window
+        self._accept(slot, index, exp, data, now)
+        nxt = index + self.window
         if nxt >= self.npackets:
             return None
         if self.is_float:
             self._fill(nxt)
         return self._send(nxt, now)
 
-    def _accept(self, slot: int, seq: int, exp: int, data: memoryview, now: float) -> None:
+    def _accept(self, slot: int, index: int, exp: int, data: memoryview, now: float) -> None:
         self._outstanding[slot] = -1
         self._done += 1
         self._last_progress = now
         if not self._resent[slot]:
             self.rtt.update(now - self._sent_at[slot], self.policy)
-        block = self._data_block(seq)
+        block = self._data_block(index)
         if block >= 0:
             self._sums[block] = np.frombuffer(data, dtype=">i4", offset=HEADER_SIZE)
-        if self.is_float and seq < self.nblocks:
-            self._global_exp[seq] = exp
+        if self.is_float and index < self.nblocks:
+            self._global_exp[index] = exp
 
-    def _fill(self, seq: int) -> None:
-        """Quantize the data of packet ``seq`` with its block's global exponent."""
-        block = self._data_block(seq)
-        row = self._wire[seq]
+    def _fill(self, index: int) -> None:
+        """Quantize the data of packet ``index`` with its block's global exponent."""
+        block = self._data_block(index)
+        row = self._wire[index]
         quantize_block(
             self._blocks[block],
             int(self._global_exp[block]),
@@ -307,15 +308,15 @@ class InaAllreduce:
             self._payload(row),
         )
 
-    def _send(self, seq: int, now: float) -> memoryview:
-        slot = seq % self.window
-        self._outstanding[slot] = seq
+    def _send(self, index: int, now: float) -> memoryview:
+        slot = index % self.window
+        self._outstanding[slot] = index
         self._sent_at[slot] = now
         self._resent[slot] = False
         self._slot_rto[slot] = self.rtt.rto
-        heapq.heappush(self._timers, (now + self.rtt.rto, slot, seq))
+        heapq.heappush(self._timers, (now + self.rtt.rto, slot, index))
         self.stats.sent += 1
-        start = seq * self._size
+        start = index * self._size
         return self._wire_view[start : start + self._size]
 
     def next_wakeup(self) -> float:
@@ -336,21 +337,21 @@ class InaAllreduce:
         out = []
         timers = self._timers
         while timers and timers[0][0] <= now:
-            _, slot, seq = heapq.heappop(timers)
-            if self._outstanding[slot] != seq:
+            _, slot, index = heapq.heappop(timers)
+            if self._outstanding[slot] != index:
                 continue  # answered since
-            out.append(self._resend(slot, seq, now))
+            out.append(self._resend(slot, index, now))
         return out
 
-    def _resend(self, slot: int, seq: int, now: float) -> memoryview:
+    def _resend(self, slot: int, index: int, now: float) -> memoryview:
         rto = min(self._slot_rto[slot] * self.policy.backoff, self.policy.max_timeout)
         self._slot_rto[slot] = rto
         self._resent[slot] = True
-        heapq.heappush(self._timers, (now + rto, slot, seq))
-        self._wire[seq, 1] |= FLAG_RESEND
+        heapq.heappush(self._timers, (now + rto, slot, index))
+        self._wire[index, 1] |= FLAG_RESEND
         self.stats.sent += 1
         self.stats.retransmitted += 1
-        start = seq * self._size
+        start = index * self._size
         return self._wire_view[start : start + self._size]
 
     def _timeout_message(self, now: float) -> str:
@@ -359,8 +360,9 @@ class InaAllreduce:
         return (
             f"job {spec.job_id} rank {spec.rank}: no result from switch {spec.switch} for "
             f"{now - self._last_progress:.3f} s (deadline {self.policy.deadline} s); "
-            f"{self._done}/{self.npackets} packets done, waiting for seq {waiting[:8]}"
-            f"{'...' if len(waiting) > 8 else ''}, {self.stats.retransmitted} retransmissions"
+            f"{self._done}/{self.npackets} packets of the call done, waiting for packets "
+            f"{waiting[:8]}{'...' if len(waiting) > 8 else ''}, "
+            f"{self.stats.retransmitted} retransmissions"
         )
 
     # ------------------------------------------------------------------ result
