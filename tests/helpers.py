@@ -8,7 +8,10 @@ exactly as the protocol specifies, so a correct INA run is *bit-identical* to th
 
 from __future__ import annotations
 
+import contextlib
 import math
+import socket
+from collections.abc import Iterator
 
 import numpy as np
 
@@ -174,3 +177,17 @@ class FakeJob:
         errors = net.run(engines)
         assert all(e is None for e in errors.values()), errors
         return self.finish(engines)
+
+
+@contextlib.contextmanager
+def bound_udp_sockets(count: int, timeout: float = 5.0) -> Iterator[list[socket.socket]]:
+    """``count`` UDP sockets bound to free ports on 127.0.0.1, closed on exit."""
+    socks = [socket.socket(socket.AF_INET, socket.SOCK_DGRAM) for _ in range(count)]
+    try:
+        for s in socks:
+            s.bind(("127.0.0.1", 0))
+            s.settimeout(timeout)
+        yield socks
+    finally:
+        for s in socks:
+            s.close()

@@ -8,6 +8,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from helpers import bound_udp_sockets
 from scapy.layers.inet import IP, UDP
 from scapy.utils import rdpcap
 
@@ -22,13 +23,8 @@ JOB = 5
 
 @pytest.fixture
 def workers() -> Iterator[list[socket.socket]]:
-    socks = [socket.socket(socket.AF_INET, socket.SOCK_DGRAM) for _ in range(2)]
-    for s in socks:
-        s.bind(("127.0.0.1", 0))
-        s.settimeout(5.0)
-    yield socks
-    for s in socks:
-        s.close()
+    with bound_udp_sockets(2) as socks:
+        yield socks
 
 
 def _contribute(sw: SoftSwitchProcess, sock: socket.socket, rank: int) -> None:

@@ -12,6 +12,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from helpers import bound_udp_sockets
 
 from emulation.softswitch import (
     ErrorKind,
@@ -43,13 +44,8 @@ def ctl(switch: SoftSwitchProcess) -> Iterator[SwitchControl]:
 
 @pytest.fixture
 def workers() -> Iterator[list[socket.socket]]:
-    socks = [socket.socket(socket.AF_INET, socket.SOCK_DGRAM) for _ in range(3)]
-    for s in socks:
-        s.bind(("127.0.0.1", 0))
-        s.settimeout(5.0)
-    yield socks
-    for s in socks:
-        s.close()
+    with bound_udp_sockets(3) as socks:
+        yield socks
 
 
 def job_of(socks: list[socket.socket], slot_count: int = 8) -> JobConfig:
