@@ -57,7 +57,9 @@ __all__ = [
     "POOL_SET_BIT",
     "PROTOCOL_VERSION",
     "SLOT_MASK",
+    "SWITCH_DROPS",
     "SWITCH_SLOTS",
+    "SWITCH_STATS",
     "Header",
     "PacketType",
     "ProtocolError",
@@ -93,6 +95,33 @@ SWITCH_SLOTS = 16384
 SwitchML's 8192 per set (its 16384-entry Tofino register holds both sets): bmv2 registers
 have no per-stage size limit, and 16384 per set x 2 sets x 64 lanes x 4 B = 8 MiB of
 value registers is cheap for bmv2 and the soft switch."""
+
+SWITCH_STATS = (
+    "received",
+    "aggregated",
+    "completed",
+    "results_sent",
+    "retransmits_answered",
+    "duplicates_ignored",
+)
+"""The switch's statistics, in the index order of its P4 counters ina_stats (STAT_* in
+configuration.p4). Egress counts results_sent; ingress the others."""
+
+SWITCH_DROPS = (
+    "truncated",
+    "malformed",
+    "unknown_job",
+    "bad_rank",
+    "bad_source",
+    "bad_slot",
+    "bad_lanes",
+    "bad_length",
+    "stale",
+    "sim_ingress",
+    "sim_egress",
+)
+"""Why the switch drops a packet, in the index order of its P4 counters drops (DROP_* in
+configuration.p4). Egress counts sim_egress; ingress the others."""
 
 DEFAULT_SLOTS_PER_JOB = 256
 """Slots a job gets unless configured otherwise: SwitchML's default outstanding window."""

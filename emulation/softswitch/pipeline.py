@@ -44,7 +44,7 @@ from __future__ import annotations
 import enum
 import random
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import NamedTuple, Protocol
 
 import numpy as np
@@ -127,14 +127,15 @@ class JobConfig:
 
 @dataclass
 class _Job:
+    """A jobs-table entry, linked to its workers-table bindings and result destinations."""
+
     job_id: int
-    workers: tuple[Addr, ...]
+    num_workers: int
     slot_base: int
     slot_count: int
-    num_workers: int = field(init=False)
-
-    def __post_init__(self) -> None:
-        self.num_workers = len(self.workers)
+    mgid: int
+    sources: set[tuple[int, Addr]]  # (rank, source) pairs bound in the workers table
+    dests: tuple[Addr, ...] = ()  # where a completed slot is multicast (group + replicas)
 
 
 class Emit(NamedTuple):
@@ -228,6 +229,9 @@ class Pipeline:
         self.seq = np.zeros(2 * slots, dtype=np.uint32)
         self.values = np.zeros((2 * slots, lanes), dtype=np.int32)
         self._jobs: dict[int, _Job] = {}
+        self._workers: dict[int, set[tuple[int, Addr]]] = {}  # job id -> (rank, source)
+        self._groups: dict[int, tuple[tuple[int, int], ...]] = {}  # mgid -> (port, rid)
+        self._replicas: dict[tuple[int, int, int], Addr] = {}  # (job, rid, port) -> dest
         self._out = bytearray(self._size)
         self._out_view = memoryview(self._out)
         self._out_values = np.frombuffer(self._out, dtype=">i4", offset=HEADER_SIZE)
@@ -243,45 +247,216 @@ class Pipeline:
             self.stats["drop_" + reason.value] = 0
 
     # ----------------------------------------------------------------- job table API
+    # Whole jobs at once: what tests, --job and the load generator use. The controller
+    # writes the same state entry by entry (the table API below), over P4Runtime.
     def add_job(self, job: JobConfig) -> int:
-        """Insert a job entry, bind its workers, clear its slots; return its slot base.
+        """Install a job: its jobs entry, workers, multicast group and replicas (result
+        destinations = the workers' addresses), with its slots cleared; return its base.
 
         Raises:
             JobTableError: duplicate job id, bad worker list, or no free slot range.
         """
         if job.job_id in self._jobs:
             raise JobTableError(f"job {job.job_id} already exists")
-        if not 0 <= job.job_id <= 0xFFFF:
-            raise JobTableError(f"job id {job.job_id} outside 0..65535")
-        if not 1 <= job.num_workers <= MAX_WORKERS:
-            raise JobTableError(f"{job.num_workers} workers outside 1..{MAX_WORKERS}")
         if len(set(job.workers)) != job.num_workers:
             raise JobTableError("two ranks bound to one source address")
+        if self._workers.get(job.job_id):
+            raise JobTableError(f"job {job.job_id} has workers bound already")
         if not 1 <= job.slot_count <= self.slots:
             raise JobTableError(f"slot count {job.slot_count} outside 1..{self.slots}")
         base = self._place(job.slot_count) if job.slot_base is None else job.slot_base
-        if not self._range_free(base, job.slot_count):
-            raise JobTableError(f"slots {base}..{base + job.slot_count - 1} not free")
-        self._jobs[job.job_id] = _Job(job.job_id, tuple(job.workers), base, job.slot_count)
-        self._clear(base, job.slot_count)
+        mgid = self.free_mgid()
+        self.insert_job(job.job_id, job.num_workers, base, job.slot_count, mgid)
+        for rank, addr in enumerate(job.workers):
+            self.insert_worker(job.job_id, rank, addr)
+            self.set_replica(job.job_id, rank, 0, addr)
+        self.set_group(mgid, [(0, rank) for rank in range(job.num_workers)])
+        self.clear_slots(base, job.slot_count)
         return base
 
     def remove_job(self, job_id: int) -> None:
-        """Delete a job entry and clear its slot range.
+        """Remove what :meth:`add_job` installed (entries, group, replicas); clear slots.
 
         Raises:
             JobTableError: no such job.
         """
-        job = self._jobs.pop(job_id, None)
-        if job is None:
-            raise JobTableError(f"no job {job_id}")
-        self._clear(job.slot_base, job.slot_count)
+        job = self._job(job_id)
+        self.delete_job(job_id)
+        for rank, addr in sorted(job.sources):
+            self.delete_worker(job_id, rank, addr)
+        for key in [k for k in self._replicas if k[0] == job_id]:
+            self.delete_replica(*key)
+        self._groups.pop(job.mgid, None)
+        self.clear_slots(job.slot_base, job.slot_count)
 
     def jobs(self) -> list[JobConfig]:
-        """The job table as written (bases resolved)."""
-        return [
-            JobConfig(j.job_id, j.workers, j.slot_count, j.slot_base) for j in self._jobs.values()
-        ]
+        """Installed jobs; a rank's address is its bound source (the first if several)."""
+        out = []
+        for j in self._jobs.values():
+            bound: dict[int, Addr] = {}
+            for rank, addr in sorted(j.sources):
+                bound.setdefault(rank, addr)
+            workers = tuple(bound.get(r, ("0.0.0.0", 0)) for r in range(j.num_workers))
+            out.append(JobConfig(j.job_id, workers, j.slot_count, j.slot_base))
+        return out
+
+    # ----------------------------------------------------------------- table API
+    # One method per P4 table or PRE object, as P4Runtime writes them. Like a switch's
+    # tables they are independent: a worker may be bound before its job exists. Unlike
+    # bmv2, a job whose slot range leaves the pool or overlaps another job's is refused.
+    def insert_job(
+        self, job_id: int, num_workers: int, slot_base: int, slot_count: int, mgid: int
+    ) -> None:
+        """Insert a jobs-table entry (``set_job``); slots are not cleared.
+
+        Raises:
+            JobTableError: duplicate id, or a value or range that does not fit.
+        """
+        if job_id in self._jobs:
+            raise JobTableError(f"job {job_id} already exists")
+        self._jobs[job_id] = self._new_job(job_id, num_workers, slot_base, slot_count, mgid)
+        self._refresh_dests()
+
+    def modify_job(
+        self, job_id: int, num_workers: int, slot_base: int, slot_count: int, mgid: int
+    ) -> None:
+        """Replace a jobs-table entry's action data.
+
+        Raises:
+            JobTableError: no such job, or a value or range that does not fit.
+        """
+        self._job(job_id)
+        self._jobs[job_id] = self._new_job(job_id, num_workers, slot_base, slot_count, mgid)
+        self._refresh_dests()
+
+    def delete_job(self, job_id: int) -> None:
+        """Delete a jobs-table entry; its packets then miss (``unknown_job``).
+
+        Raises:
+            JobTableError: no such job.
+        """
+        self._job(job_id)
+        del self._jobs[job_id]
+
+    def insert_worker(self, job_id: int, rank: int, addr: Addr) -> None:
+        """Bind ``rank`` of ``job_id`` to a source address (a workers-table entry).
+
+        Raises:
+            JobTableError: the binding exists, or the job id is out of range.
+        """
+        self._check_job_id(job_id)
+        bound = self._workers.setdefault(job_id, set())
+        if (rank, addr) in bound:
+            raise JobTableError(f"job {job_id} rank {rank} already bound to {addr}")
+        bound.add((rank, addr))
+
+    def delete_worker(self, job_id: int, rank: int, addr: Addr) -> None:
+        """Remove one binding.
+
+        Raises:
+            JobTableError: no such binding.
+        """
+        bound = self._workers.get(job_id, set())
+        if (rank, addr) not in bound:
+            raise JobTableError(f"job {job_id} rank {rank} not bound to {addr}")
+        bound.discard((rank, addr))
+
+    def set_group(self, mgid: int, replicas: Sequence[tuple[int, int]]) -> None:
+        """Create or replace multicast group ``mgid``: its (egress port, rid) replicas.
+
+        Raises:
+            JobTableError: mgid 0 (no multicast in v1model) or out of range.
+        """
+        if not 1 <= mgid <= 0xFFFF:
+            raise JobTableError(f"multicast group {mgid} outside 1..65535")
+        self._groups[mgid] = tuple(replicas)
+        self._refresh_dests()
+
+    def delete_group(self, mgid: int) -> None:
+        """Delete a multicast group.
+
+        Raises:
+            JobTableError: no such group.
+        """
+        if self._groups.pop(mgid, None) is None:
+            raise JobTableError(f"no multicast group {mgid}")
+        self._refresh_dests()
+
+    def set_replica(self, job_id: int, rid: int, port: int, addr: Addr) -> None:
+        """Set where replica (rid, egress port) of a job's result goes (replicas table)."""
+        self._replicas[(job_id, rid, port)] = addr
+        self._refresh_dests()
+
+    def delete_replica(self, job_id: int, rid: int, port: int) -> None:
+        """Delete a replicas-table entry.
+
+        Raises:
+            JobTableError: no such entry.
+        """
+        if self._replicas.pop((job_id, rid, port), None) is None:
+            raise JobTableError(f"no replica ({job_id}, {rid}, {port})")
+        self._refresh_dests()
+
+    def free_mgid(self) -> int:
+        """The lowest multicast group id neither defined nor named by a job."""
+        used = set(self._groups) | {j.mgid for j in self._jobs.values()}
+        return next(m for m in range(1, len(used) + 2) if m not in used)
+
+    def reset(self) -> None:
+        """Empty every table, clear every register and counter, stop the drop simulator
+        (what loading a program into a switch does)."""
+        self._jobs.clear()
+        self._workers.clear()
+        self._groups.clear()
+        self._replicas.clear()
+        self._clear(0, self.slots)
+        for name in self.stats:
+            self.stats[name] = 0
+        self.drops.ingress = self.drops.egress = 0.0
+
+    def clear_slots(self, base: int, count: int) -> None:
+        """Reset both sets of slots ``base..base+count-1`` (what a controller does before
+        a job takes a range: a stale seq there would drop the new job's packets).
+
+        Raises:
+            JobTableError: the range leaves the pool.
+        """
+        if base < 0 or count < 0 or base + count > self.slots:
+            raise JobTableError(f"slots {base}+{count} outside the pool of {self.slots}")
+        self._clear(base, count)
+
+    def _new_job(
+        self, job_id: int, num_workers: int, slot_base: int, slot_count: int, mgid: int
+    ) -> _Job:
+        self._check_job_id(job_id)
+        if not 1 <= num_workers <= MAX_WORKERS:
+            raise JobTableError(f"{num_workers} workers outside 1..{MAX_WORKERS}")
+        if not 1 <= slot_count <= self.slots:
+            raise JobTableError(f"slot count {slot_count} outside 1..{self.slots}")
+        if not self._range_free(slot_base, slot_count, ignore=job_id):
+            raise JobTableError(f"slots {slot_base}..{slot_base + slot_count - 1} not free")
+        if not 0 <= mgid <= 0xFFFF:
+            raise JobTableError(f"multicast group {mgid} outside 0..65535")
+        sources = self._workers.setdefault(job_id, set())
+        return _Job(job_id, num_workers, slot_base, slot_count, mgid, sources)
+
+    @staticmethod
+    def _check_job_id(job_id: int) -> None:
+        if not 0 <= job_id <= 0xFFFF:
+            raise JobTableError(f"job id {job_id} outside 0..65535")
+
+    def _job(self, job_id: int) -> _Job:
+        job = self._jobs.get(job_id)
+        if job is None:
+            raise JobTableError(f"no job {job_id}")
+        return job
+
+    def _refresh_dests(self) -> None:
+        """Recompute every job's multicast destinations (the PRE and egress, folded)."""
+        for job in self._jobs.values():
+            group = self._groups.get(job.mgid, ())
+            found = (self._replicas.get((job.job_id, rid, port)) for port, rid in group)
+            job.dests = tuple(d for d in found if d is not None)
 
     def read_slot(self, job_id: int, slot: int, pool_set: int) -> SlotState:
         """Read the registers of one job-relative slot and set.
@@ -289,9 +464,7 @@ class Pipeline:
         Raises:
             JobTableError: no such job, or slot/set out of range.
         """
-        job = self._jobs.get(job_id)
-        if job is None:
-            raise JobTableError(f"no job {job_id}")
+        job = self._job(job_id)
         if not 0 <= slot < job.slot_count or pool_set not in (0, 1):
             raise JobTableError(f"slot {slot} set {pool_set} outside job {job_id}")
         s = job.slot_base + slot
@@ -329,7 +502,7 @@ class Pipeline:
             return self._drop(DropReason.UNKNOWN_JOB)
         if rank >= job.num_workers:
             return self._drop(DropReason.BAD_RANK)
-        if job.workers[rank] != src:
+        if (rank, src) not in job.sources:
             return self._drop(DropReason.BAD_SOURCE)
         slot = pidx & SLOT_MASK
         if slot >= job.slot_count:
@@ -374,7 +547,7 @@ class Pipeline:
         if left != 0:
             return None
         stats["completed"] += 1
-        return self._result(data, i, job.workers)
+        return self._result(data, i, job.dests)
 
     def _result(self, data: memoryview, i: int, dests: tuple[Addr, ...]) -> Emit | None:
         """Turn the packet into a RESULT carrying slot ``i``'s registers, for ``dests``.
@@ -413,12 +586,13 @@ class Pipeline:
             self.seq[lo : lo + count] = 0
             self.values[lo : lo + count] = 0
 
-    def _range_free(self, base: int, count: int) -> bool:
+    def _range_free(self, base: int, count: int, ignore: int | None = None) -> bool:
         if base < 0 or base + count > self.slots:
             return False
         return all(
             base + count <= j.slot_base or j.slot_base + j.slot_count <= base
             for j in self._jobs.values()
+            if j.job_id != ignore
         )
 
     def _place(self, count: int) -> int:

@@ -32,7 +32,9 @@ from hostlib.protocol import (
     POOL_SET_BIT,
     PROTOCOL_VERSION,
     SLOT_MASK,
+    SWITCH_DROPS,
     SWITCH_SLOTS,
+    SWITCH_STATS,
     PacketType,
     packet_size,
 )
@@ -626,7 +628,7 @@ def _ordered(consts: dict[str, tuple[int, int]], prefix: str) -> list[str]:
 
 
 def test_drop_reasons_are_in_pipeline_order(consts: dict[str, tuple[int, int]]) -> None:
-    assert _ordered(consts, "DROP_") == [r.value for r in DropReason]
+    assert _ordered(consts, "DROP_") == [r.value for r in DropReason] == list(SWITCH_DROPS)
     assert const(consts, "NUM_DROP_REASONS") == len(DropReason)
     assert sorted(v for k, (_, v) in consts.items() if k.startswith("DROP_")) == list(
         range(len(DropReason))
@@ -635,7 +637,7 @@ def test_drop_reasons_are_in_pipeline_order(consts: dict[str, tuple[int, int]]) 
 
 def test_stats_are_the_soft_switch_statistics(consts: dict[str, tuple[int, int]]) -> None:
     stats = [k for k in Pipeline(lanes=1, slots=1).counters() if not k.startswith("drop_")]
-    assert _ordered(consts, "STAT_") == stats
+    assert _ordered(consts, "STAT_") == stats == list(SWITCH_STATS)
     assert const(consts, "NUM_STATS") == len(stats)
 
 

@@ -474,3 +474,85 @@ def test_remove_and_read_errors(pipe: Pipeline) -> None:
 def test_pipeline_rejects_bad_sizes(lanes: int, slots: int) -> None:
     with pytest.raises(ValueError, match="outside"):
         Pipeline(lanes=lanes, slots=slots)
+
+
+# ----------------------------------------------------------------- entry-by-entry tables
+def test_tables_written_entry_by_entry_make_a_working_job() -> None:
+    """What P4Runtime writes do: job entry, bindings, group and replicas, separately."""
+    p = Pipeline(lanes=LANES, slots=SLOTS)
+    p.insert_worker(JOB, 0, WORKERS[0])  # tables are independent: bind before the job
+    p.insert_job(JOB, 2, 4, 8, mgid=5)
+    p.insert_worker(JOB, 1, WORKERS[1])
+    assert p.process(packet(0, 0), WORKERS[0]) is None
+    # Completing without a group sends nothing (a multicast to no replica).
+    assert p.process(packet(1, 0), WORKERS[1]) is None
+    assert p.counters()["completed"] == 1
+    p.set_group(5, [(0, 0), (0, 1), (3, 2)])  # rid 2 has no replica entry: skipped
+    p.set_replica(JOB, 0, 0, ("10.9.9.1", 9001))  # results may go elsewhere than the source
+    p.set_replica(JOB, 1, 0, WORKERS[1])
+    p.process(packet(0, 1), WORKERS[0])
+    emit = p.process(packet(1, 1), WORKERS[1])
+    assert emit is not None and list(emit.dests) == [("10.9.9.1", 9001), WORKERS[1]]
+    p.delete_replica(JOB, 0, 0)
+    p.process(packet(0, 2), WORKERS[0])
+    emit = p.process(packet(1, 2), WORKERS[1])
+    assert emit is not None and list(emit.dests) == [WORKERS[1]]
+    # Unbinding a rank's source makes its packets bad_source; a second source may be bound.
+    p.delete_worker(JOB, 1, WORKERS[1])
+    assert p.process(packet(1, 3), WORKERS[1]) is None
+    assert p.counters()["drop_bad_source"] == 1
+    p.insert_worker(JOB, 1, STRANGER)
+    p.process(packet(0, 3), WORKERS[0])
+    assert p.process(packet(1, 3), STRANGER) is not None
+    # The job's slot range is where its registers live: base 4.
+    assert p.seq[4 + 3] == 1
+    p.delete_job(JOB)
+    assert p.process(packet(0, 4), WORKERS[0]) is None
+    assert p.counters()["drop_unknown_job"] == 1
+
+
+def test_table_writes_are_checked() -> None:
+    p = Pipeline(lanes=LANES, slots=SLOTS)
+    p.insert_job(1, 2, 0, 16, 1)
+    for args, match in [
+        ((1, 2, 32, 8, 1), "already exists"),
+        ((2, 2, 8, 16, 1), "not free"),  # overlaps job 1
+        ((2, 2, 60, 8, 1), "not free"),  # leaves the pool
+        ((2, 0, 32, 8, 1), "workers"),
+        ((2, MAX_WORKERS + 1, 32, 8, 1), "workers"),
+        ((70000, 2, 32, 8, 1), "job id"),
+    ]:
+        with pytest.raises(JobTableError, match=match):
+            p.insert_job(*args)
+    p.modify_job(1, 3, 8, 16, 2)  # may move within free space (its own range excepted)
+    assert p.jobs()[0].slot_base == 8
+    with pytest.raises(JobTableError, match="no job"):
+        p.modify_job(9, 1, 0, 1, 1)
+    p.insert_worker(1, 0, WORKERS[0])
+    with pytest.raises(JobTableError, match="already bound"):
+        p.insert_worker(1, 0, WORKERS[0])
+    with pytest.raises(JobTableError, match="not bound"):
+        p.delete_worker(1, 1, WORKERS[0])
+    with pytest.raises(JobTableError, match="multicast group"):
+        p.set_group(0, [])
+    with pytest.raises(JobTableError, match="no multicast group"):
+        p.delete_group(3)
+    with pytest.raises(JobTableError, match="no replica"):
+        p.delete_replica(1, 0, 0)
+    with pytest.raises(JobTableError, match="outside the pool"):
+        p.clear_slots(60, 8)
+    p.insert_worker(5, 0, WORKERS[2])
+    with pytest.raises(JobTableError, match="workers bound"):
+        p.add_job(JobConfig(5, WORKERS[:1], 4))  # job 5 has no entry but a binding
+
+
+def test_reset_empties_tables_registers_counters_and_drops() -> None:
+    p = Pipeline(lanes=LANES, slots=SLOTS, drops=DropSimulator(0.0, 0.5, seed=1))
+    p.add_job(JobConfig(JOB, WORKERS, 4))
+    p.process(packet(0, 0), WORKERS[0])
+    p.reset()
+    assert p.jobs() == [] and p.free_mgid() == 1
+    assert not p.bitmap.any() and not p.seq.any() and not p.counter.any()
+    assert set(p.counters().values()) == {0}
+    assert (p.drops.ingress, p.drops.egress) == (0.0, 0.0)
+    p.add_job(JobConfig(JOB, WORKERS, 4))  # and the same job installs again
