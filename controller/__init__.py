@@ -12,6 +12,7 @@ from controller.client import (
     NotPrimaryError,
     P4RuntimeClient,
     P4RuntimeError,
+    PermissionDeniedError,
     SwitchUnreachableError,
     UpdateError,
 )
@@ -45,6 +46,7 @@ __all__ = [
     "P4InfoError",
     "P4RuntimeClient",
     "P4RuntimeError",
+    "PermissionDeniedError",
     "SwitchUnreachableError",
     "UpdateError",
     "counter_entry",

@@ -29,6 +29,7 @@ __all__ = [
     "NotPrimaryError",
     "P4RuntimeClient",
     "P4RuntimeError",
+    "PermissionDeniedError",
     "SwitchUnreachableError",
     "UpdateError",
 ]
@@ -68,7 +69,11 @@ class P4RuntimeError(Exception):
         super().__init__("\n".join(lines))
 
 
-class NotPrimaryError(P4RuntimeError):
+class PermissionDeniedError(P4RuntimeError):
+    """An update the switch forbids (a const default action, an action out of its scope)."""
+
+
+class NotPrimaryError(PermissionDeniedError):
     """The client is not the primary controller, so the switch refuses its writes."""
 
 
@@ -132,10 +137,12 @@ def _translate(error: grpc.RpcError, updates: Sequence[Any] = ()) -> P4RuntimeEr
     message = (error.details() if isinstance(error, grpc.Call) else None) or str(error)
     status = _status_of(error)
     details = _update_errors(status, updates) if status is not None else []
-    effective = code
     if code == grpc.StatusCode.UNKNOWN and len({d.code for d in details}) == 1:
-        effective = details[0].code
-    return _CLASSES.get(effective, P4RuntimeError)(code, message, details)
+        # PERMISSION_DENIED of an update is about the update; only the whole RPC's is
+        # about mastership (NotPrimaryError).
+        per_update = {**_CLASSES, grpc.StatusCode.PERMISSION_DENIED: PermissionDeniedError}
+        return per_update.get(details[0].code, P4RuntimeError)(code, message, details)
+    return _CLASSES.get(code, P4RuntimeError)(code, message, details)
 
 
 class P4RuntimeClient:
@@ -150,6 +157,8 @@ class P4RuntimeClient:
         device_id: the P4Runtime device id.
         election_id: (high, low) halves of the 128-bit election id; the highest wins.
         timeout: seconds to wait for the connection, the arbitration and each RPC.
+        arbitrate: open the StreamChannel and arbitrate; False for a read-only client,
+            which P4Runtime lets Read without a stream (it never holds mastership).
 
     Raises:
         SwitchUnreachableError: nothing answered at ``address`` within ``timeout``.
@@ -162,8 +171,10 @@ class P4RuntimeClient:
         device_id: int = 0,
         election_id: tuple[int, int] = (0, 1),
         timeout: float = 10.0,
+        arbitrate: bool = True,
     ) -> None:
         self.address = address
+        self.arbitrate = arbitrate
         self.device_id = device_id
         self.election_id = election_id
         self.timeout = timeout
@@ -187,6 +198,8 @@ class P4RuntimeClient:
                 f"no P4Runtime server answered at {self.address} within {self.timeout} s",
             ) from None
         self._stub = p4runtime_pb2_grpc.P4RuntimeStub(self._channel)
+        if not self.arbitrate:
+            return
         self._stream = self._stub.StreamChannel(iter(self._requests.get, None))
         self._reader = threading.Thread(target=self._read_stream, daemon=True)
         self._reader.start()

@@ -33,7 +33,7 @@ def table_entry(
     p4info: P4Info,
     table: str | int,
     match: Mapping[str, Value],
-    action: str | int,
+    action: str | int | None,
     params: Mapping[str, Value] | None = None,
 ) -> Any:
     """A ``p4.v1.TableEntry`` of an exact-match table.
@@ -42,7 +42,8 @@ def table_entry(
         p4info: the pipeline's P4Info.
         table: the table's name, alias or id.
         match: a value for every match field, by field name.
-        action: the action's name, alias or id; one the table's entries may use.
+        action: the action's name, alias or id; one the table's entries may use. None
+            for an entry that names only its key (a delete or a read).
         params: a value for every parameter of the action, by name.
 
     Raises:
@@ -51,23 +52,27 @@ def table_entry(
         EncodingError: a value that does not fit its field.
     """
     tbl = p4info.table(table)
-    act = p4info.action(action)
-    if tbl.action_scope(act.id) in (None, "DEFAULT_ONLY"):
-        raise P4InfoError(f"table {tbl.name!r} entries cannot use action {act.name!r}")
     for name in match:
         if tbl.match_field(name).match_type != "EXACT":
             raise P4InfoError(f"{tbl.name}.{name} is not EXACT; only EXACT is supported")
-    params = params or {}
-    for name in params:
-        act.param(name)
     _require_all(tbl.name, "match field", [f.name for f in tbl.match_fields], match)
-    _require_all(act.name, "parameter", [p.name for p in act.params], params)
     # Fields and params go in P4Info order, whatever the dict order: equal entries are
     # then equal messages (reads compare, golden files pin them).
     entry = p4runtime_pb2.TableEntry(table_id=tbl.id)
     for field in tbl.match_fields:
         value = encode_value(match[field.name], field.bitwidth)
         entry.match.add(field_id=field.id).exact.value = value
+    if action is None:
+        if params:
+            raise P4InfoError(f"parameters for table {tbl.name!r} without an action")
+        return entry
+    act = p4info.action(action)
+    if tbl.action_scope(act.id) in (None, "DEFAULT_ONLY"):
+        raise P4InfoError(f"table {tbl.name!r} entries cannot use action {act.name!r}")
+    params = params or {}
+    for name in params:
+        act.param(name)
+    _require_all(act.name, "parameter", [p.name for p in act.params], params)
     entry.action.action.action_id = act.id
     for param in act.params:
         value = encode_value(params[param.name], param.bitwidth)

@@ -1,0 +1,316 @@
+"""inalab ctl: inspect and configure an INA switch (soft switch or bmv2) over P4Runtime.
+
+Subcommands (simple_switch_CLI and p4runtime-shell users will recognise the reads):
+
+- ``jobs``: the installed jobs, read from the switch's tables;
+- ``add-job --job J --slots N IP:PORT ...``: install a job, rank r = the r-th address;
+- ``remove-job --job J``: tear a job down and clear its slots;
+- ``show-bitmap --job J --slot S``: one slot's registers in both sets (bitmaps, ranks
+  seen, remaining, seq, exponent, lane values);
+- ``stats``: the switch's counters;
+- ``drops [--ingress P --egress P]``: show or set the drop simulator.
+
+The switch is ``--switch HOST:PORT`` (default: ``inalab switch``'s 127.0.0.1:9559) or the
+one named in a run manifest (``--manifest PATH``: the ready file ``inalab switch
+--ready-file`` writes, or a file with a ``switches`` mapping, chosen by ``--name``).
+Reading needs no mastership; writing arbitrates with ``--election-id`` (another
+controller holding the same id is refused: pick a higher one to take over).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+from typing import Any
+
+__all__ = ["ManifestError", "add_arguments", "resolve_switch", "run"]
+
+DEFAULT_SWITCH = "127.0.0.1:9559"
+
+
+class ManifestError(ValueError):
+    """A run manifest that cannot be read or does not name the switch."""
+
+
+def _endpoint(text: str) -> str:
+    host, sep, port = text.rpartition(":")
+    if not sep or not host or not port.isdigit() or not 0 < int(port) <= 0xFFFF:
+        raise argparse.ArgumentTypeError(f"{text!r} is not HOST:PORT with a port 1..65535")
+    return text
+
+
+def _worker(text: str) -> tuple[str, int]:
+    import ipaddress
+
+    ip, port = _endpoint(text).rsplit(":", 1)
+    try:
+        ip = str(ipaddress.IPv4Address(ip))
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"worker {text!r}: {ip!r} is not IPv4") from None
+    return ip, int(port)
+
+
+def _election(text: str) -> tuple[int, int]:
+    high, sep, low = text.partition(":")
+    if not sep:
+        high, low = "0", text
+    if not (high.isdigit() and low.isdigit()) or int(high) >= 2**64 or int(low) >= 2**64:
+        raise argparse.ArgumentTypeError(f"{text!r} is not LOW or HIGH:LOW (unsigned 64-bit)")
+    return int(high), int(low)
+
+
+def _nonneg(text: str) -> int:
+    if not text.isdigit():
+        raise argparse.ArgumentTypeError(f"{text!r} is not a non-negative integer")
+    return int(text)
+
+
+def _probability(text: str) -> float:
+    try:
+        p = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number") from None
+    if not 0.0 <= p <= 1.0:
+        raise argparse.ArgumentTypeError(f"probability {p} outside 0..1")
+    return p
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    """Declare the ``inalab ctl`` options and subcommands on ``parser``."""
+    where = parser.add_mutually_exclusive_group()
+    where.add_argument(
+        "--switch", type=_endpoint, metavar="HOST:PORT",
+        help=f"the switch's P4Runtime server (default {DEFAULT_SWITCH})",
+    )  # fmt: skip
+    where.add_argument(
+        "--manifest", type=Path, metavar="PATH",
+        help="run manifest naming the switch (inalab switch --ready-file writes one)",
+    )  # fmt: skip
+    parser.add_argument("--name", help="switch name in a manifest with several switches")
+    parser.add_argument("--device-id", type=_nonneg, help="P4Runtime device id (default 0)")
+    parser.add_argument(
+        "--thrift", type=_endpoint, metavar="HOST:PORT",
+        help="bmv2's Thrift server, for register reads and writes (bmv2 only)",
+    )  # fmt: skip
+    parser.add_argument(
+        "--election-id", type=_election, default=(0, 1), metavar="[HIGH:]LOW",
+        help="election id for writes (default 0:1)",
+    )  # fmt: skip
+    parser.add_argument(
+        "--timeout", type=float, default=5.0, help="seconds per request (default 5)"
+    )
+    sub = parser.add_subparsers(dest="ctl_command", required=True, metavar="SUBCOMMAND")
+
+    jobs = sub.add_parser("jobs", help="list the installed jobs")
+    jobs.add_argument("--json", action="store_true", help="print JSON")
+
+    add = sub.add_parser("add-job", help="install a job (rank r = the r-th worker)")
+    add.add_argument("--job", type=_nonneg, required=True, help="job id 0..65535")
+    add.add_argument("--slots", type=_nonneg, default=256, help="slots per set (default 256)")
+    add.add_argument("--slot-base", type=_nonneg, help="first slot (default: lowest free)")
+    add.add_argument("workers", type=_worker, nargs="+", metavar="IP:PORT")
+
+    remove = sub.add_parser("remove-job", help="tear a job down and clear its slots")
+    remove.add_argument("--job", type=_nonneg, required=True)
+
+    show = sub.add_parser("show-bitmap", help="one slot's registers in both sets")
+    show.add_argument("--job", type=_nonneg, required=True)
+    show.add_argument("--slot", type=_nonneg, required=True, help="job-relative slot")
+    show.add_argument(
+        "--lanes", type=_nonneg, default=8, help="lane values to print (default 8, 0: all)"
+    )
+    show.add_argument("--json", action="store_true", help="print JSON (every lane)")
+
+    stats = sub.add_parser("stats", help="the switch's counters")
+    stats.add_argument("--json", action="store_true", help="print JSON")
+    stats.add_argument("--all", action="store_true", help="include counters that are 0")
+
+    drops = sub.add_parser("drops", help="show or set the drop simulator")
+    drops.add_argument("--ingress", type=_probability, metavar="P")
+    drops.add_argument("--egress", type=_probability, metavar="P")
+
+
+def resolve_switch(args: argparse.Namespace) -> tuple[str, int, str | None]:
+    """(P4Runtime address, device id, Thrift address) from the flags or the manifest.
+
+    Raises:
+        ManifestError: the manifest cannot be read or does not name one switch.
+    """
+    address, device_id, thrift = args.switch or DEFAULT_SWITCH, 0, None
+    if args.manifest is not None:
+        entry = _manifest_entry(args.manifest, args.name)
+        address = str(entry["p4runtime"])
+        device_id = int(entry.get("device_id", 0))
+        thrift = entry.get("thrift")
+    if args.device_id is not None:
+        device_id = args.device_id
+    return address, device_id, args.thrift or thrift
+
+
+def _manifest_entry(path: Path, name: str | None) -> dict[str, Any]:
+    try:
+        doc = json.loads(path.read_text())
+    except OSError as exc:
+        raise ManifestError(f"cannot read manifest {path}: {exc.strerror}") from None
+    except ValueError as exc:
+        raise ManifestError(f"manifest {path} is not JSON: {exc}") from None
+    if not isinstance(doc, dict):
+        raise ManifestError(f"manifest {path} is not a JSON object")
+    if "switches" in doc:
+        switches = doc["switches"]
+        if name is None and isinstance(switches, dict) and len(switches) == 1:
+            name = next(iter(switches))
+        if name is None or not isinstance(switches, dict) or name not in switches:
+            known = ", ".join(switches) if isinstance(switches, dict) else "none"
+            raise ManifestError(f"manifest {path}: name one switch with --name ({known})")
+        doc = switches[name]
+    if not isinstance(doc, dict) or "p4runtime" not in doc:
+        raise ManifestError(f"manifest {path} names no P4Runtime address ('p4runtime')")
+    return doc
+
+
+_WRITES = {"add-job", "remove-job"}
+
+
+def run(args: argparse.Namespace) -> int:
+    """Run one ``inalab ctl`` subcommand; 0 on success, 1 on a refused request."""
+    from controller.bmv2_thrift import ThriftError
+    from controller.client import P4RuntimeError
+    from controller.switch import ControllerError, SwitchController
+
+    try:
+        address, device_id, thrift = resolve_switch(args)
+    except ManifestError as exc:
+        return _error(str(exc), 2)
+    writes = args.ctl_command in _WRITES or (
+        args.ctl_command == "drops" and (args.ingress is not None or args.egress is not None)
+    )
+    try:
+        with SwitchController.connect(
+            address,
+            device_id=device_id,
+            election_id=args.election_id,
+            timeout=args.timeout,
+            thrift=thrift,
+            arbitrate=writes,
+        ) as ctl:
+            if writes and not ctl.is_primary:
+                return _error(f"not primary at {address} with election id {args.election_id}")
+            return _COMMANDS[args.ctl_command](ctl, args)
+    except (P4RuntimeError, ThriftError, ControllerError, ValueError) as exc:
+        return _error(f"{address}: {exc}")
+
+
+def _jobs(ctl: Any, args: argparse.Namespace) -> int:
+    jobs = ctl.installed_jobs()
+    if args.json:
+        print(json.dumps([_job_doc(j) for j in jobs], indent=2))
+        return 0
+    if not jobs:
+        print("no jobs")
+        return 0
+    print(f"{'job':>6} {'workers':>7} {'slots':>13} {'mgid':>5}  ranks")
+    for job in jobs:
+        e = job.entry
+        ranks = ", ".join(f"{w.rank}={w.ip}:{w.udp_port}" for w in job.workers)
+        span = f"{e.slot_base}+{e.slot_count}"
+        print(f"{e.job_id:>6} {e.num_workers:>7} {span:>13} {e.mgid:>5}  {ranks}")
+    return 0
+
+
+def _job_doc(job: Any) -> dict[str, Any]:
+    e = job.entry
+    return {
+        "job_id": e.job_id,
+        "num_workers": e.num_workers,
+        "slot_base": e.slot_base,
+        "slot_count": e.slot_count,
+        "mgid": e.mgid,
+        "workers": [[w.rank, w.ip, w.udp_port] for w in job.workers],
+        "replicas": [[r.rid, r.egress_port, r.ip, r.udp_port] for r in job.replicas],
+    }
+
+
+def _add_job(ctl: Any, args: argparse.Namespace) -> int:
+    from controller.switch import WorkerAddress
+
+    workers = [WorkerAddress(ip, port) for ip, port in args.workers]
+    job = ctl.add_job(args.job, workers, args.slots, args.slot_base)
+    e = job.entry
+    print(f"job {e.job_id}: {e.num_workers} workers, slots {e.slot_base}+{e.slot_count}, "
+          f"multicast group {e.mgid}")  # fmt: skip
+    return 0
+
+
+def _remove_job(ctl: Any, args: argparse.Namespace) -> int:
+    job = ctl.remove_job(args.job)
+    e = job.entry
+    print(f"job {e.job_id} removed; slots {e.slot_base}+{e.slot_count} cleared")
+    return 0
+
+
+def _show_bitmap(ctl: Any, args: argparse.Namespace) -> int:
+    reads = [ctl.read_slot(args.job, args.slot, pool_set) for pool_set in (0, 1)]
+    if args.json:
+        docs = [
+            {
+                "set": r.pool_set, "bitmap": r.bitmap, "ranks": r.ranks(),
+                "remaining": r.remaining, "seq": r.seq, "exponent": r.exponent,
+                "values": list(r.values),
+            }
+            for r in reads
+        ]  # fmt: skip
+        print(json.dumps({"job": args.job, "slot": args.slot, "sets": docs}, indent=2))
+        return 0
+    job = ctl.jobs.get(args.job)
+    print(f"job {args.job} slot {args.slot} (switch slot {job.slot_base + args.slot}), "
+          f"{job.num_workers} workers")  # fmt: skip
+    shown = len(reads[0].values) if args.lanes == 0 else min(args.lanes, len(reads[0].values))
+    for r in reads:
+        bits = format(r.bitmap, f"0{job.num_workers}b")[::-1]  # rank 0 first
+        state = "idle" if r.seq == 0 else ("done" if r.remaining == 0 else "running")
+        values = " ".join(str(v) for v in r.values[:shown])
+        more = f" ... ({len(r.values)} lanes)" if shown < len(r.values) else ""
+        print(f"  set {r.pool_set}: bitmap {bits} ranks {r.ranks()} remaining {r.remaining} "
+              f"seq {r.seq} exponent {r.exponent} [{state}]")  # fmt: skip
+        print(f"         values {values}{more}")
+    return 0
+
+
+def _stats(ctl: Any, args: argparse.Namespace) -> int:
+    counters = ctl.counters()
+    if args.json:
+        print(json.dumps(counters, indent=2))
+        return 0
+    for name, value in counters.items():
+        if value or args.all or not name.startswith("drop_"):
+            print(f"{name:<22} {value}")
+    return 0
+
+
+def _drops(ctl: Any, args: argparse.Namespace) -> int:
+    if args.ingress is not None or args.egress is not None:
+        current = ctl.drop_simulator.get()
+        ingress = current[0] if args.ingress is None else args.ingress
+        egress = current[1] if args.egress is None else args.egress
+        ctl.set_drops(ingress, egress)
+    ingress, egress = ctl.drop_simulator.get()
+    print(f"ingress {ingress:.6g} egress {egress:.6g}")
+    return 0
+
+
+_COMMANDS = {
+    "jobs": _jobs,
+    "add-job": _add_job,
+    "remove-job": _remove_job,
+    "show-bitmap": _show_bitmap,
+    "stats": _stats,
+    "drops": _drops,
+}
+
+
+def _error(message: str, status: int = 1) -> int:
+    print(f"inalab ctl: error: {message}", file=sys.stderr)
+    return status

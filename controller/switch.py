@@ -1,0 +1,353 @@
+"""Controller layer: one INA switch, the object ``inalab ctl``, the benchmark and the
+tests hold (one per switch, no module state).
+
+It composes the managers, one per P4 control (jobs, workers, replicas, forwarder,
+drop simulator, slots, stats) and the PRE's multicast groups, over one P4Runtime
+client and one register access (P4Runtime on the soft switch, Thrift on bmv2, whose
+P4Runtime server cannot read registers). Whole-job operations keep the switch
+consistent and read their state from the switch, so a restarted controller tears down
+a job another one installed:
+
+- :meth:`SwitchController.add_job` clears the job's slot range, then writes the
+  multicast group, the replicas, the workers and last the jobs entry, which turns the
+  job on; if a write fails, what was written is removed before the error is raised.
+- :meth:`SwitchController.remove_job` deletes the jobs entry first (the job's packets
+  stop at once), then its workers, replicas and group, and clears its slots.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from types import TracebackType
+
+from controller.bmv2_thrift import Bmv2Thrift
+from controller.client import P4RuntimeClient, P4RuntimeError
+from controller.drop_simulator import DropSimulator
+from controller.forwarder import Forwarder
+from controller.jobs import JobEntry, Jobs
+from controller.multicast import MulticastGroups
+from controller.p4info import P4Info
+from controller.registers import Bmv2Registers, P4RuntimeRegisters, RegisterAccess
+from controller.replicas import ReplicaEntry, Replicas
+from controller.slots import SlotRead, Slots
+from controller.stats import Stats
+from controller.workers import WorkerEntry, Workers
+
+__all__ = [
+    "ControllerError",
+    "InstalledJob",
+    "JobExistsError",
+    "JobNotFoundError",
+    "NoFreeSlotsError",
+    "SwitchController",
+    "WorkerAddress",
+]
+
+log = logging.getLogger(__name__)
+
+_NO_MAC = "00:00:00:00:00:00"
+
+
+class ControllerError(Exception):
+    """A whole-job request the switch's state does not allow."""
+
+
+class JobExistsError(ControllerError):
+    """The job id is installed already."""
+
+
+class JobNotFoundError(ControllerError):
+    """No job with that id is installed."""
+
+
+class NoFreeSlotsError(ControllerError):
+    """No free slot range of the requested size (or the requested one is taken)."""
+
+
+@dataclass(frozen=True)
+class WorkerAddress:
+    """Where a worker sends from and receives results: its IPv4 address and UDP port,
+    and, for a switch with ports (bmv2, Mininet), its MAC and the switch port it is on.
+    The loopback soft switch has one UDP socket: port and MAC do not matter there."""
+
+    ip: str
+    udp_port: int
+    mac: str = _NO_MAC
+    port: int = 0
+
+
+@dataclass(frozen=True)
+class InstalledJob:
+    """A job as the switch holds it."""
+
+    entry: JobEntry
+    workers: tuple[WorkerEntry, ...]
+    replicas: tuple[ReplicaEntry, ...]
+    group: tuple[tuple[int, int], ...]
+
+    @property
+    def job_id(self) -> int:
+        return self.entry.job_id
+
+
+class SwitchController:
+    """The control plane of one INA switch.
+
+    Args:
+        client: a P4Runtime client of the switch (this object closes it).
+        p4info: the switch's P4Info (sizes: lanes, slots per set).
+        registers: register access; by default over ``client`` (the soft switch).
+    """
+
+    def __init__(
+        self, client: P4RuntimeClient, p4info: P4Info, registers: RegisterAccess | None = None
+    ) -> None:
+        self.client = client
+        self.p4info = p4info
+        self.registers = registers or P4RuntimeRegisters(client, p4info)
+        self.jobs = Jobs(client, p4info)
+        self.workers = Workers(client, p4info)
+        self.replicas = Replicas(client, p4info)
+        self.forwarder = Forwarder(client, p4info)
+        self.multicast = MulticastGroups(client)
+        self.drop_simulator = DropSimulator(self.registers)
+        self.slots = Slots(self.registers, p4info)
+        self.stats = Stats(client, p4info)
+
+    @classmethod
+    def connect(
+        cls,
+        address: str,
+        *,
+        device_id: int = 0,
+        election_id: tuple[int, int] = (0, 1),
+        timeout: float = 10.0,
+        thrift: str | None = None,
+        pipeline: tuple[P4Info, bytes] | None = None,
+        arbitrate: bool = True,
+    ) -> SwitchController:
+        """Connect to the switch at ``address`` (``host:port``) and become its primary.
+
+        Args:
+            address: the P4Runtime server.
+            device_id: its device id.
+            election_id: (high, low); the highest connected id is the primary.
+            timeout: seconds for the connection and for each request.
+            thrift: ``host:port`` of bmv2's Thrift server; registers go there.
+            pipeline: (P4Info, bmv2 JSON) to push first; by default the switch's
+                installed pipeline is read (the soft switch has its program built in).
+            arbitrate: False for a read-only controller (no mastership, no writes).
+
+        Raises:
+            SwitchUnreachableError: nothing answered.
+            P4RuntimeError: the switch refused the arbitration or the pipeline.
+            ThriftUnreachableError: nothing answered at ``thrift``.
+        """
+        client = P4RuntimeClient(address, device_id, election_id, timeout, arbitrate)
+        try:
+            if pipeline is not None:
+                client.set_pipeline(*pipeline)
+                p4info = pipeline[0]
+            else:
+                p4info = client.get_pipeline()
+            registers: RegisterAccess | None = None
+            if thrift is not None:
+                host, _, port = thrift.rpartition(":")
+                registers = Bmv2Registers(Bmv2Thrift(host, int(port), timeout))
+        except BaseException:
+            client.close()
+            raise
+        return cls(client, p4info, registers)
+
+    # ----------------------------------------------------------------- properties
+    @property
+    def lanes(self) -> int:
+        """int32 lanes per packet of the switch's program."""
+        return self.slots.lanes
+
+    @property
+    def slots_per_set(self) -> int:
+        """Slots per set in the switch's pool."""
+        return self.slots.slots_per_set
+
+    @property
+    def is_primary(self) -> bool:
+        return self.client.is_primary
+
+    # ----------------------------------------------------------------- jobs
+    def add_job(
+        self,
+        job_id: int,
+        workers: Sequence[WorkerAddress],
+        slot_count: int,
+        slot_base: int | None = None,
+    ) -> InstalledJob:
+        """Install a job whose rank r is ``workers[r]``.
+
+        Args:
+            job_id: 0..65535, unused.
+            workers: each rank's address, 1..32 of them, all different.
+            slot_count: slots per set the job gets.
+            slot_base: the first slot of its range; by default the lowest free range.
+
+        Raises:
+            ValueError: a bad worker list or slot count.
+            JobExistsError: the job id is installed.
+            NoFreeSlotsError: no free range, or ``slot_base``'s range is taken.
+            P4RuntimeError | ThriftError: the switch refused a write (nothing is left).
+        """
+        if not workers or len(workers) > 32:
+            raise ValueError(f"{len(workers)} workers; a job has 1..32")
+        if len({(w.ip, w.udp_port) for w in workers}) != len(workers):
+            raise ValueError("two ranks share one address and port")
+        if not 1 <= slot_count <= self.slots_per_set:
+            raise ValueError(f"slot count {slot_count} outside 1..{self.slots_per_set}")
+        jobs = self.jobs.read()
+        if any(j.job_id == job_id for j in jobs):
+            raise JobExistsError(f"job {job_id} is installed")
+        base = _place(jobs, slot_count, self.slots_per_set, slot_base)
+        groups = self.multicast.read()
+        taken = set(groups) | {j.mgid for j in jobs}
+        mgid = next(m for m in range(1, 1 << 16) if m not in taken)
+        entry = JobEntry(job_id, len(workers), base, slot_count, mgid)
+        replicas = tuple(
+            ReplicaEntry(job_id, rank, w.port, w.mac, w.ip, w.udp_port)
+            for rank, w in enumerate(workers)
+        )
+        bindings = tuple(
+            WorkerEntry(job_id, rank, w.ip, w.udp_port) for rank, w in enumerate(workers)
+        )
+        group = tuple((w.port, rank) for rank, w in enumerate(workers))
+        undo: list[Callable[[], None]] = []
+        try:
+            self.slots.clear(base, slot_count)
+            self.multicast.insert(mgid, group)
+            undo.append(lambda: self.multicast.delete(mgid))
+            for replica in replicas:
+                self.replicas.insert(replica)
+                undo.append(lambda r=replica: self.replicas.delete(r))  # type: ignore[misc]
+            for binding in bindings:
+                self.workers.insert(binding)
+                undo.append(lambda b=binding: self.workers.delete(b))  # type: ignore[misc]
+            self.jobs.insert(entry)
+        except BaseException:
+            for step in reversed(undo):
+                try:
+                    step()
+                except P4RuntimeError as exc:  # report, then raise the original error
+                    log.error("rolling back job %d: %s", job_id, exc)
+            raise
+        log.info("job %d: %d workers, slots %d+%d", job_id, len(workers), base, slot_count)
+        return InstalledJob(entry, bindings, replicas, group)
+
+    def installed_jobs(self) -> list[InstalledJob]:
+        """Every job on the switch, read from its tables."""
+        workers = self.workers.read()
+        replicas = self.replicas.read()
+        groups = self.multicast.read()
+        return [
+            InstalledJob(
+                entry,
+                tuple(w for w in workers if w.job_id == entry.job_id),
+                tuple(r for r in replicas if r.job_id == entry.job_id),
+                groups.get(entry.mgid, ()),
+            )
+            for entry in self.jobs.read()
+        ]
+
+    def job(self, job_id: int) -> InstalledJob:
+        """One installed job.
+
+        Raises:
+            JobNotFoundError: no such job.
+        """
+        for job in self.installed_jobs():
+            if job.job_id == job_id:
+                return job
+        raise JobNotFoundError(f"no job {job_id} on the switch")
+
+    def remove_job(self, job_id: int) -> InstalledJob:
+        """Tear a job down (see the module docstring); return what was removed.
+
+        Raises:
+            JobNotFoundError: no such job.
+            P4RuntimeError | ThriftError: the switch refused a write.
+        """
+        job = self.job(job_id)
+        self.jobs.delete(job_id)
+        for binding in job.workers:
+            self.workers.delete(binding)
+        for replica in job.replicas:
+            self.replicas.delete(replica)
+        if job.entry.mgid in self.multicast.read():
+            self.multicast.delete(job.entry.mgid)
+        self.slots.clear(job.entry.slot_base, job.entry.slot_count)
+        log.info("job %d removed", job_id)
+        return job
+
+    def read_slot(self, job_id: int, slot: int, pool_set: int) -> SlotRead:
+        """The registers of a job's slot in one set.
+
+        Raises:
+            JobNotFoundError: no such job.
+            ValueError: slot or set out of range.
+        """
+        entry = self.jobs.get(job_id)
+        if entry is None:
+            raise JobNotFoundError(f"no job {job_id} on the switch")
+        return self.slots.read(entry, slot, pool_set)
+
+    def counters(self) -> dict[str, int]:
+        """The switch's statistics and drop counts by name."""
+        return self.stats.read()
+
+    def set_drops(self, ingress: float, egress: float) -> None:
+        """Simulated loss at ingress and per replica at egress (0 turns it off)."""
+        self.drop_simulator.set(ingress, egress)
+
+    # ----------------------------------------------------------------- lifetime
+    def close(self) -> None:
+        """Close the register access and the P4Runtime client (mastership ends)."""
+        try:
+            self.registers.close()
+        finally:
+            self.client.close()
+
+    def __enter__(self) -> SwitchController:
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.close()
+
+
+def _place(jobs: Sequence[JobEntry], count: int, pool: int, base: int | None) -> int:
+    """The first slot of a free range of ``count`` slots (``base``'s, if given).
+
+    Raises:
+        NoFreeSlotsError: no such range.
+    """
+
+    def free(start: int) -> bool:
+        return (
+            start >= 0
+            and start + count <= pool
+            and all(
+                start + count <= j.slot_base or j.slot_base + j.slot_count <= start for j in jobs
+            )
+        )
+
+    if base is not None:
+        if not free(base):
+            raise NoFreeSlotsError(f"slots {base}..{base + count - 1} are not free")
+        return base
+    for start in sorted({0, *(j.slot_base + j.slot_count for j in jobs)}):
+        if free(start):
+            return start
+    raise NoFreeSlotsError(f"no free range of {count} slots in a pool of {pool}")
