@@ -15,8 +15,12 @@ from collections.abc import Sequence
 __all__ = ["main"]
 
 SUBCOMMANDS: dict[str, tuple[str, str]] = {
-    "switch": ("emulation.softswitch.cli", "run the software INA switch on a UDP socket"),
+    "switch": (
+        "emulation.softswitch.cli",
+        "run the software INA switch (UDP data, P4Runtime control)",
+    ),
     "bench": ("emulation.bench.cli", "allreduce benchmark, INA vs Gloo, nccl-tests style"),
+    "ctl": ("controller.cli", "inspect and configure a switch over P4Runtime"),
 }
 
 

@@ -2,7 +2,7 @@
 
 This module is the single definition of what crosses the wire between a worker and an
 aggregation switch (the soft switch in ``emulation.softswitch``; the P4 program for bmv2,
-upcoming in ``p4/``, must match it). It imports nothing of inalab's own.
+in ``p4/`` must match it). It imports nothing of inalab's own.
 ``docs/protocol.md`` explains the fields and what each side does with them.
 
 Frame: Ethernet / IPv4 / UDP (dst port :data:`INA_UDP_PORT`) / INA header (16 bytes) /
@@ -158,7 +158,7 @@ class PacketType(enum.IntEnum):
 
 HEADER = struct.Struct("!BBHBbHHHI")
 HEADER_SIZE = HEADER.size
-"""16 bytes: the layout above; the P4 program's header (upcoming) must declare the same
+"""16 bytes: the layout above; the P4 program's header (p4/headers.p4) declares the same
 fields."""
 
 

@@ -5,7 +5,7 @@
  * to a multicast group of all host ports (the controller may make it the default
  * action, for ARP broadcasts; egress does not send a flooded copy back out of its
  * ingress port); the initial default drops.
- * Controller (upcoming): controller/forwarder.py.
+ * Controller: controller/forwarder.py.
  */
 #ifndef _INA_FORWARDER_P4_
 #define _INA_FORWARDER_P4_

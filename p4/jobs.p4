@@ -4,7 +4,7 @@
  * slot_count) of the switch pool and the multicast group of its workers. A packet's
  * slot is relative to its job, so a job can neither read nor disturb another's slots.
  * Drops: DROP_UNKNOWN_JOB (table miss), DROP_BAD_RANK (rank >= workers).
- * Controller (upcoming): controller/jobs.py writes the entries.
+ * Controller: controller/jobs.py writes the entries.
  */
 #ifndef _INA_JOBS_P4_
 #define _INA_JOBS_P4_

@@ -7,7 +7,7 @@
  * source is already the switch's address the worker sent to (next_step.p4 swapped
  * it). A miss (a group member without a replica entry) drops the replica uncounted:
  * the controller writes both together.
- * Controller (upcoming): controller/replicas.py.
+ * Controller: controller/replicas.py.
  */
 #ifndef _INA_REPLICAS_P4_
 #define _INA_REPLICAS_P4_

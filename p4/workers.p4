@@ -3,7 +3,7 @@
  * SwitchML derives the worker from a match on addresses; here the packet names its
  * rank and this table checks that the rank belongs to the sender, so a stray or
  * spoofed packet cannot set another worker's bit. Drop: DROP_BAD_SOURCE (miss).
- * Controller (upcoming): controller/workers.py, one entry per (job, rank).
+ * Controller: controller/workers.py, one entry per (job, rank).
  */
 #ifndef _INA_WORKERS_P4_
 #define _INA_WORKERS_P4_

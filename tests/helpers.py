@@ -11,7 +11,8 @@ from __future__ import annotations
 import contextlib
 import math
 import socket
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
+from typing import TYPE_CHECKING
 
 import numpy as np
 
@@ -20,6 +21,9 @@ from hostlib.ina import Addr, InaAllreduce, JobSpec, RetryPolicy
 from hostlib.protocol import INA_UDP_PORT
 from hostlib.quantize import block_exponents, dequantize, error_bound, quantize_block
 from hostlib.transport.memory import FakeNetwork
+
+if TYPE_CHECKING:  # the controller layer (grpc) is imported only by tests that drive one
+    from controller.switch import WorkerAddress
 
 INT32_MIN = -(2**31)
 INT32_MAX = 2**31 - 1
@@ -97,9 +101,9 @@ def random_inputs(rng: np.random.Generator, dtype: type, workers: int, size: int
         )
         return out.astype(np.int32)
     scale = np.exp2(rng.integers(-20, 20, size=(1, size)))
-    out = rng.standard_normal((workers, size)) * scale
-    out[rng.random((workers, size)) < 0.05] = 0.0
-    return out.astype(np.float32)
+    floats = rng.standard_normal((workers, size)) * scale
+    floats[rng.random((workers, size)) < 0.05] = 0.0
+    return floats.astype(np.float32)
 
 
 def expected(inputs: np.ndarray, lanes: int) -> np.ndarray:
@@ -191,3 +195,11 @@ def bound_udp_sockets(count: int, timeout: float = 5.0) -> Iterator[list[socket.
     finally:
         for s in socks:
             s.close()
+
+
+def worker_addresses(addrs: Iterable[tuple[str, int]]) -> list[WorkerAddress]:
+    """Rank-ordered ``(ip, port)`` pairs as the controller's worker list (loopback:
+    no MAC, no switch port)."""
+    from controller.switch import WorkerAddress
+
+    return [WorkerAddress(ip, port) for ip, port in addrs]

@@ -147,33 +147,35 @@ def _run_ina(
     log_level: int,
     result: SweepResult,
 ) -> list[list[SizeResult]]:
-    from emulation.softswitch.control import SwitchControlError
-    from emulation.softswitch.pipeline import JobConfig
+    from controller.client import P4RuntimeError
+    from controller.switch import ControllerError, WorkerAddress
     from emulation.softswitch.process import SoftSwitchProcess, SwitchStartError
 
     switch = SoftSwitchProcess(
         run_dir,
         lanes=cfg.lanes,
         slots=cfg.slots,
-        drop_ingress=cfg.loss,
-        drop_egress=cfg.loss,
         seed=cfg.seed,
         extra_args=_pcap_args(cfg, run_dir),
     )
     result.switch_log = str(switch.log_path)
     try:
         switch.start()
-        with switch.control() as ctl:
+        # The real control path: the job and the loss are P4Runtime writes.
+        with switch.controller() as ctl:
+            ctl.set_drops(cfg.loss, cfg.loss)
             plans = _plans(cfg, "ina", run_dir, log_level)
             with _Fleet("ina", plans, stall_limit(cfg), switch.log_path) as fleet:
-                addrs = tuple((str(ip), int(port)) for _, (ip, port) in fleet.gather("addr"))
-                ctl.add_job(JobConfig(BENCH_JOB_ID, addrs, slot_count=cfg.slots))
+                addrs = [
+                    WorkerAddress(str(ip), int(port)) for _, (ip, port) in fleet.gather("addr")
+                ]
+                ctl.add_job(BENCH_JOB_ID, addrs, slot_count=cfg.slots)
                 fleet.send_all(("job", BENCH_JOB_ID, tuple(switch.data_addr)))
                 per_rank = fleet.drive(len(cfg.sizes), progress)
             result.switch_counters = ctl.counters()
             ctl.remove_job(BENCH_JOB_ID)
         return per_rank
-    except (SwitchStartError, SwitchControlError) as exc:
+    except (SwitchStartError, P4RuntimeError, ControllerError) as exc:
         raise BenchError(f"soft switch: {exc}") from exc
     finally:
         switch.stop()

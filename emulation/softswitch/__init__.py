@@ -1,11 +1,12 @@
-"""The software INA switch: pipeline semantics, UDP server, control channel, process.
+"""The software INA switch: pipeline semantics, UDP server, P4Runtime server, process.
 
 ``pipeline`` is the data plane (what ``p4/`` implements on bmv2); ``server`` puts it on a
-UDP socket; ``control`` is its interim JSON-lines control channel; ``process`` runs it as
-a subprocess and proves readiness; ``cli`` is ``inalab switch``; ``loadgen`` benchmarks it.
+UDP socket; ``p4runtime`` is its P4Runtime server (the control interface bmv2 has too);
+``process`` runs it as a subprocess and proves readiness; ``cli`` is ``inalab switch``;
+``loadgen`` benchmarks it.
 """
 
-from emulation.softswitch.control import ErrorKind, SwitchControl, SwitchControlError
+from emulation.softswitch.p4runtime import SoftSwitchP4Runtime, softswitch_p4info
 from emulation.softswitch.pipeline import (
     Addr,
     Dataplane,
@@ -26,14 +27,13 @@ __all__ = [
     "DropReason",
     "DropSimulator",
     "Emit",
-    "ErrorKind",
     "JobConfig",
     "JobTableError",
     "Pipeline",
     "SlotState",
+    "SoftSwitchP4Runtime",
     "SoftSwitchProcess",
-    "SwitchControl",
-    "SwitchControlError",
     "SwitchServer",
     "SwitchStartError",
+    "softswitch_p4info",
 ]

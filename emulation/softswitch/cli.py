@@ -1,14 +1,15 @@
-"""inalab switch: run the software INA switch on a UDP socket with a control socket.
+"""inalab switch: run the software INA switch on a UDP socket, configured over P4Runtime.
 
-With ``--ready-file`` the switch writes ``{data, control, pid, lanes, slots}`` as JSON once
-both sockets are bound (atomically, so a reader never sees half a file); this is how
+The switch starts with empty tables; a controller (``inalab ctl``, the ``controller``
+package, p4runtime-shell) installs jobs through its P4Runtime server. With
+``--ready-file`` it writes ``{data, p4runtime, device_id, pid, lanes, slots}`` as JSON
+once both servers are bound (atomically, so a reader never sees half a file); this is how
 :class:`emulation.softswitch.process.SoftSwitchProcess` learns the ports it got.
 """
 
 from __future__ import annotations
 
 import argparse
-import ipaddress
 import json
 import logging
 import os
@@ -18,13 +19,7 @@ from pathlib import Path
 
 from emulation.argtypes import int_in, probability
 from emulation.softswitch.pcap import PcapWriter
-from emulation.softswitch.pipeline import (
-    Addr,
-    DropSimulator,
-    JobConfig,
-    JobTableError,
-    Pipeline,
-)
+from emulation.softswitch.pipeline import Addr, DropSimulator, Pipeline
 from emulation.softswitch.server import SwitchServer
 from hostlib.protocol import (
     INA_UDP_PORT,
@@ -34,12 +29,12 @@ from hostlib.protocol import (
     SWITCH_SLOTS,
 )
 
-__all__ = ["DEFAULT_CONTROL_PORT", "add_arguments", "main", "parse_addr", "parse_job", "run"]
+__all__ = ["DEFAULT_P4RUNTIME_PORT", "add_arguments", "main", "parse_addr", "run"]
 
 log = logging.getLogger(__name__)
 
-DEFAULT_CONTROL_PORT = INA_UDP_PORT + 1
-"""20034: the control channel sits next to the data port by convention only."""
+DEFAULT_P4RUNTIME_PORT = 9559
+"""P4Runtime's IANA port, simple_switch_grpc's default too."""
 
 
 def parse_addr(text: str) -> Addr:
@@ -56,30 +51,6 @@ def parse_addr(text: str) -> Addr:
     return host, int(port)
 
 
-def parse_job(text: str) -> JobConfig:
-    """Parse ``JOB_ID:SLOTS:IP:PORT,IP:PORT,...`` (rank = position in the list).
-
-    Raises:
-        argparse.ArgumentTypeError: a missing part, a non-integer id, count or port, or a
-            worker address that is not IPv4.
-    """
-    parts = text.split(":", 2)
-    if len(parts) != 3 or not parts[0].isdigit() or not parts[1].isdigit():
-        raise argparse.ArgumentTypeError(f"{text!r} is not JOB_ID:SLOTS:IP:PORT,...")
-    workers = []
-    for item in parts[2].split(","):
-        ip, port = parse_addr(item)
-        try:
-            # Normalised: the pipeline compares with recvfrom()'s dotted quad.
-            ip = str(ipaddress.IPv4Address(ip))
-        except ValueError:
-            raise argparse.ArgumentTypeError(f"worker {item!r}: {ip!r} is not IPv4") from None
-        if port == 0:
-            raise argparse.ArgumentTypeError(f"worker {item!r} needs a port, not 0")
-        workers.append((ip, port))
-    return JobConfig(int(parts[0]), tuple(workers), int(parts[1]))
-
-
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     """Declare the ``inalab switch`` options on ``parser``."""
     a = parser.add_argument
@@ -91,12 +62,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help=f"UDP data address (default 127.0.0.1:{INA_UDP_PORT}; port 0 = any free)",
     )
     a(
-        "--control",
+        "--p4runtime",
         type=parse_addr,
-        default=("127.0.0.1", DEFAULT_CONTROL_PORT),
+        default=("127.0.0.1", DEFAULT_P4RUNTIME_PORT),
         metavar="HOST:PORT",
-        help=f"TCP control address (default 127.0.0.1:{DEFAULT_CONTROL_PORT})",
+        help=f"P4Runtime gRPC address (default 127.0.0.1:{DEFAULT_P4RUNTIME_PORT})",
     )
+    a("--device-id", type=int_in(0), default=0, help="P4Runtime device id (default 0)")
     a(
         "--lanes",
         type=int_in(1, MAX_LANES),
@@ -128,7 +100,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--ready-file",
         type=Path,
         metavar="PATH",
-        help="write {data, control, pid, lanes, slots} as JSON here once listening",
+        help="write {data, p4runtime, device_id, pid, lanes, slots} as JSON here once listening",
     )
     a(
         "--pcap",
@@ -142,14 +114,6 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         default=0,
         metavar="N",
         help="stop recording after N packets (default 0: no limit)",
-    )
-    a(
-        "--job",
-        type=parse_job,
-        action="append",
-        default=[],
-        metavar="JOB_ID:SLOTS:IP:PORT,...",
-        help="install a job at start-up (repeatable); rank = position in the worker list",
     )
 
 
@@ -168,27 +132,21 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 def run(args: argparse.Namespace) -> int:
-    """Run the switch until SIGTERM/SIGINT or a ``shutdown`` request; return exit status."""
+    """Run the switch until SIGTERM/SIGINT; return its exit status."""
     drops = DropSimulator(args.drop_ingress, args.drop_egress, args.seed)
     pipeline = Pipeline(args.lanes, args.slots, drops)
-    try:
-        for job in args.job:
-            base = pipeline.add_job(job)
-            log.info(
-                "job %d: %d workers, slots %d+%d", job.job_id, job.num_workers, base, job.slot_count
-            )
-    except JobTableError as exc:
-        return _usage_error(f"--job: {exc}")
     try:
         pcap = PcapWriter(args.pcap, args.pcap_count) if args.pcap is not None else None
     except OSError as exc:
         return _usage_error(f"--pcap: {exc}", status=1)
     try:
-        server = SwitchServer(pipeline, args.listen, args.control, pcap=pcap)
+        server = SwitchServer(
+            pipeline, args.listen, args.p4runtime, device_id=args.device_id, pcap=pcap
+        )
     except OSError as exc:
         if pcap is not None:
             pcap.close()
-        return _usage_error(f"cannot bind {args.listen} / {args.control}: {exc}", status=1)
+        return _usage_error(f"cannot bind {args.listen} / {args.p4runtime}: {exc}", status=1)
     with server:
         server.install_signal_handlers()
         if args.ready_file is not None:
@@ -207,7 +165,8 @@ def _write_ready_file(path: Path, server: SwitchServer) -> None:
     """Write the ready file atomically (readers poll for its existence)."""
     info = {
         "data": list(server.data_addr),
-        "control": list(server.control_addr),
+        "p4runtime": "{}:{}".format(*server.p4runtime_addr),
+        "device_id": server.device_id,
         "pid": os.getpid(),
         "lanes": server.pipeline.lanes,
         "slots": server.pipeline.slots,

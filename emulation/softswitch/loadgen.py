@@ -36,6 +36,7 @@ from typing import Any
 
 import numpy as np
 
+from controller.switch import WorkerAddress
 from emulation.softswitch.pipeline import Addr, JobConfig, Pipeline
 from emulation.softswitch.process import SoftSwitchProcess
 from hostlib.protocol import (
@@ -256,13 +257,13 @@ def _drive(
     """Register the senders as the job, start them, read counters over the interval."""
     workers = len(senders)
     bound = dict(_get(ports, senders) for _ in range(workers))
-    addrs = tuple((_HOST, bound[rank]) for rank in range(workers))
+    addrs = [WorkerAddress(_HOST, bound[rank]) for rank in range(workers)]
     warmup = min(0.5, seconds / 4)  # let windows fill before counting
     go = time.monotonic() + 0.1
     start, end = go + warmup, go + warmup + seconds
     plan = {"switch": list(sw.data_addr), "go": go, "start": start, "end": end}
-    with sw.control() as ctl:
-        ctl.add_job(JobConfig(BENCH_JOB_ID, addrs, sw.ready_info["slots"]))
+    with sw.controller() as ctl:
+        ctl.add_job(BENCH_JOB_ID, addrs, sw.ready_info["slots"])
         for _ in range(workers):
             plans.put(plan)
         _sleep_until(start)
@@ -320,7 +321,6 @@ def _summarise(
         "switch_elements_per_s": delta("aggregated") * lanes / dt,
         "switch_results_per_s": delta("results_sent") / dt,
         "switch_drops": drops,
-        "switch_send_errors": delta("send_errors"),
         "worker_goodput_elements_per_s": sum(goodput) / len(goodput),
         "worker_goodput_gbit_per_s": sum(goodput) / len(goodput) * 32 / 1e9,
         "worker_retransmits": sum(s["retransmits"] for s in stats),

@@ -1,7 +1,7 @@
 """The soft switch as a separate process: start it, prove it is ready, stop it.
 
 p4-utils' ``P4Switch.start`` pattern, with a sleeping poll: the switch is ready when its
-ready file exists, its recorded PID is alive, and its control port answers a request.
+ready file exists, its recorded PID is alive, and its P4Runtime server answers.
 On failure the error names the switch's log and quotes its tail. :meth:`stop` signals
 only the PID this object started.
 """
@@ -17,7 +17,10 @@ from pathlib import Path
 from types import TracebackType
 from typing import IO, Any
 
-from emulation.softswitch.control import SwitchControl, SwitchControlError
+import grpc
+from p4.v1 import p4runtime_pb2, p4runtime_pb2_grpc
+
+from controller.switch import SwitchController
 from emulation.softswitch.pipeline import Addr
 from hostlib.protocol import LANES_PER_PACKET, SWITCH_SLOTS
 
@@ -76,7 +79,7 @@ class SoftSwitchProcess:
         self.start_timeout = start_timeout
         self.argv = [
             sys.executable, "-m", "emulation.softswitch.cli", "-v",
-            "--listen", f"{host}:0", "--control", f"{host}:0",
+            "--listen", f"{host}:0", "--p4runtime", f"{host}:0",
             "--ready-file", str(self.ready_path),
             "--lanes", str(lanes), "--slots", str(slots),
             "--drop-ingress", repr(drop_ingress), "--drop-egress", repr(drop_egress),
@@ -140,7 +143,7 @@ class SoftSwitchProcess:
         return self.returncode
 
     def wait(self, timeout: float | None = None) -> int:
-        """Wait for the process to exit by itself (e.g. after a ``shutdown`` request).
+        """Wait for the process to exit by itself (a signal sent by someone else, a crash).
 
         Raises:
             RuntimeError: never started.
@@ -178,23 +181,35 @@ class SoftSwitchProcess:
         return ip, port
 
     @property
-    def control_addr(self) -> Addr:
-        """The TCP ``(ip, port)`` of the control channel (from the ready file)."""
-        ip, port = self._require_ready()["control"]
-        return ip, port
+    def p4runtime_address(self) -> str:
+        """``host:port`` of the switch's P4Runtime server (from the ready file)."""
+        return str(self._require_ready()["p4runtime"])
+
+    @property
+    def device_id(self) -> int:
+        """The switch's P4Runtime device id."""
+        return int(self._require_ready()["device_id"])
 
     @property
     def ready_info(self) -> dict[str, Any]:
-        """The ready file's content: data, control, pid, lanes, slots."""
+        """The ready file's content: data, p4runtime, device_id, pid, lanes, slots."""
         return dict(self._require_ready())
 
-    def control(self, timeout: float = 5.0) -> SwitchControl:
-        """A new control client for this switch (close it, or use it as a context manager).
+    def controller(
+        self, election_id: tuple[int, int] = (0, 1), timeout: float = 10.0
+    ) -> SwitchController:
+        """A new controller of this switch, primary if ``election_id`` is the highest
+        (close it, or use it as a context manager).
 
         Raises:
-            SwitchControlError: the control port cannot be reached.
+            P4RuntimeError: the switch cannot be reached or refused the arbitration.
         """
-        return SwitchControl(self.control_addr, timeout)
+        return SwitchController.connect(
+            self.p4runtime_address,
+            device_id=self.device_id,
+            election_id=election_id,
+            timeout=timeout,
+        )
 
     def is_running(self) -> bool:
         """Whether the recorded process has not exited."""
@@ -227,13 +242,15 @@ class SoftSwitchProcess:
 
     @staticmethod
     def _answers(info: dict[str, Any]) -> bool:
-        """Whether the control port named in ``info`` answers a request."""
-        ip, port = info["control"]
+        """Whether the P4Runtime server named in ``info`` answers (Capabilities)."""
+        channel = grpc.insecure_channel(str(info["p4runtime"]))
         try:
-            with SwitchControl((ip, port), timeout=1.0) as ctl:
-                ctl.counters()
-        except SwitchControlError:
+            stub = p4runtime_pb2_grpc.P4RuntimeStub(channel)
+            stub.Capabilities(p4runtime_pb2.CapabilitiesRequest(), timeout=1.0)
+        except grpc.RpcError:
             return False
+        finally:
+            channel.close()
         return True
 
     def _require_proc(self) -> subprocess.Popen[bytes]:

@@ -1,47 +1,138 @@
-"""The soft switch's I/O: a :class:`Pipeline` on a UDP socket, plus its control socket.
+"""The soft switch's I/O: a :class:`Pipeline` on a UDP socket, configured over P4Runtime.
 
-One thread owns both sockets. Datagrams are received into one preallocated buffer and
-handed to the pipeline as a memoryview; its :class:`Emit` payload (the pipeline's single
-output buffer) is sent to every destination before the next datagram is processed. When
-the UDP socket is empty the loop sleeps in ``select`` on both sockets; when it is busy
-the control socket is still polled every :data:`CONTROL_EVERY` datagrams.
+One thread, the data-plane thread, owns the UDP socket and the pipeline. Datagrams are
+received into one preallocated buffer and handed to the pipeline as a memoryview; its
+:class:`Emit` payload (the pipeline's single output buffer) is sent to every destination
+before the next datagram is processed.
+
+The P4Runtime server (``p4runtime.py``) answers on gRPC's own threads; every access it
+makes to the pipeline is a callable put on a :class:`ControlQueue` and run by the
+data-plane thread between datagrams: when the UDP socket is empty it sleeps in ``select``
+on the socket and the queue's wake-up pipe, and when it is busy it runs the queue every
+:data:`CONTROL_EVERY` datagrams. No lock is taken per packet.
 """
 
 from __future__ import annotations
 
+import contextlib
 import logging
+import queue
 import selectors
 import signal
 import socket
+import threading
+from collections.abc import Callable
+from concurrent.futures import Future
 from types import FrameType, TracebackType
+from typing import Any, TypeVar
 
-from emulation.softswitch.control import ControlHandler, ControlServer
+from controller.p4info import P4Info
+from emulation.softswitch.p4runtime import (
+    SoftSwitchP4Runtime,
+    serve_p4runtime,
+    softswitch_p4info,
+)
 from emulation.softswitch.pcap import PcapWriter
 from emulation.softswitch.pipeline import Addr, Pipeline
 from hostlib.protocol import packet_size
 
-__all__ = ["CONTROL_EVERY", "SOCKET_BUFFER_BYTES", "SwitchServer"]
+__all__ = ["CONTROL_EVERY", "SOCKET_BUFFER_BYTES", "ControlQueue", "SwitchServer"]
 
 log = logging.getLogger(__name__)
 
+T = TypeVar("T")
+
 CONTROL_EVERY = 1024
-"""Datagrams processed between two zero-timeout control polls while the data plane is
+"""Datagrams processed between two runs of the control queue while the data plane is
 busy: at ~10 us per datagram that bounds control latency to ~10 ms."""
 
 SOCKET_BUFFER_BYTES = 8 << 20
 """Requested SO_RCVBUF/SO_SNDBUF: a burst of N workers x window packets must queue while
 Python processes one datagram at a time (Linux caps it at net.core.rmem_max)."""
 
+CONTROL_TIMEOUT = 30.0
+"""Seconds a control request waits for the data-plane thread before failing."""
+
 _MAX_DATAGRAM = 65536  # larger than any UDP payload, so recvfrom_into never truncates
 
 
+class ControlQueue:
+    """Callables from other threads, run on the data-plane thread by :meth:`run_pending`.
+
+    :meth:`call` blocks its caller until the callable has run there and returns its
+    result (or raises its exception). A socketpair wakes the data-plane thread's
+    ``select`` when a callable arrives.
+    """
+
+    def __init__(self) -> None:
+        self._pending: queue.SimpleQueue[tuple[Callable[[], Any], Future[Any]]] = (
+            queue.SimpleQueue()
+        )
+        self._wake_r, self._wake_w = socket.socketpair()
+        self._wake_r.setblocking(False)
+        self._wake_w.setblocking(False)
+        self._owner: int | None = None
+
+    def bind_thread(self) -> None:
+        """Make the calling thread the one that runs callables (direct calls from it)."""
+        self._owner = threading.get_ident()
+
+    def release_thread(self) -> None:
+        """No thread serves the queue any more: callers run their callables directly."""
+        self._owner = None
+        self.run_pending()
+
+    def fileno(self) -> int:
+        return self._wake_r.fileno()
+
+    def call(self, fn: Callable[[], T], timeout: float = CONTROL_TIMEOUT) -> T:
+        """Run ``fn`` on the data-plane thread and return its result.
+
+        Raises:
+            TimeoutError: the data-plane thread did not run it within ``timeout``.
+            Exception: whatever ``fn`` raised.
+        """
+        if self._owner is None or self._owner == threading.get_ident():
+            return fn()  # not serving yet (start-up), or already on the owning thread
+        future: Future[T] = Future()
+        self._pending.put((fn, future))
+        # A full pipe already holds wake-ups: the thread will look.
+        with contextlib.suppress(BlockingIOError):
+            self._wake_w.send(b"x")
+        return future.result(timeout)
+
+    def run_pending(self) -> None:
+        """Run every queued callable (on the data-plane thread)."""
+        with contextlib.suppress(BlockingIOError):
+            while self._wake_r.recv(4096):
+                pass
+        while True:
+            try:
+                fn, future = self._pending.get_nowait()
+            except queue.Empty:
+                return
+            if not future.set_running_or_notify_cancel():
+                continue
+            try:
+                future.set_result(fn())
+            except BaseException as exc:  # handed to the caller, who raises it
+                future.set_exception(exc)
+
+    def close(self) -> None:
+        self._wake_r.close()
+        self._wake_w.close()
+
+
 class SwitchServer:
-    """Run ``pipeline`` on a UDP data socket and a TCP control socket, single-threaded.
+    """Run ``pipeline`` on a UDP data socket, configured by a P4Runtime gRPC server.
 
     Args:
-        pipeline: the data plane.
+        pipeline: the data plane (no job installed: P4Runtime writes them).
         data_addr: UDP ``(host, port)`` to bind; port 0 picks a free one.
-        control_addr: TCP ``(host, port)`` of the control channel; port 0 picks one.
+        p4runtime_addr: gRPC ``(host, port)`` of the P4Runtime server; port 0 picks one.
+        p4info: the P4Info to serve; by default ``p4/ina.p4info.txtpb`` sized to the
+            pipeline (:func:`softswitch_p4info`).
+        device_id: the P4Runtime device id.
         poll_interval: seconds to wait in ``select`` when idle (bounds stop latency).
         pcap: where to record every datagram received and sent (none by default); the
             server closes it.
@@ -54,24 +145,32 @@ class SwitchServer:
         self,
         pipeline: Pipeline,
         data_addr: Addr,
-        control_addr: Addr,
+        p4runtime_addr: Addr,
+        p4info: P4Info | None = None,
+        device_id: int = 0,
         poll_interval: float = 0.05,
         pcap: PcapWriter | None = None,
     ) -> None:
         self.pipeline = pipeline
         self.poll_interval = poll_interval
+        self.device_id = device_id
         self.stats: dict[str, int] = {"send_errors": 0}
         self._stop = False
+        self.control = ControlQueue()
+        p4info = p4info or softswitch_p4info(P4Info.load(), pipeline.lanes, pipeline.slots)
+        self.p4runtime = SoftSwitchP4Runtime(pipeline, p4info, device_id, self.control.call)
         self._udp = _bind_udp(data_addr)
+        host = p4runtime_addr[0]
         try:
-            handler = ControlHandler(pipeline, self.stats, self.request_stop)
-            self.control = ControlServer(handler, control_addr)
+            self._grpc, port = serve_p4runtime(self.p4runtime, f"{host}:{p4runtime_addr[1]}")
         except BaseException:
             self._udp.close()
+            self.control.close()
             raise
+        self._p4runtime_addr = (host, port)
         self._selector = selectors.DefaultSelector()
         self._selector.register(self._udp, selectors.EVENT_READ, None)
-        self.control.attach(self._selector)
+        self._selector.register(self.control, selectors.EVENT_READ, self.control)
         self._buf = bytearray(_MAX_DATAGRAM)
         self._view = memoryview(self._buf)
         # The one datagram size that is valid: a ready-made view avoids a slice per packet.
@@ -86,8 +185,9 @@ class SwitchServer:
         return host, port
 
     @property
-    def control_addr(self) -> Addr:
-        return self.control.address
+    def p4runtime_addr(self) -> Addr:
+        """The gRPC ``(host, port)`` of the P4Runtime server."""
+        return self._p4runtime_addr
 
     def __enter__(self) -> SwitchServer:
         return self
@@ -131,20 +231,25 @@ class SwitchServer:
         Returns:
             the final counters (also logged).
         """
-        log.info("switch serving data %s control %s", self.data_addr, self.control_addr)
+        log.info("switch serving data %s p4runtime %s", self.data_addr, self.p4runtime_addr)
+        self.control.bind_thread()
         while not self._stop:
-            if self._drain() == CONTROL_EVERY:
-                self._poll(0.0)  # still busy: look at control without waiting
-            else:
-                self._poll(self.poll_interval)  # UDP socket empty: sleep until traffic
+            busy = self._drain() == CONTROL_EVERY
+            # After the datagrams queued so far: a counter read sees what was sent before.
+            self.control.run_pending()
+            if not busy:
+                self._selector.select(self.poll_interval)  # sleep until traffic or control
+        self.control.release_thread()
         final = self.counters()
         log.info("switch stopped; counters %s", final)
         return final
 
     def close(self) -> None:
-        """Close both sockets (flushing pending control replies); idempotent."""
+        """Stop the P4Runtime server and close the sockets; idempotent."""
         if self._udp.fileno() < 0:
             return
+        self._grpc.stop(grace=1.0).wait()
+        self.control.run_pending()  # nobody waits on these any more, but let them finish
         self.control.close()
         if self.pcap is not None:
             self.pcap.close()
@@ -186,11 +291,6 @@ class SwitchServer:
         # worker's retransmission recovers it, as with a lost packet on a real link.
         self.stats["send_errors"] += 1
         log.debug("sendto %s failed: %s", dest, exc)
-
-    def _poll(self, timeout: float) -> None:
-        for key, mask in self._selector.select(timeout):
-            if isinstance(key.data, ControlServer):
-                key.data.service(key, mask)
 
 
 def _bind_udp(addr: Addr) -> socket.socket:

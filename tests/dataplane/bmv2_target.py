@@ -4,14 +4,14 @@ Selected only where ``simple_switch_grpc`` is on PATH (tests marked ``bmv2``). E
 port ``p`` is a veth pair: bmv2 owns one end as its port ``p``, the test sends and
 receives Ethernet/IPv4/UDP frames on the other with a raw socket, built from the port's
 identity (:func:`runner.port_identity`). The INA datagram of a vector step is the frame's
-UDP payload. The switch is configured through the P4Runtime controller (``controller/``);
-until that exists, :meth:`Bmv2Target.configure` raises :class:`runner.TargetUnavailable`
-and the tests skip with that reason before anything is started.
+UDP payload. The switch is configured as the soft switch is, by the controller
+(``controller.switch.SwitchController``): pipeline push and tables over P4Runtime,
+registers (the drop simulator's, slot clearing) over bmv2's Thrift server, which its
+P4Runtime server cannot replace for registers.
 """
 
 from __future__ import annotations
 
-import importlib.util
 import os
 import shutil
 import socket
@@ -33,6 +33,9 @@ from runner import (
     port_identity,
 )
 
+from controller.forwarder import HostRoute
+from controller.p4info import P4Info
+from controller.switch import SwitchController, WorkerAddress
 from hostlib.protocol import INA_UDP_PORT
 
 REPO = Path(__file__).resolve().parents[2]
@@ -60,21 +63,50 @@ class Bmv2Control(Protocol):
     def close(self) -> None: ...
 
 
-def control_factory() -> Callable[[str], Bmv2Control]:
-    """What connects a :class:`Bmv2Control` to the switch at a gRPC address.
+class _ControllerAdapter:
+    """:class:`Bmv2Control` over :class:`controller.switch.SwitchController`."""
 
-    Raises:
-        TargetUnavailable: the controller package has no P4Runtime client yet, or this
-            module has no adapter over it yet; either way before anything is started.
-    """
-    if importlib.util.find_spec("controller.client") is None:
-        raise TargetUnavailable(
-            "needs the P4Runtime controller (controller/): controller.client does not exist yet"
+    def __init__(self, grpc_address: str, thrift_address: str) -> None:
+        self.grpc_address = grpc_address
+        self.thrift_address = thrift_address
+        self._ctl: SwitchController | None = None
+
+    def push_pipeline(self, p4info: Path, bmv2_json: Path) -> None:
+        pipeline = (P4Info.load(p4info), bmv2_json.read_bytes())
+        self._ctl = SwitchController.connect(
+            self.grpc_address, pipeline=pipeline, thrift=self.thrift_address
         )
-    raise TargetUnavailable(
-        "controller.client exists but bmv2_target.control_factory has no adapter over it "
-        "yet (implement the Bmv2Control protocol) to run the vectors on bmv2"
-    )
+
+    def set_switch_identity(self, mac: str, ip: str, udp_port: int) -> None:
+        """Nothing to write: next_step.p4 answers from the address the worker sent to."""
+
+    def add_job(self, job: Job, workers: list[PortIdentity]) -> None:
+        addrs = [WorkerAddress(w.ip, w.udp_port, w.mac, w.port) for w in workers]
+        self._require().add_job(job.job_id, addrs, job.slot_count)
+
+    def add_host_route(self, host: PortIdentity) -> None:
+        self._require().forwarder.add_host(HostRoute(host.mac, host.port))
+
+    def set_drops(self, ingress: float, egress: float) -> None:
+        self._require().set_drops(ingress, egress)
+
+    def counters(self) -> dict[str, int]:
+        return self._require().counters()
+
+    def close(self) -> None:
+        if self._ctl is not None:
+            self._ctl.close()
+            self._ctl = None
+
+    def _require(self) -> SwitchController:
+        if self._ctl is None:
+            raise RuntimeError("push the pipeline first")
+        return self._ctl
+
+
+def control_factory() -> Callable[[str, str], Bmv2Control]:
+    """What connects a :class:`Bmv2Control` to the switch's gRPC and Thrift addresses."""
+    return _ControllerAdapter
 
 
 class Bmv2Target:
@@ -98,9 +130,9 @@ class Bmv2Target:
         connect = control_factory()
         _prerequisites()
         bmv2_json = _compile(run_dir)
-        grpc_port = _free_tcp_port()
-        self._start(vector, run_dir, grpc_port)
-        self._control = connect(f"127.0.0.1:{grpc_port}")
+        grpc_port, thrift_port = _free_tcp_port(), _free_tcp_port()
+        self._start(vector, run_dir, grpc_port, thrift_port)
+        self._control = connect(f"127.0.0.1:{grpc_port}", f"127.0.0.1:{thrift_port}")
         self._control.push_pipeline(P4INFO, bmv2_json)
         self._control.set_switch_identity(SWITCH_MAC, SWITCH_IP, INA_UDP_PORT)
         for port in vector.ports:
@@ -165,7 +197,7 @@ class Bmv2Target:
             subprocess.run(["ip", "link", "del", name], check=False, capture_output=True)
         self._veths.clear()
 
-    def _start(self, vector: Vector, run_dir: Path, grpc_port: int) -> None:
+    def _start(self, vector: Vector, run_dir: Path, grpc_port: int, thrift_port: int) -> None:
         tag = f"iv{os.getpid() % 100000}"
         interfaces = []
         for port in vector.ports:
@@ -183,6 +215,7 @@ class Bmv2Target:
         self._log = run_dir / f"bmv2-{vector.name}.log"
         argv = [
             "simple_switch_grpc", "--device-id", "0", *interfaces, "--no-p4",
+            "--thrift-port", str(thrift_port),
             "--", "--grpc-server-addr", f"127.0.0.1:{grpc_port}",
         ]  # fmt: skip
         with self._log.open("wb") as log:

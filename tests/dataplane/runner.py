@@ -24,7 +24,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, NamedTuple, Protocol
 
-from emulation.softswitch import JobConfig, SoftSwitchProcess
+from controller.switch import SwitchController, WorkerAddress
+from emulation.softswitch import SoftSwitchProcess
 from hostlib.protocol import (
     EXPONENT_MIN,
     HEADER,
@@ -516,23 +517,24 @@ class SoftSwitchTarget:
 
     def __init__(self) -> None:
         self._switch: SoftSwitchProcess | None = None
+        self._ctl: SwitchController | None = None
         self._socks: dict[int, socket.socket] = {}
         self._sent = 0
 
     def configure(self, vector: Vector, run_dir: Path) -> None:
-        ingress, egress = vector.drops
         self._switch = SoftSwitchProcess(
-            run_dir, name=f"switch-{vector.name}", lanes=vector.lanes, slots=SOFT_SLOTS,
-            drop_ingress=ingress, drop_egress=egress,
-        ).start()  # fmt: skip
+            run_dir, name=f"switch-{vector.name}", lanes=vector.lanes, slots=SOFT_SLOTS
+        ).start()
         for port in vector.ports:
             sock = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
             sock.bind(("127.0.0.1", 0))
             self._socks[port] = sock
-        with self._switch.control() as ctl:
-            for job in vector.jobs:
-                addrs = tuple(self._socks[p].getsockname() for p in job.workers)
-                ctl.add_job(JobConfig(job.job_id, addrs, job.slot_count))
+        # Configured as bmv2 is: P4Runtime writes from the controller.
+        self._ctl = ctl = self._switch.controller()
+        ctl.set_drops(*vector.drops)
+        for job in vector.jobs:
+            addrs = [WorkerAddress(*self._socks[p].getsockname()) for p in job.workers]
+            ctl.add_job(job.job_id, addrs, job.slot_count)
 
     def send(self, port: int, payload: bytes, to: Forward | None) -> None:
         if to is not None:
@@ -553,30 +555,35 @@ class SoftSwitchTarget:
 
     def set_drops(self, ingress: float, egress: float) -> None:
         self.counters()  # settle: the new rates must not reach datagrams sent before
-        with self._require_switch().control() as ctl:
-            ctl.set_drops(ingress, egress)
+        self._require_ctl().set_drops(ingress, egress)
 
     def counters(self) -> dict[str, int]:
         # Settle first: a control request may overtake datagrams still queued at the switch.
         deadline = time.monotonic() + self._SETTLE_SECONDS
-        with self._require_switch().control() as ctl:
-            while (c := ctl.counters())["received"] < self._sent:
-                if time.monotonic() > deadline:
-                    raise VectorFailure(
-                        f"switch received {c['received']} of {self._sent} datagrams"
-                    )
-                time.sleep(0.005)
+        ctl = self._require_ctl()
+        while (c := ctl.counters())["received"] < self._sent:
+            if time.monotonic() > deadline:
+                raise VectorFailure(f"switch received {c['received']} of {self._sent} datagrams")
+            time.sleep(0.005)
         return {k: v for k, v in c.items() if k in COUNTERS}
 
     def close(self) -> None:
         for sock in self._socks.values():
             sock.close()
         self._socks.clear()
+        if self._ctl is not None:
+            self._ctl.close()
+            self._ctl = None
         if self._switch is not None:
             code = self._switch.stop()
             log_path, self._switch = self._switch.log_path, None
             if code != 0:
                 raise VectorFailure(f"soft switch exited with status {code}; log {log_path}")
+
+    def _require_ctl(self) -> SwitchController:
+        if self._ctl is None:
+            raise RuntimeError("target not configured")
+        return self._ctl
 
     def _require_switch(self) -> SoftSwitchProcess:
         if self._switch is None:

@@ -1,6 +1,6 @@
 """Every data-plane vector on every target: the soft switch always, bmv2 where it exists.
 
-A target that cannot run here (bmv2 without its controller, a vector for another target)
+A target that cannot run here (no simple_switch_grpc or p4c, a vector for another target)
 skips with its reason; a vector whose expectation fails names its file and step.
 """
 

@@ -1,26 +1,29 @@
 """INA allreduce over real UDP: a soft switch process and worker sessions in threads.
 
 Each worker is an :class:`InaSession` on its own :class:`UdpTransport` (127.0.0.1, a
-kernel-chosen port); the job is installed through the switch's control channel with the
-workers' addresses in rank order. Results are compared bit for bit with references
+kernel-chosen port); the job is installed over P4Runtime by the controller library with
+the workers' addresses in rank order. Results are compared bit for bit with references
 computed without the engine or the switch (``helpers.expected``).
 """
 
 from __future__ import annotations
 
+import functools
 import itertools
 import socket
 import threading
 import time
 from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import pytest
-from helpers import assert_within_bound, expected, random_inputs
+from helpers import assert_within_bound, expected, random_inputs, worker_addresses
 
-from emulation.softswitch import JobConfig, SoftSwitchProcess, SwitchControl
+from controller.switch import SwitchController
+from emulation.softswitch import SoftSwitchProcess
 from hostlib import InaError, InaSession, InaTimeoutError, JobSpec, RetryPolicy
 from hostlib.protocol import MAX_SLOT, Header, PacketType, pack_header
 from hostlib.transport.udp import UdpTransport
@@ -33,22 +36,47 @@ _job_ids = itertools.count(100)
 
 
 # ----------------------------------------------------------------- fixtures and drivers
-def start_switch(run_dir: Path, lanes: int, **options: Any) -> SoftSwitchProcess:
-    return SoftSwitchProcess(run_dir, lanes=lanes, slots=1024, **options).start()
+@dataclass
+class Switch:
+    """A running switch process and its (primary) controller."""
+
+    proc: SoftSwitchProcess
+    ctl: SwitchController
+
+    @property
+    def data_addr(self) -> tuple[str, int]:
+        return self.proc.data_addr
+
+    def stop(self) -> int | None:
+        """Close the controller, then stop the process; return its exit status."""
+        try:
+            self.ctl.close()
+        finally:
+            code = self.proc.stop()
+        return code
+
+
+def start_switch(run_dir: Path, lanes: int, **options: Any) -> Switch:
+    proc = SoftSwitchProcess(run_dir, lanes=lanes, slots=1024, **options).start()
+    try:
+        return Switch(proc, proc.controller())
+    except BaseException:
+        proc.stop()
+        raise
 
 
 @pytest.fixture(scope="module")
-def small_switch(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SoftSwitchProcess]:
+def small_switch(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Switch]:
     sw = start_switch(tmp_path_factory.mktemp("small"), SMALL_LANES)
     yield sw
-    assert sw.stop() == 0, sw.log_path.read_text()
+    assert sw.stop() == 0, sw.proc.log_path.read_text()
 
 
 @pytest.fixture(scope="module")
-def big_switch(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SoftSwitchProcess]:
+def big_switch(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Switch]:
     sw = start_switch(tmp_path_factory.mktemp("big"), BIG_LANES)
     yield sw
-    assert sw.stop() == 0, sw.log_path.read_text()
+    assert sw.stop() == 0, sw.proc.log_path.read_text()
 
 
 class UdpJob:
@@ -56,7 +84,7 @@ class UdpJob:
 
     def __init__(
         self,
-        switch: SoftSwitchProcess,
+        switch: Switch,
         workers: int,
         policy: RetryPolicy | None = None,
         slots: int = SLOTS,
@@ -64,10 +92,10 @@ class UdpJob:
         self.job_id = next(_job_ids)
         self.switch = switch
         self.transports = [UdpTransport(("127.0.0.1", 0)) for _ in range(workers)]
-        addrs = tuple(t.local_addr for t in self.transports)
-        with switch.control() as ctl:
-            ctl.add_job(JobConfig(self.job_id, addrs, slots))
-        lanes = switch.ready_info["lanes"]
+        addrs = worker_addresses(t.local_addr for t in self.transports)
+        switch.ctl.add_job(self.job_id, addrs, slots)
+        lanes = switch.ctl.lanes
+        assert lanes == switch.proc.ready_info["lanes"]
         self.sessions = [
             InaSession(JobSpec(self.job_id, r, workers, switch.data_addr, lanes, slots), t, policy)
             for r, t in enumerate(self.transports)
@@ -76,9 +104,8 @@ class UdpJob:
     def close(self) -> None:
         for s in self.sessions:
             s.close()
-        if self.switch.is_running():
-            with self.switch.control() as ctl:
-                ctl.remove_job(self.job_id)
+        if self.switch.proc.is_running():
+            self.switch.ctl.remove_job(self.job_id)
 
     def calls(self, inputs_per_call: Sequence[np.ndarray]) -> list[Callable[[], Any]]:
         """One thread body per rank: make every call in order, return the results."""
@@ -86,14 +113,14 @@ class UdpJob:
         def body(rank: int) -> list[np.ndarray]:
             return [self.sessions[rank].allreduce(x[rank]) for x in inputs_per_call]
 
-        return [lambda r=r: body(r) for r in range(len(self.sessions))]
+        return [functools.partial(body, r) for r in range(len(self.sessions))]
 
 
 @pytest.fixture
 def jobs() -> Iterator[Callable[..., UdpJob]]:
     made: list[UdpJob] = []
 
-    def make(switch: SoftSwitchProcess, workers: int, **kwargs: Any) -> UdpJob:
+    def make(switch: Switch, workers: int, **kwargs: Any) -> UdpJob:
         made.append(UdpJob(switch, workers, **kwargs))
         return made[-1]
 
@@ -149,7 +176,7 @@ def make_calls(seed: int, workers: int, plan: Sequence[tuple[type, int]]) -> lis
 @pytest.mark.parametrize("dtype", [np.int32, np.float32])
 @pytest.mark.parametrize("workers", [2, 4, 8])
 def test_allreduce_sizes_from_one_element(
-    small_switch: SoftSwitchProcess, jobs: Callable[..., UdpJob], workers: int, dtype: type
+    small_switch: Switch, jobs: Callable[..., UdpJob], workers: int, dtype: type
 ) -> None:
     lanes = SMALL_LANES
     sizes = [1, lanes - 1, lanes, lanes + 1, 1000, 3 * SLOTS * lanes + 17, 7]
@@ -170,7 +197,7 @@ def test_allreduce_sizes_from_one_element(
     ],
 )
 def test_allreduce_up_to_16_mib(
-    big_switch: SoftSwitchProcess,
+    big_switch: Switch,
     jobs: Callable[..., UdpJob],
     dtype: type,
     workers: int,
@@ -182,9 +209,7 @@ def test_allreduce_up_to_16_mib(
 
 
 @pytest.mark.timeout(60)
-def test_torch_tensors_in_and_out(
-    small_switch: SoftSwitchProcess, jobs: Callable[..., UdpJob]
-) -> None:
+def test_torch_tensors_in_and_out(small_switch: Switch, jobs: Callable[..., UdpJob]) -> None:
     torch = pytest.importorskip("torch")
     rng = np.random.default_rng(9)
     floats = random_inputs(rng, np.float32, 2, 3 * 70).reshape(2, 3, 70)
@@ -201,7 +226,9 @@ def test_torch_tensors_in_and_out(
         z = session.allreduce(t, inplace=True)
         return x, y, t, z
 
-    for rank, (x, y, t, z) in enumerate(values(in_threads([lambda r=r: body(r) for r in (0, 1)]))):
+    for rank, (x, y, t, z) in enumerate(
+        values(in_threads([functools.partial(body, r) for r in (0, 1)]))
+    ):
         assert isinstance(y, torch.Tensor) and y.dtype == torch.float32 and y.shape == (3, 70)
         np.testing.assert_array_equal(y.numpy(), want_f)
         np.testing.assert_array_equal(x.numpy(), floats[rank])  # not in place: untouched
@@ -212,7 +239,7 @@ def test_torch_tensors_in_and_out(
 # ----------------------------------------------------------------- loss
 @pytest.mark.timeout(120)
 def test_switch_drops_ten_percent_each_way_and_results_stay_identical(
-    tmp_path: Path, small_switch: SoftSwitchProcess, jobs: Callable[..., UdpJob]
+    tmp_path: Path, small_switch: Switch, jobs: Callable[..., UdpJob]
 ) -> None:
     plan = [(np.int32, 5000), (np.float32, 3001), (np.float32, 1), (np.int32, 64 * SLOTS + 1)]
     calls = make_calls(21, 4, plan)
@@ -222,8 +249,8 @@ def test_switch_drops_ten_percent_each_way_and_results_stay_identical(
     try:
         job = jobs(lossy_switch, 4)
         lossy = values(in_threads(job.calls(calls)))
-        with lossy_switch.control() as ctl:
-            counters = ctl.counters()
+        assert lossy_switch.ctl.drop_simulator.get() == pytest.approx((0.1, 0.1), abs=2**-31)
+        counters = lossy_switch.ctl.counters()
     finally:
         assert lossy_switch.stop() == 0
     for rank_lossy, rank_lossless in zip(lossy, lossless, strict=True):
@@ -246,9 +273,8 @@ def test_two_concurrent_jobs_ignore_packets_forged_for_each_other(
     sw = start_switch(tmp_path, SMALL_LANES)
     try:
         a, b = jobs(sw, 3, slots=16), jobs(sw, 2, slots=16)
-        with sw.control() as ctl:
-            bases = {j.job_id: j.slot_base for j in ctl.jobs()}
-            before = ctl.counters()
+        bases = {j.job_id: j.entry.slot_base for j in sw.ctl.installed_jobs()}
+        before = sw.ctl.counters()
         assert bases[b.job_id] == bases[a.job_id] + 16  # a's slot 16 would be b's slot 0
         calls_a = make_calls(1, 3, [(np.float32, 4000), (np.int32, 3000), (np.float32, 70)])
         calls_b = make_calls(2, 2, [(np.int32, 5000), (np.float32, 2500), (np.int32, 3)])
@@ -279,8 +305,7 @@ def test_two_concurrent_jobs_ignore_packets_forged_for_each_other(
         stranger.close()
         check_calls(results[:3], calls_a, SMALL_LANES)
         check_calls(results[3:5], calls_b, SMALL_LANES)
-        with sw.control() as ctl:
-            after = ctl.counters()
+        after = sw.ctl.counters()
     finally:
         assert sw.stop() == 0
     for name, count in forged.items():
@@ -293,7 +318,7 @@ DEADLINE = 1.0
 
 @pytest.mark.timeout(60)
 def test_a_stopped_worker_times_its_peers_out_and_the_switch_serves_on(
-    small_switch: SoftSwitchProcess, jobs: Callable[..., UdpJob]
+    small_switch: Switch, jobs: Callable[..., UdpJob]
 ) -> None:
     policy = RetryPolicy(deadline=DEADLINE)
     silent = jobs(small_switch, 3, policy=policy)  # rank 2 never calls
@@ -337,9 +362,8 @@ def test_a_stopped_worker_times_its_peers_out_and_the_switch_serves_on(
 
 
 # ----------------------------------------------------------------- bad input
-def test_session_rejects_bad_input_before_sending(small_switch: SoftSwitchProcess) -> None:
-    with SwitchControl(small_switch.control_addr) as ctl:
-        sent_before = ctl.counters()["received"]
+def test_session_rejects_bad_input_before_sending(small_switch: Switch) -> None:
+    sent_before = small_switch.ctl.counters()["received"]
     with UdpTransport() as transport:
         spec = JobSpec(next(_job_ids), 0, 2, small_switch.data_addr, SMALL_LANES, SLOTS)
         session = InaSession(spec, transport)
@@ -352,5 +376,4 @@ def test_session_rejects_bad_input_before_sending(small_switch: SoftSwitchProces
         with pytest.raises(ValueError, match="NaN or infinity"):
             session.allreduce(bad)
         assert session.next_seq == 1 and not session.uses.any()  # still usable
-    with SwitchControl(small_switch.control_addr) as ctl:
-        assert ctl.counters()["received"] == sent_before
+    assert small_switch.ctl.counters()["received"] == sent_before

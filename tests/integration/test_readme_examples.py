@@ -17,7 +17,7 @@ def examples() -> dict[str, str]:
 
 
 def test_readme_has_examples() -> None:
-    assert "pcap" in examples()
+    assert {"pcap", "ctl"} <= set(examples())
 
 
 @pytest.mark.timeout(300)
@@ -34,3 +34,22 @@ def test_pcap_example_dissects_the_switch_capture(tmp_path: Path) -> None:
     lines = [line for line in proc.stdout.splitlines() if " / INA " in line]
     assert len(lines) == 8, proc.stdout
     assert "INA DATA job=1" in lines[0], lines[0]
+
+
+@pytest.mark.timeout(120)
+def test_ctl_example_installs_reads_and_removes_a_job(tmp_path: Path) -> None:
+    proc = subprocess.run(
+        ["bash", "-euo", "pipefail", "-c", examples()["ctl"]],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=100,
+        check=False,
+    )
+    assert proc.returncode == 0, proc.stderr
+    out = proc.stdout
+    assert "job 1: 2 workers, slots 0+16" in out
+    assert "0=127.0.0.1:40001, 1=127.0.0.1:40002" in out
+    assert "set 0: bitmap 00 ranks [] remaining 0 seq 0" in out
+    assert "ingress 0.01 egress 0" in out
+    assert "job 1 removed" in out

@@ -8,11 +8,11 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from helpers import bound_udp_sockets
+from helpers import bound_udp_sockets, worker_addresses
 from scapy.layers.inet import IP, UDP
 from scapy.utils import rdpcap
 
-from emulation.softswitch import JobConfig, SoftSwitchProcess
+from emulation.softswitch import SoftSwitchProcess
 from emulation.softswitch.pcap import PcapWriter
 from hostlib.protocol import HEADER_SIZE, Header, PacketType, pack_header
 from hostlib.scapy_layer import INA, bind_port
@@ -35,8 +35,8 @@ def _contribute(sw: SoftSwitchProcess, sock: socket.socket, rank: int) -> None:
 def _run_switch(run_dir: Path, workers: list[socket.socket], *options: str) -> None:
     with SoftSwitchProcess(run_dir, lanes=LANES, slots=8, extra_args=options) as sw:
         bind_port(sw.data_addr[1])  # the switch runs on a free port, not INA_UDP_PORT
-        with sw.control() as ctl:
-            ctl.add_job(JobConfig(JOB, tuple(s.getsockname() for s in workers), 4))
+        with sw.controller() as ctl:
+            ctl.add_job(JOB, worker_addresses(s.getsockname() for s in workers), 4)
         for rank, sock in enumerate(workers):
             _contribute(sw, sock, rank)
         for sock in workers:

@@ -1,4 +1,4 @@
-"""The soft switch as a process: real UDP data plane, JSON-lines control, lifecycle."""
+"""The soft switch as a process: real UDP data plane, P4Runtime control, lifecycle."""
 
 from __future__ import annotations
 
@@ -7,21 +7,31 @@ import os
 import socket
 import subprocess
 import sys
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import numpy as np
 import pytest
-from helpers import bound_udp_sockets
+from helpers import bound_udp_sockets, worker_addresses
+from p4.v1 import p4runtime_pb2
 
-from emulation.softswitch import (
-    ErrorKind,
-    JobConfig,
-    SoftSwitchProcess,
-    SwitchControl,
-    SwitchControlError,
-    SwitchStartError,
+from controller.client import (
+    AlreadyExistsError,
+    InvalidArgumentError,
+    NotFoundError,
+    NotPrimaryError,
+    SwitchUnreachableError,
 )
+from controller.entries import insert, table_entry
+from controller.switch import (
+    InstalledJob,
+    JobExistsError,
+    JobNotFoundError,
+    NoFreeSlotsError,
+    SwitchController,
+    WorkerAddress,
+)
+from emulation.softswitch import SoftSwitchProcess, SwitchStartError
 from emulation.softswitch.loadgen import run_switch_only
 from hostlib.protocol import HEADER_SIZE, Header, PacketType, pack_header, unpack_header
 
@@ -37,8 +47,8 @@ def switch(tmp_path: Path) -> Iterator[SoftSwitchProcess]:
 
 
 @pytest.fixture
-def ctl(switch: SoftSwitchProcess) -> Iterator[SwitchControl]:
-    with switch.control() as c:
+def ctl(switch: SoftSwitchProcess) -> Iterator[SwitchController]:
+    with switch.controller() as c:
         yield c
 
 
@@ -48,8 +58,12 @@ def workers() -> Iterator[list[socket.socket]]:
         yield socks
 
 
-def job_of(socks: list[socket.socket], slot_count: int = 8) -> JobConfig:
-    return JobConfig(JOB, tuple(s.getsockname() for s in socks), slot_count)
+def addrs_of(socks: list[socket.socket]) -> list[WorkerAddress]:
+    return worker_addresses(s.getsockname() for s in socks)
+
+
+def add_job(ctl: SwitchController, socks: list[socket.socket], slot_count: int = 8) -> InstalledJob:
+    return ctl.add_job(JOB, addrs_of(socks), slot_count)
 
 
 def send(
@@ -72,9 +86,9 @@ def assert_nothing_arrives(sock: socket.socket) -> None:
 
 # ----------------------------------------------------------------- data plane
 def test_aggregates_real_udp_packets(
-    switch: SoftSwitchProcess, ctl: SwitchControl, workers: list[socket.socket]
+    switch: SoftSwitchProcess, ctl: SwitchController, workers: list[socket.socket]
 ) -> None:
-    assert ctl.add_job(job_of(workers)) == 0
+    assert add_job(ctl, workers).entry.slot_base == 0
     for rank, sock in enumerate(workers):
         send(switch, sock, rank, 3, [rank, 10 * rank, -1, 2**31 - 1])
     for sock in workers:
@@ -89,16 +103,16 @@ def test_aggregates_real_udp_packets(
         assert values == [3, 30, -3, 2**31 - 3]  # int32 wrap: 3 x (2^31 - 1)
     c = ctl.counters()
     assert (c["received"], c["aggregated"], c["completed"], c["results_sent"]) == (3, 3, 1, 3)
-    assert c["send_errors"] == 0
+    assert sum(v for k, v in c.items() if k.startswith("drop_")) == 0
     st = ctl.read_slot(JOB, 3, 0)
-    assert (st.bitmap, st.other_bitmap, st.counter, st.exponent) == (0b111, 0, 0, 2)
-    assert st.values.tolist() == [3, 30, -3, 2**31 - 3]
+    assert (st.bitmap, st.other_bitmap, st.remaining, st.seq, st.exponent) == (0b111, 0, 0, 1003, 2)
+    assert st.values == (3, 30, -3, 2**31 - 3)
 
 
 def test_retransmit_after_completion_is_unicast(
-    switch: SoftSwitchProcess, ctl: SwitchControl, workers: list[socket.socket]
+    switch: SoftSwitchProcess, ctl: SwitchController, workers: list[socket.socket]
 ) -> None:
-    ctl.add_job(job_of(workers))
+    add_job(ctl, workers)
     for rank, sock in enumerate(workers):
         send(switch, sock, rank, 0, [1, 1, 1, 1])
     for sock in workers:
@@ -111,9 +125,9 @@ def test_retransmit_after_completion_is_unicast(
 
 
 def test_packets_from_an_unbound_socket_are_dropped(
-    switch: SoftSwitchProcess, ctl: SwitchControl, workers: list[socket.socket]
+    switch: SoftSwitchProcess, ctl: SwitchController, workers: list[socket.socket]
 ) -> None:
-    ctl.add_job(job_of(workers[:2]))
+    add_job(ctl, workers[:2])
     send(switch, workers[2], 0, 0, [1, 2, 3, 4])  # claims rank 0 from a foreign port
     send(switch, workers[0], 0, 0, [1, 2, 3, 4])
     send(switch, workers[1], 1, 0, [1, 1, 1, 1])
@@ -124,89 +138,166 @@ def test_packets_from_an_unbound_socket_are_dropped(
 
 
 def test_set_drops_applies_to_the_data_plane(
-    switch: SoftSwitchProcess, ctl: SwitchControl, workers: list[socket.socket]
+    switch: SoftSwitchProcess, ctl: SwitchController, workers: list[socket.socket]
 ) -> None:
-    ctl.add_job(job_of(workers[:1]))
-    ctl.set_drops(1.0, 0.0, seed=1)
+    add_job(ctl, workers[:1])
+    ctl.set_drops(1.0, 0.0)
+    assert ctl.drop_simulator.get() == (1.0, 0.0)
     send(switch, workers[0], 0, 0, [1, 2, 3, 4])
     assert_nothing_arrives(workers[0])
     ctl.set_drops(0.0, 0.0)
     send(switch, workers[0], 0, 0, [1, 2, 3, 4])
     assert receive(workers[0])[1] == [1, 2, 3, 4]
-    assert ctl.counters()["drop_sim_ingress"] == 1
+    c = ctl.counters()
+    assert (c["drop_sim_ingress"], c["received"], c["completed"]) == (1, 2, 1)
 
 
-# ----------------------------------------------------------------- control channel
-def test_job_table_over_control(ctl: SwitchControl, workers: list[socket.socket]) -> None:
-    job = job_of(workers, slot_count=5)
-    base = ctl.add_job(job)
-    assert ctl.jobs() == [JobConfig(JOB, job.workers, 5, base)]
-    assert ctl.add_job(JobConfig(JOB + 1, job.workers[:1], 3)) == 5
-    ctl.remove_job(JOB)
-    assert [j.job_id for j in ctl.jobs()] == [JOB + 1]
+# ----------------------------------------------------------------- control over P4Runtime
+def test_job_table_over_p4runtime(ctl: SwitchController, workers: list[socket.socket]) -> None:
+    addrs = addrs_of(workers)
+    installed = ctl.add_job(JOB, addrs, 5)
+    entry = installed.entry
+    assert (entry.job_id, entry.num_workers, entry.slot_base, entry.slot_count) == (JOB, 3, 0, 5)
+    assert [(w.rank, w.ip, w.udp_port) for w in installed.workers] == [
+        (r, a.ip, a.udp_port) for r, a in enumerate(addrs)
+    ]
+    assert ctl.installed_jobs() == [installed]  # read back from the switch's tables
+    assert ctl.job(JOB) == installed
+    second = ctl.add_job(JOB + 1, addrs[:1], 3)
+    assert second.entry.slot_base == 5
+    assert second.entry.mgid != entry.mgid
+    assert ctl.remove_job(JOB) == installed
+    assert [j.job_id for j in ctl.installed_jobs()] == [JOB + 1]
+    with pytest.raises(JobNotFoundError):
+        ctl.job(JOB)
+    # The freed range is reused: the lowest free one.
+    assert ctl.add_job(JOB + 2, addrs[1:], 4).entry.slot_base == 0
 
 
-def test_control_errors_are_typed(ctl: SwitchControl, workers: list[socket.socket]) -> None:
-    ctl.add_job(job_of(workers))
-    cases = [
-        (lambda: ctl.add_job(job_of(workers)), ErrorKind.JOB_TABLE, "already exists"),
-        (lambda: ctl.remove_job(99), ErrorKind.JOB_TABLE, "no job"),
-        (lambda: ctl.read_slot(JOB, 8, 0), ErrorKind.JOB_TABLE, "outside job"),
-        (lambda: ctl.set_drops(2.0, 0.0), ErrorKind.BAD_VALUE, "outside 0..1"),
-        (lambda: ctl.call("nope"), ErrorKind.UNKNOWN_OP, "unknown op"),
-        (lambda: ctl.call("remove_job", job_id="x"), ErrorKind.BAD_REQUEST, "job_id"),
+def test_controller_errors_are_typed(ctl: SwitchController, workers: list[socket.socket]) -> None:
+    ctl.add_job(JOB, addrs_of(workers), 8)
+    other = addrs_of(workers[:1])
+    cases: list[tuple[Callable[[], object], type[Exception], str]] = [
+        (lambda: ctl.add_job(JOB, other, 4), JobExistsError, "is installed"),
+        (lambda: ctl.remove_job(99), JobNotFoundError, "no job 99"),
+        (lambda: ctl.read_slot(99, 0, 0), JobNotFoundError, "no job 99"),
+        (lambda: ctl.read_slot(JOB, 8, 0), ValueError, "outside job"),
+        (lambda: ctl.read_slot(JOB, 0, 2), ValueError, "not 0 or 1"),
+        (lambda: ctl.set_drops(2.0, 0.0), ValueError, "outside 0..1"),
+        (lambda: ctl.add_job(2, other, 4, slot_base=6), NoFreeSlotsError, "not free"),
+        (lambda: ctl.add_job(2, other, 64 - 7), NoFreeSlotsError, "no free range"),
+        (lambda: ctl.add_job(2, other, 0), ValueError, "slot count"),
+        (lambda: ctl.add_job(2, other, 65), ValueError, "slot count"),
+        (lambda: ctl.add_job(2, [], 4), ValueError, "workers"),
+        (lambda: ctl.add_job(2, other * 2, 4), ValueError, "share one address"),
         (
-            lambda: ctl.call("add_job", job_id=2, workers=[["localhost", 1]], slot_count=1),
-            ErrorKind.BAD_REQUEST,
-            "not IPv4",
+            lambda: ctl.add_job(2, [WorkerAddress("localhost", 1)], 1),
+            ValueError,
+            "neither an IP address",
         ),
     ]
     for call, kind, match in cases:
-        with pytest.raises(SwitchControlError, match=match) as info:
+        with pytest.raises(kind, match=match):
             call()
-        assert info.value.kind == kind
-    assert len(ctl.jobs()) == 1  # the connection survives every error
+    # The connection survives every error, and no refused job left anything behind.
+    assert [j.job_id for j in ctl.installed_jobs()] == [JOB]
+    assert list(ctl.multicast.read()) == [ctl.job(JOB).entry.mgid]
+    assert ctl.drop_simulator.get() == (0.0, 0.0)
 
 
-def test_control_framing_over_a_raw_socket(switch: SoftSwitchProcess) -> None:
-    with socket.create_connection(switch.control_addr, timeout=5.0) as sock:
-        # Two requests in one segment, the second split across two sends.
-        sock.sendall(b'not json\n{"op": "jo')
-        sock.sendall(b'bs"}\n[1]\n')
-        stream = sock.makefile("rb")
-        replies = [json.loads(stream.readline()) for _ in range(3)]
-    assert [r["ok"] for r in replies] == [False, True, False]
-    assert replies[0]["kind"] == replies[2]["kind"] == "bad_json"
-    assert replies[1]["jobs"] == []
+def test_refused_writes_are_typed_by_status_code(ctl: SwitchController) -> None:
+    ctl.add_job(JOB, [WorkerAddress("127.0.0.1", 5000)], 4)
+    with pytest.raises(AlreadyExistsError, match="exists") as exists:
+        ctl.jobs.insert(ctl.job(JOB).entry)  # the raw table write under add_job's check
+    assert exists.value.details[0].index == 0
+    with pytest.raises(NotFoundError, match="no table"):
+        ctl.client.write([insert(p4runtime_pb2.TableEntry(table_id=0xDEAD))])
+    entry = table_entry(
+        ctl.p4info,
+        ctl.jobs.table.id,
+        {"job_id": JOB + 1},
+        "Ingress.jobs.set_job",
+        {"num_workers": 1, "slot_base": 10, "slot_count": 1, "mgid": 9},
+    )
+    del entry.match[:]
+    with pytest.raises(InvalidArgumentError, match="job_id missing"):
+        ctl.client.write([insert(entry)])
+    assert [j.job_id for j in ctl.installed_jobs()] == [JOB]  # and the connection survives
 
 
-def test_unreachable_control_port_is_a_transport_error() -> None:
+def test_a_backup_controller_reads_but_cannot_write(switch: SoftSwitchProcess) -> None:
+    with switch.controller(election_id=(0, 2)) as primary:
+        with switch.controller(election_id=(0, 1)) as backup:
+            assert primary.is_primary and not backup.is_primary
+            with pytest.raises(NotPrimaryError):
+                backup.add_job(JOB, [WorkerAddress("127.0.0.1", 5000)], 4)
+            with pytest.raises(NotPrimaryError):
+                backup.set_drops(0.5, 0.0)
+            assert backup.installed_jobs() == []  # reads are allowed
+            primary.add_job(JOB, [WorkerAddress("127.0.0.1", 5000)], 4)
+            assert [j.job_id for j in backup.installed_jobs()] == [JOB]
+        assert primary.drop_simulator.get() == (0.0, 0.0)
+
+
+def test_two_controllers_may_not_share_an_election_id(
+    switch: SoftSwitchProcess, ctl: SwitchController
+) -> None:
+    with pytest.raises(InvalidArgumentError, match="held by another controller"):
+        switch.controller(election_id=(0, 1), timeout=5.0)
+    assert ctl.is_primary
+    ctl.set_drops(0.25, 0.0)  # the first one is still the primary
+    assert ctl.drop_simulator.get() == (0.25, 0.0)
+
+
+def test_wrong_device_id_is_refused(tmp_path: Path) -> None:
+    with SoftSwitchProcess(tmp_path, extra_args=("--device-id", "7")) as sw:
+        assert sw.device_id == sw.ready_info["device_id"] == 7
+        with sw.controller() as c:
+            assert c.is_primary
+        with pytest.raises(NotFoundError, match="no device 0"):
+            SwitchController.connect(sw.p4runtime_address, device_id=0, timeout=5.0)
+    assert sw.returncode == 0
+
+
+def test_unreachable_p4runtime_port_is_a_transport_error() -> None:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
-        addr = s.getsockname()  # bound, never listening: connection refused
-        with pytest.raises(SwitchControlError) as info:
-            SwitchControl(addr, timeout=1.0)
-    assert info.value.kind == ErrorKind.TRANSPORT
+        host, port = s.getsockname()  # bound, never listening: connection refused
+        with pytest.raises(SwitchUnreachableError):
+            SwitchController.connect(f"{host}:{port}", timeout=1.0)
 
 
 # ----------------------------------------------------------------- lifecycle
 def test_ready_file_describes_the_running_switch(switch: SoftSwitchProcess) -> None:
     info = json.loads(switch.ready_path.read_text())
     assert info == switch.ready_info
+    assert set(info) == {"data", "p4runtime", "device_id", "pid", "lanes", "slots"}
     assert info["pid"] == switch.pid
     assert (info["lanes"], info["slots"]) == (LANES, 64)
+    assert info["device_id"] == switch.device_id == 0
     assert tuple(info["data"]) == switch.data_addr
     assert switch.data_addr[0] == "127.0.0.1"
+    host, _, port = info["p4runtime"].rpartition(":")
+    assert info["p4runtime"] == switch.p4runtime_address
+    assert host == "127.0.0.1" and int(port) > 0  # the kernel's choice, not port 0
+    with switch.controller() as c:  # the switch's program has the ready file's sizes
+        assert (c.lanes, c.slots_per_set) == (LANES, 64)
 
 
-def test_shutdown_op_stops_the_process(tmp_path: Path) -> None:
+@pytest.mark.timeout(60)
+def test_a_stopped_switch_refuses_controllers(tmp_path: Path) -> None:
     sw = SoftSwitchProcess(tmp_path).start()
+    address, device_id = sw.p4runtime_address, sw.device_id
     try:
-        with sw.control() as c:
-            c.shutdown()
-        assert sw.wait(10.0) == 0
+        with sw.controller() as c:
+            c.counters()
+            assert sw.stop() == 0
+            with pytest.raises(SwitchUnreachableError):
+                c.counters()  # the connection it held is gone
     finally:
         sw.stop()
+    with pytest.raises(SwitchUnreachableError):  # nothing listens: fails in the timeout
+        SwitchController.connect(address, device_id=device_id, timeout=1.0)
     assert "switch stopped; counters" in sw.log_path.read_text()
 
 
@@ -231,27 +322,45 @@ def test_start_failure_names_the_log(tmp_path: Path) -> None:
     assert not sw.is_running()
 
 
+CLI = [
+    sys.executable, "-m", "emulation.softswitch.cli",
+    "--listen", "127.0.0.1:0", "--p4runtime", "127.0.0.1:0",
+]  # fmt: skip
+
+
 @pytest.mark.parametrize(
     "argv",
     [
         ["--listen", "nonsense"],
+        ["--listen", "127.0.0.1:65536"],
+        ["--p4runtime", "nonsense"],
+        ["--p4runtime", ":9559"],
+        ["--device-id", "-1"],
         ["--lanes", "0"],
+        ["--lanes", "2049"],
+        ["--slots", "0"],
         ["--drop-ingress", "1.5"],
-        ["--job", "1:4:localhost:80"],
-        ["--job", "1:4:127.0.0.1:80,127.0.0.1:80"],
+        ["--drop-egress", "-0.5"],
+        ["--seed", "x"],
+        ["--pcap-count", "-1"],
+        ["--control", "127.0.0.1:0"],  # the JSON control channel is gone
+        ["--job", "1:4:127.0.0.1:80"],  # jobs are installed over P4Runtime only
     ],
 )
 def test_cli_rejects_bad_input_without_a_traceback(argv: list[str]) -> None:
-    cmd = [sys.executable, "-m", "emulation.softswitch.cli", "--listen", "127.0.0.1:0"]
-    proc = subprocess.run(
-        [*cmd, "--control", "127.0.0.1:0", *argv],
-        capture_output=True,
-        text=True,
-        timeout=30,
-        check=False,
-    )
+    proc = subprocess.run([*CLI, *argv], capture_output=True, text=True, timeout=30, check=False)
     assert proc.returncode == 2
     assert "inalab switch: error:" in proc.stderr
+    assert "Traceback" not in proc.stderr
+
+
+def test_cli_reports_an_unwritable_capture_without_a_traceback(tmp_path: Path) -> None:
+    pcap = tmp_path / "missing" / "switch.pcap"
+    proc = subprocess.run(
+        [*CLI, "--pcap", str(pcap)], capture_output=True, text=True, timeout=30, check=False
+    )
+    assert proc.returncode == 1
+    assert "inalab switch: error: --pcap:" in proc.stderr
     assert "Traceback" not in proc.stderr
 
 
@@ -262,4 +371,3 @@ def test_switch_only_loadgen_runs_and_aggregates_correctly(tmp_path: Path) -> No
     assert r["switch_pps"] > 0
     assert r["worker_goodput_elements_per_s"] > 0
     assert r["worker_bad_results"] == 0
-    assert r["switch_send_errors"] == 0

@@ -1,0 +1,993 @@
+"""The soft switch's P4Runtime server: the same control interface as bmv2's, for ``p4/``.
+
+The server speaks P4Runtime 1.x over gRPC for the P4Info of ``p4/ina.p4`` (sized to the
+switch's lanes and slots, see :func:`softswitch_p4info`), so ``inalab ctl``, the
+controller library and p4runtime-shell drive the soft switch and ``simple_switch_grpc``
+alike. What it serves:
+
+- StreamChannel arbitration for one device: the highest election id is the primary
+  (status OK, every other stream ALREADY_EXISTS), every stream hears of a change of
+  primary, two streams may not share an election id (INVALID_ARGUMENT). Only the
+  primary may Write or set the pipeline (PERMISSION_DENIED); anyone may Read.
+- Write (CONTINUE_ON_ERROR) and Read of the four tables' entries, multicast group
+  entries (the PRE), register cells (modify and read, index or wildcard) and counters
+  (read). Every table write is checked against the P4Info as a P4Runtime server must:
+  unknown ids NOT_FOUND, a missing/duplicate/non-exact match field, a priority, a wrong
+  action or parameter INVALID_ARGUMENT, an empty value or one wider than its field
+  OUT_OF_RANGE, a duplicate insert ALREADY_EXISTS, a modify/delete of nothing NOT_FOUND,
+  a const default action or an action outside its scope (@defaultonly in an entry)
+  PERMISSION_DENIED. A failed Write ends with UNKNOWN and one
+  ``p4.v1.Error`` per update in the status details (the spec's batch report); entries
+  are stored with canonical bytestrings and read back so.
+- Get/SetForwardingPipelineConfig and Capabilities. The program is built in: a pushed
+  P4Info must name the same objects with the same sizes; committing it resets the
+  switch's state, as loading a program into bmv2 does.
+
+Each accepted write is also applied to the :class:`Pipeline`: the jobs, workers and
+replicas tables and the multicast groups are the pipeline's table API; forwarding
+entries are stored and read back but move no packet (on loopback the kernel routes
+non-INA traffic; the Mininet switch will use them). All pipeline access runs through
+``run``, the data-plane thread's executor, so a packet never sees half a write.
+"""
+
+from __future__ import annotations
+
+import itertools
+import logging
+import queue
+import threading
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from typing import Any, TypeVar
+
+import grpc
+import numpy as np
+from google.protobuf import any_pb2
+from google.rpc import code_pb2, status_pb2
+from p4.config.v1 import p4info_pb2
+from p4.v1 import p4runtime_pb2, p4runtime_pb2_grpc
+
+from controller.p4info import P4Info, P4InfoError
+from emulation.softswitch.pipeline import JobTableError, Pipeline
+from hostlib.protocol import SWITCH_DROPS, SWITCH_STATS
+
+__all__ = [
+    "API_VERSION",
+    "MAX_STREAMS",
+    "READ_CHUNK",
+    "SoftSwitchP4Runtime",
+    "serve_p4runtime",
+    "softswitch_p4info",
+]
+
+log = logging.getLogger(__name__)
+
+T = TypeVar("T")
+Runner = Callable[[Callable[[], T]], T]
+
+API_VERSION = "1.4.1"
+"""The P4Runtime API version of the ``p4runtime`` protos this server is built on."""
+
+MAX_STREAMS = 8
+"""Controllers connected at once (StreamChannels); one more is refused RESOURCE_EXHAUSTED."""
+
+READ_CHUNK = 512
+"""Entities per ReadResponse: bounds a response far below gRPC's 4 MiB default limit."""
+
+_SIM_SCALE = 1 << 31  # configuration.p4: the drop probability register holds p * 2**31
+_LANE_PREFIX = "Ingress.values.lane_"
+_LANE_ID_BASE = 0x16070000
+_EGRESS_STATS = {"results_sent"}
+_EGRESS_DROPS = {"sim_egress"}
+
+
+# --------------------------------------------------------------------- the P4Info
+
+
+def softswitch_p4info(base: P4Info, lanes: int, slots: int) -> P4Info:
+    """``base`` (``p4/ina.p4info.txtpb``) as p4c would emit it for this switch's sizes.
+
+    The P4 program's LANES_PER_PACKET and SWITCH_SLOTS are compile-time constants; the
+    soft switch takes them as start-up options, so its P4Info has one lane register per
+    lane (``Ingress.values.lane_NN``, id 0x1607NNNN) and per-(set, slot) registers of
+    2 * ``slots`` cells (the bitmaps, one per set: ``slots``). Indices keep the P4
+    layout: set * slots + slot, where ``slots`` is a bitmap register's size.
+    """
+    message = p4info_pb2.P4Info()
+    message.CopyFrom(base.message)
+    lane_template = None
+    kept = []
+    for reg in message.registers:
+        if reg.preamble.name.startswith(_LANE_PREFIX):
+            lane_template = lane_template or reg
+            continue
+        kept.append(reg)
+    if lane_template is None:
+        raise P4InfoError("the base P4Info has no lane registers")
+    template = p4info_pb2.Register()
+    template.CopyFrom(lane_template)
+    del message.registers[:]
+    for reg in kept:
+        name = reg.preamble.name
+        if name.startswith("Ingress.bitmap."):
+            reg.size = slots
+        elif name in ("Ingress.seq", "Ingress.remaining", "Ingress.exponents.exponent"):
+            reg.size = 2 * slots
+        message.registers.append(reg)
+    for lane in range(lanes):
+        reg = message.registers.add()
+        reg.CopyFrom(template)
+        reg.preamble.id = _LANE_ID_BASE + lane
+        reg.preamble.name = f"{_LANE_PREFIX}{lane:02d}"
+        reg.preamble.alias = f"lane_{lane:02d}"
+        reg.size = 2 * slots
+    return P4Info(message)
+
+
+# --------------------------------------------------------------------- failures
+
+
+class _Failure(Exception):
+    """One request or update refused with a gRPC status code."""
+
+    def __init__(self, code: grpc.StatusCode, message: str) -> None:
+        super().__init__(message)
+        self.code = code
+        self.message = message
+
+
+def _fail(code: grpc.StatusCode, message: str) -> _Failure:
+    return _Failure(code, message)
+
+
+@dataclass(frozen=True)
+class _Status(grpc.Status):
+    code: grpc.StatusCode
+    details: str
+    trailing_metadata: tuple[tuple[str, bytes], ...] = ()
+
+
+def _rpc_code(code: grpc.StatusCode) -> int:
+    return int(code.value[0])
+
+
+def _error_detail(failure: _Failure | None) -> any_pb2.Any:
+    error = p4runtime_pb2.Error(canonical_code=code_pb2.OK)
+    if failure is not None:
+        error = p4runtime_pb2.Error(
+            canonical_code=_rpc_code(failure.code), message=failure.message, space="inalab"
+        )
+    detail = any_pb2.Any()
+    detail.Pack(error)
+    return detail
+
+
+# --------------------------------------------------------------------- values
+
+
+def _uint(data: bytes, bitwidth: int, what: str) -> tuple[int, bytes]:
+    """A bytestring's value and canonical form (shortest big-endian, at least 1 byte).
+
+    Raises:
+        _Failure: empty or wider than ``bitwidth`` (OUT_OF_RANGE, as the spec's
+            Bytestrings section says for both).
+    """
+    if not data:
+        raise _fail(grpc.StatusCode.OUT_OF_RANGE, f"{what}: empty bytestring")
+    value = int.from_bytes(data, "big")
+    if value >> bitwidth:
+        raise _fail(
+            grpc.StatusCode.OUT_OF_RANGE, f"{what}: {value:#x} does not fit {bitwidth} bits"
+        )
+    return value, _canonical(value)
+
+
+def _check_index(name: str, index: int, size: int) -> None:
+    """Raises _Failure for an index outside an array: negative (INVALID_ARGUMENT) or past
+    its end (OUT_OF_RANGE), the codes the spec gives for counter and meter arrays."""
+    if index < 0:
+        raise _fail(grpc.StatusCode.INVALID_ARGUMENT, f"{name}: negative index {index}")
+    if index >= size:
+        raise _fail(grpc.StatusCode.OUT_OF_RANGE, f"{name}: index {index} outside 0..{size - 1}")
+
+
+def _canonical(value: int) -> bytes:
+    return value.to_bytes(max(1, (value.bit_length() + 7) // 8), "big")
+
+
+def _ipv4(value: int) -> str:
+    return ".".join(str((value >> s) & 0xFF) for s in (24, 16, 8, 0))
+
+
+# --------------------------------------------------------------------- tables
+
+_Key = tuple[tuple[int, bytes], ...]
+
+
+@dataclass
+class _Table:
+    """One table's entries, keyed by canonical match, plus its modified default entry."""
+
+    info: Any  # controller.p4info.Table
+    entries: dict[_Key, Any] = field(default_factory=dict)
+    default: Any = None  # a TableEntry with is_default_action, once modified
+
+
+class _Hooks:
+    """What a table write does to the pipeline, by table name (decoded integers)."""
+
+    def __init__(self, pipeline: Pipeline) -> None:
+        self.pipeline = pipeline
+
+    def apply(
+        self,
+        table: str,
+        kind: int,
+        match: dict[str, int],
+        params: dict[str, int],
+    ) -> None:
+        p = self.pipeline
+        insert, modify = p4runtime_pb2.Update.INSERT, p4runtime_pb2.Update.MODIFY
+        if table == "Ingress.jobs.jobs":
+            job = match["job_id"]
+            if kind == insert:
+                p.insert_job(job, **params)
+            elif kind == modify:
+                p.modify_job(job, **params)
+            else:
+                p.delete_job(job)
+        elif table == "Ingress.workers.workers":
+            addr = (_ipv4(match["ipv4_src"]), match["udp_src_port"])
+            if kind == insert:
+                p.insert_worker(match["job_id"], match["rank"], addr)
+            elif kind != modify:  # modify: worker_hit has no data; nothing changes
+                p.delete_worker(match["job_id"], match["rank"], addr)
+        elif table == "Egress.replicas.replicas":
+            key = (match["job_id"], match["egress_rid"], match["egress_port"])
+            if kind == p4runtime_pb2.Update.DELETE:
+                p.delete_replica(*key)
+            else:
+                p.set_replica(*key, (_ipv4(params["dst_ip"]), params["dst_port"]))
+
+
+class _Registers:
+    """Register cells of the pipeline by P4Info register id: read and write as P4 does
+    (unsigned values of the register's width; the pipeline's int32/int8 arrays hold the
+    same bits)."""
+
+    def __init__(self, pipeline: Pipeline, p4info: P4Info) -> None:
+        self.pipeline = pipeline
+        self.p4info = p4info
+
+    def size(self, register_id: int) -> int:
+        return int(self.p4info.register(register_id).size)
+
+    def read(self, register_id: int, index: int) -> int:
+        array, i, width = self._cell(register_id, index)
+        if array is None:
+            return round(self._drops(register_id) * _SIM_SCALE)
+        return int(array[i]) & ((1 << width) - 1)
+
+    def write(self, register_id: int, index: int, value: int) -> None:
+        array, i, width = self._cell(register_id, index)
+        if array is None:
+            if value > _SIM_SCALE:
+                raise _fail(grpc.StatusCode.OUT_OF_RANGE, f"drop probability {value} above 2**31")
+            self._set_drops(register_id, value / _SIM_SCALE)
+            return
+        if array.dtype.kind == "i" and value >> (width - 1):
+            value -= 1 << width  # the same bits in a signed array
+        array[i] = value
+
+    def _cell(self, register_id: int, index: int) -> tuple[np.ndarray | None, int, int]:
+        reg = self.p4info.register(register_id)
+        _check_index(reg.name, index, reg.size)
+        p, name, width = self.pipeline, reg.name, int(reg.bitwidth)
+        if name == "Ingress.seq":
+            return p.seq, index, width
+        if name == "Ingress.remaining":
+            return p.counter, index, width
+        if name == "Ingress.exponents.exponent":
+            return p.exponent, index, width
+        if name.startswith("Ingress.bitmap.bitmap_set"):
+            return p.bitmap[int(name[-1])], index, width
+        if name.startswith(_LANE_PREFIX):
+            return p.values[:, int(name[len(_LANE_PREFIX) :])], index, width
+        return None, 0, width  # the drop simulator's probability cells
+
+    def _drops(self, register_id: int) -> float:
+        drops = self.pipeline.drops
+        return drops.ingress if self._is_ingress_sim(register_id) else drops.egress
+
+    def _set_drops(self, register_id: int, p: float) -> None:
+        drops = self.pipeline.drops
+        if self._is_ingress_sim(register_id):
+            drops.ingress = p
+        else:
+            drops.egress = p
+
+    def _is_ingress_sim(self, register_id: int) -> bool:
+        name = self.p4info.register(register_id).name
+        if name not in (
+            "Ingress.drop_simulator.probability",
+            "Egress.drop_simulator.probability",
+        ):
+            raise _fail(grpc.StatusCode.UNIMPLEMENTED, f"register {name} has no binding")
+        return name.startswith("Ingress.")
+
+
+class _Entities:
+    """The switch's P4Runtime-visible state, checked against the P4Info."""
+
+    def __init__(self, pipeline: Pipeline, p4info: P4Info) -> None:
+        self.pipeline = pipeline
+        self.p4info = p4info
+        self.hooks = _Hooks(pipeline)
+        self.registers = _Registers(pipeline, p4info)
+        self.tables = {t.id: _Table(t) for t in p4info.tables}
+        self.groups: dict[int, Any] = {}
+
+    # ---------------------------------------------------------------- writes
+    def apply(self, update: Any) -> _Failure | None:
+        """Apply one ``p4.v1.Update``; the failure, or None."""
+        try:
+            kind = update.type
+            if kind == p4runtime_pb2.Update.UNSPECIFIED:
+                raise _fail(grpc.StatusCode.INVALID_ARGUMENT, "update type unspecified")
+            which = update.entity.WhichOneof("entity")
+            if which == "table_entry":
+                self._write_table(kind, update.entity.table_entry)
+            elif which == "packet_replication_engine_entry":
+                self._write_pre(kind, update.entity.packet_replication_engine_entry)
+            elif which == "register_entry":
+                self._write_register(kind, update.entity.register_entry)
+            elif which is None:
+                raise _fail(grpc.StatusCode.INVALID_ARGUMENT, "update without an entity")
+            else:
+                raise _fail(grpc.StatusCode.UNIMPLEMENTED, f"writing {which} is not supported")
+        except _Failure as failure:
+            return failure
+        except JobTableError as exc:
+            return _fail(grpc.StatusCode.INVALID_ARGUMENT, str(exc))
+        return None
+
+    def _table(self, table_id: int) -> _Table:
+        table = self.tables.get(table_id)
+        if table is None:
+            raise _fail(grpc.StatusCode.NOT_FOUND, f"no table with id {table_id:#x}")
+        return table
+
+    def _key(self, table: _Table, entry: Any) -> tuple[_Key, dict[str, int]]:
+        info = table.info
+        seen: dict[int, tuple[int, bytes]] = {}
+        for fm in entry.match:
+            try:
+                mf = info.match_field(fm.field_id)
+            except P4InfoError:
+                raise _fail(
+                    grpc.StatusCode.INVALID_ARGUMENT,
+                    f"{info.name}: no match field with id {fm.field_id}",
+                ) from None
+            if fm.field_id in seen:
+                raise _fail(grpc.StatusCode.INVALID_ARGUMENT, f"{info.name}: {mf.name} twice")
+            if fm.WhichOneof("field_match_type") != "exact":
+                raise _fail(
+                    grpc.StatusCode.INVALID_ARGUMENT, f"{info.name}: {mf.name} is an exact match"
+                )
+            seen[fm.field_id] = _uint(fm.exact.value, mf.bitwidth, f"{info.name}.{mf.name}")
+        missing = [mf.name for mf in info.match_fields if mf.id not in seen]
+        if missing:
+            raise _fail(
+                grpc.StatusCode.INVALID_ARGUMENT,
+                f"{info.name}: exact match field(s) {', '.join(missing)} missing",
+            )
+        key = tuple(sorted((fid, canon) for fid, (_, canon) in seen.items()))
+        names = {info.match_field(fid).name: value for fid, (value, _) in seen.items()}
+        return key, names
+
+    def _action(self, table: _Table, entry: Any, default: bool) -> tuple[Any, dict[str, int]]:
+        info = table.info
+        which = entry.action.WhichOneof("type")
+        if which is None:
+            raise _fail(grpc.StatusCode.INVALID_ARGUMENT, f"{info.name}: no action given")
+        if which != "action":
+            raise _fail(
+                grpc.StatusCode.INVALID_ARGUMENT, f"{info.name}: has no action profile ({which})"
+            )
+        action = entry.action.action
+        scope = info.action_scope(action.action_id)
+        if scope is None:
+            raise _fail(
+                grpc.StatusCode.INVALID_ARGUMENT,
+                f"{info.name}: action {action.action_id:#x} is not one of its actions",
+            )
+        if scope == ("TABLE_ONLY" if default else "DEFAULT_ONLY"):
+            raise _fail(  # the spec's code for a scope violation, as bmv2's
+                grpc.StatusCode.PERMISSION_DENIED,
+                f"{info.name}: action {action.action_id:#x} is {scope.lower()}",
+            )
+        act = self.p4info.action(action.action_id)
+        canonical = p4runtime_pb2.TableAction()
+        canonical.action.action_id = action.action_id
+        values: dict[int, tuple[int, bytes]] = {}
+        for param in action.params:
+            try:
+                spec = act.param(param.param_id)
+            except P4InfoError:
+                raise _fail(
+                    grpc.StatusCode.INVALID_ARGUMENT,
+                    f"{act.name}: no parameter with id {param.param_id}",
+                ) from None
+            if param.param_id in values:
+                raise _fail(grpc.StatusCode.INVALID_ARGUMENT, f"{act.name}: {spec.name} twice")
+            values[param.param_id] = _uint(param.value, spec.bitwidth, f"{act.name}.{spec.name}")
+        missing = [p.name for p in act.params if p.id not in values]
+        if missing:
+            raise _fail(
+                grpc.StatusCode.INVALID_ARGUMENT,
+                f"{act.name}: parameter(s) {', '.join(missing)} missing",
+            )
+        for pid in sorted(values):
+            canonical.action.params.add(param_id=pid, value=values[pid][1])
+        return canonical, {act.param(pid).name: v for pid, (v, _) in values.items()}
+
+    def _write_table(self, kind: int, entry: Any) -> None:
+        table = self._table(entry.table_id)
+        info = table.info
+        if entry.priority:  # exact tables, and every default entry, have none
+            raise _fail(
+                grpc.StatusCode.INVALID_ARGUMENT, f"{info.name}: exact tables take no priority"
+            )
+        if entry.is_default_action:
+            self._write_default(kind, table, entry)
+            return
+        key, match = self._key(table, entry)
+        stored = p4runtime_pb2.TableEntry(table_id=info.id, metadata=entry.metadata)
+        for fid, value in key:
+            stored.match.add(field_id=fid).exact.value = value
+        params: dict[str, int] = {}
+        if kind == p4runtime_pb2.Update.DELETE:
+            if key not in table.entries:
+                raise _fail(grpc.StatusCode.NOT_FOUND, f"{info.name}: no entry {match}")
+        elif kind == p4runtime_pb2.Update.MODIFY and entry.action.WhichOneof("type") is None:
+            # The spec lets a MODIFY leave the action unset: the entry keeps its action.
+            if key not in table.entries:
+                raise _fail(grpc.StatusCode.NOT_FOUND, f"{info.name}: no entry {match}")
+            return
+        else:
+            action, params = self._action(table, entry, default=False)
+            stored.action.CopyFrom(action)
+            exists = key in table.entries
+            if kind == p4runtime_pb2.Update.INSERT and exists:
+                raise _fail(grpc.StatusCode.ALREADY_EXISTS, f"{info.name}: entry {match} exists")
+            if kind == p4runtime_pb2.Update.MODIFY and not exists:
+                raise _fail(grpc.StatusCode.NOT_FOUND, f"{info.name}: no entry {match}")
+            if kind == p4runtime_pb2.Update.INSERT and len(table.entries) >= info.size:
+                raise _fail(grpc.StatusCode.RESOURCE_EXHAUSTED, f"{info.name} is full")
+            if self.p4info.action(action.action.action_id).name.endswith("_miss") and params:
+                raise _fail(grpc.StatusCode.INVALID_ARGUMENT, "miss actions take no data")
+        self.hooks.apply(info.name, kind, match, params)
+        if kind == p4runtime_pb2.Update.DELETE:
+            del table.entries[key]
+        else:
+            table.entries[key] = stored
+
+    def _write_default(self, kind: int, table: _Table, entry: Any) -> None:
+        info = table.info
+        if kind != p4runtime_pb2.Update.MODIFY:
+            raise _fail(
+                grpc.StatusCode.INVALID_ARGUMENT, f"{info.name}: a default entry is only modified"
+            )
+        if len(entry.match):
+            raise _fail(
+                grpc.StatusCode.INVALID_ARGUMENT, f"{info.name}: a default entry has no match"
+            )
+        if info.const_default_action_id:
+            raise _fail(
+                grpc.StatusCode.PERMISSION_DENIED, f"{info.name}: the default action is const"
+            )
+        if entry.action.WhichOneof("type") is None:
+            table.default = None  # no action: back to the program's default (the spec's reset)
+            return
+        action, _ = self._action(table, entry, default=True)
+        stored = p4runtime_pb2.TableEntry(table_id=info.id, is_default_action=True)
+        stored.action.CopyFrom(action)
+        table.default = stored
+
+    def _write_pre(self, kind: int, pre: Any) -> None:
+        if pre.WhichOneof("type") != "multicast_group_entry":
+            raise _fail(grpc.StatusCode.UNIMPLEMENTED, "only multicast group entries")
+        group = pre.multicast_group_entry
+        gid = group.multicast_group_id
+        if gid == 0:
+            raise _fail(grpc.StatusCode.INVALID_ARGUMENT, "multicast group id 0")
+        exists = gid in self.groups
+        if kind == p4runtime_pb2.Update.INSERT and exists:
+            raise _fail(grpc.StatusCode.ALREADY_EXISTS, f"multicast group {gid} exists")
+        if kind != p4runtime_pb2.Update.INSERT and not exists:
+            raise _fail(grpc.StatusCode.NOT_FOUND, f"no multicast group {gid}")
+        if kind == p4runtime_pb2.Update.DELETE:
+            self.pipeline.delete_group(gid)
+            del self.groups[gid]
+            return
+        replicas = []
+        for replica in group.replicas:
+            port = replica.egress_port
+            if replica.port:
+                port, _ = _uint(replica.port, 32, f"multicast group {gid} port")
+            replicas.append((port, replica.instance))
+        if len(set(replicas)) != len(replicas):
+            raise _fail(grpc.StatusCode.INVALID_ARGUMENT, f"group {gid} lists a replica twice")
+        stored = p4runtime_pb2.MulticastGroupEntry(multicast_group_id=gid, metadata=group.metadata)
+        for port, instance in replicas:
+            stored.replicas.add(egress_port=port, instance=instance)
+        self.pipeline.set_group(gid, replicas)
+        self.groups[gid] = stored
+
+    def _write_register(self, kind: int, entry: Any) -> None:
+        if kind != p4runtime_pb2.Update.MODIFY:
+            raise _fail(grpc.StatusCode.INVALID_ARGUMENT, "register cells are only modified")
+        reg = self._register(entry.register_id)
+        if entry.data.WhichOneof("data") != "bitstring":
+            raise _fail(grpc.StatusCode.INVALID_ARGUMENT, f"{reg.name}: data is a bitstring")
+        value, _ = _uint(entry.data.bitstring, reg.bitwidth, reg.name)
+        indices = [entry.index.index] if entry.HasField("index") else range(reg.size)
+        for index in indices:
+            self.registers.write(reg.id, index, value)
+
+    def _register(self, register_id: int) -> Any:
+        try:
+            return self.p4info.register(register_id)
+        except P4InfoError:
+            message = f"no register with id {register_id:#x}"
+            raise _fail(grpc.StatusCode.NOT_FOUND, message) from None
+
+    # ---------------------------------------------------------------- reads
+    def read(self, entity: Any) -> list[Any]:
+        """The entities matching one read request entity.
+
+        Raises:
+            _Failure: an unknown id or an entity kind this switch does not serve.
+        """
+        which = entity.WhichOneof("entity")
+        if which == "table_entry":
+            return self._read_tables(entity.table_entry)
+        if which == "packet_replication_engine_entry":
+            return self._read_pre(entity.packet_replication_engine_entry)
+        if which == "register_entry":
+            return self._read_registers(entity.register_entry)
+        if which == "counter_entry":
+            return self._read_counters(entity.counter_entry)
+        if which is None:
+            raise _fail(grpc.StatusCode.INVALID_ARGUMENT, "read of an empty entity")
+        raise _fail(grpc.StatusCode.UNIMPLEMENTED, f"reading {which} is not supported")
+
+    def _read_tables(self, want: Any) -> list[Any]:
+        tables = list(self.tables.values()) if want.table_id == 0 else [self._table(want.table_id)]
+        out = []
+        for table in tables:
+            if want.is_default_action:
+                out.append(self._default_entry(table))
+                continue
+            if len(want.match):
+                key, _ = self._key(table, want)
+                found = table.entries.get(key)
+                entries = [found] if found is not None else []
+            else:
+                entries = list(table.entries.values())
+            out.extend(_entity(table_entry=e) for e in entries)
+        return out
+
+    def _default_entry(self, table: _Table) -> Any:
+        entry = table.default
+        if entry is None:
+            info = table.info
+            entry = p4runtime_pb2.TableEntry(table_id=info.id, is_default_action=True)
+            action_id = info.const_default_action_id or _initial_default(self.p4info, info)
+            entry.action.action.action_id = action_id
+        return _entity(table_entry=entry)
+
+    def _read_pre(self, want: Any) -> list[Any]:
+        if want.WhichOneof("type") != "multicast_group_entry":
+            raise _fail(grpc.StatusCode.UNIMPLEMENTED, "only multicast group entries")
+        gid = want.multicast_group_entry.multicast_group_id
+        groups = list(self.groups.values()) if gid == 0 else [self.groups.get(gid)]
+        return [
+            _entity(
+                packet_replication_engine_entry=p4runtime_pb2.PacketReplicationEngineEntry(
+                    multicast_group_entry=g
+                )
+            )
+            for g in groups
+            if g is not None
+        ]
+
+    def _read_registers(self, want: Any) -> list[Any]:
+        regs = (
+            list(self.p4info.registers)
+            if want.register_id == 0
+            else [self._register(want.register_id)]
+        )
+        out = []
+        for reg in regs:
+            indices = [want.index.index] if want.HasField("index") else range(reg.size)
+            for index in indices:
+                entry = p4runtime_pb2.RegisterEntry(register_id=reg.id)
+                entry.index.index = index
+                entry.data.bitstring = _canonical(self.registers.read(reg.id, index))
+                out.append(_entity(register_entry=entry))
+        return out
+
+    def _read_counters(self, want: Any) -> list[Any]:
+        if want.counter_id == 0:
+            counters = list(self.p4info.counters)
+        else:
+            try:
+                counters = [self.p4info.counter(want.counter_id)]
+            except P4InfoError:
+                raise _fail(
+                    grpc.StatusCode.NOT_FOUND, f"no counter with id {want.counter_id:#x}"
+                ) from None
+        stats = self.pipeline.counters()
+        out = []
+        for counter in counters:
+            names = _counter_names(counter.name)
+            if want.HasField("index"):
+                _check_index(counter.name, want.index.index, counter.size)
+            indices = [want.index.index] if want.HasField("index") else range(counter.size)
+            for index in indices:
+                entry = p4runtime_pb2.CounterEntry(counter_id=counter.id)
+                entry.index.index = index
+                name = names[index] if index < len(names) else None
+                entry.data.packet_count = stats.get(name, 0) if name else 0
+                out.append(_entity(counter_entry=entry))
+        return out
+
+
+def _initial_default(p4info: P4Info, table: Any) -> int:
+    """The forwarder's initial default (forward_drop): the one action named ``*_drop``."""
+    for ref in table.action_refs:
+        if p4info.action(ref.id).name.endswith("drop"):
+            return int(ref.id)
+    return 0
+
+
+def _counter_names(counter: str) -> list[str | None]:
+    """Pipeline statistic at each index of a P4 counter (None: the other pipe counts it).
+
+    configuration.p4 indexes Ingress/Egress.ina_stats by STAT_* and Ingress/Egress.drops
+    by DROP_* (hostlib.protocol.SWITCH_STATS and SWITCH_DROPS); egress counts results
+    sent and egress drops, ingress the rest.
+    """
+    egress = counter.startswith("Egress.")
+    if counter.endswith(".ina_stats"):
+        return [n if (n in _EGRESS_STATS) == egress else None for n in SWITCH_STATS]
+    if counter.endswith(".drops"):
+        return ["drop_" + r if (r in _EGRESS_DROPS) == egress else None for r in SWITCH_DROPS]
+    return []
+
+
+def _entity(**kwargs: Any) -> Any:
+    return p4runtime_pb2.Entity(**kwargs)
+
+
+# --------------------------------------------------------------------- arbitration
+
+
+@dataclass
+class _Stream:
+    responses: queue.Queue[Any] = field(default_factory=queue.Queue)
+    election_id: int | None = None
+
+
+class _Arbitration:
+    """Who is primary: the stream with the highest election id (default role only)."""
+
+    def __init__(self, device_id: int) -> None:
+        self.device_id = device_id
+        self._lock = threading.Lock()
+        self._streams: dict[int, _Stream] = {}
+        self._ids = itertools.count()
+
+    def open(self) -> tuple[int, _Stream]:
+        """Register a new stream.
+
+        Raises:
+            _Failure: RESOURCE_EXHAUSTED, :data:`MAX_STREAMS` are open already.
+        """
+        with self._lock:
+            if len(self._streams) >= MAX_STREAMS:
+                raise _fail(
+                    grpc.StatusCode.RESOURCE_EXHAUSTED,
+                    f"{MAX_STREAMS} controllers are connected already",
+                )
+            key = next(self._ids)
+            stream = self._streams[key] = _Stream()
+            return key, stream
+
+    def close(self, key: int) -> None:
+        with self._lock:
+            old = self._primary_id()
+            self._streams.pop(key, None)
+            if self._primary_id() != old:
+                self._notify_all()
+
+    def update(self, key: int, request: Any) -> None:
+        """Handle a MasterArbitrationUpdate from stream ``key``.
+
+        Raises:
+            _Failure: wrong device, a role, or an election id another stream holds.
+        """
+        if request.device_id != self.device_id:
+            with self._lock:
+                arbitrated = self._streams[key].election_id is not None
+            # The spec: an unknown device on a new stream is NOT_FOUND; on a stream that
+            # arbitrated already, changing the device is FAILED_PRECONDITION.
+            code = grpc.StatusCode.FAILED_PRECONDITION if arbitrated else grpc.StatusCode.NOT_FOUND
+            raise _fail(code, f"no device {request.device_id}")
+        if request.HasField("role") and request.role.name:
+            raise _fail(grpc.StatusCode.UNIMPLEMENTED, "only the default role is served")
+        election = _u128(request.election_id)
+        with self._lock:
+            stream = self._streams[key]
+            if any(s.election_id == election for k, s in self._streams.items() if k != key):
+                raise _fail(
+                    grpc.StatusCode.INVALID_ARGUMENT,
+                    f"election id {election} is held by another controller",
+                )
+            old = self._primary_id()
+            stream.election_id = election
+            if self._primary_id() != old:
+                self._notify_all()
+            else:
+                self._notify(stream)
+
+    def is_primary(self, election_id: Any) -> bool:
+        with self._lock:
+            primary = self._primary_id()
+            return primary is not None and _u128(election_id) == primary
+
+    def _primary_id(self) -> int | None:
+        ids = [s.election_id for s in self._streams.values() if s.election_id is not None]
+        return max(ids) if ids else None
+
+    def _notify_all(self) -> None:
+        for stream in self._streams.values():
+            if stream.election_id is not None:
+                self._notify(stream)
+
+    def _notify(self, stream: _Stream) -> None:
+        primary = self._primary_id()
+        update = p4runtime_pb2.MasterArbitrationUpdate(device_id=self.device_id)
+        if primary is not None:
+            update.election_id.high, update.election_id.low = primary >> 64, primary & (2**64 - 1)
+        if primary == stream.election_id:
+            update.status.CopyFrom(status_pb2.Status(code=code_pb2.OK, message="primary"))
+        else:
+            update.status.CopyFrom(
+                status_pb2.Status(code=code_pb2.ALREADY_EXISTS, message="a backup")
+            )
+        stream.responses.put(p4runtime_pb2.StreamMessageResponse(arbitration=update))
+
+
+def _u128(election_id: Any) -> int:
+    return (int(election_id.high) << 64) | int(election_id.low)
+
+
+# --------------------------------------------------------------------- the service
+
+
+def _direct(fn: Callable[[], T]) -> T:
+    return fn()
+
+
+class SoftSwitchP4Runtime(p4runtime_pb2_grpc.P4RuntimeServicer):
+    """The P4Runtime service of one soft switch.
+
+    Args:
+        pipeline: the data plane it configures; no job may be installed yet (state the
+            server did not write would be invisible to reads).
+        p4info: the pipeline's P4Info (:func:`softswitch_p4info`).
+        device_id: the P4Runtime device id requests must name.
+        run: executes a callable on the thread that owns ``pipeline`` and returns its
+            result (:class:`emulation.softswitch.server.SwitchServer` passes its control
+            queue); by default, directly.
+
+    Raises:
+        ValueError: the pipeline already has jobs.
+    """
+
+    def __init__(
+        self,
+        pipeline: Pipeline,
+        p4info: P4Info,
+        device_id: int = 0,
+        run: Runner[Any] = _direct,
+    ) -> None:
+        if pipeline.jobs():
+            raise ValueError("the pipeline has jobs the P4Runtime server did not write")
+        self.pipeline = pipeline
+        self.p4info = p4info
+        self.device_id = device_id
+        self._run = run
+        self._entities = _Entities(pipeline, p4info)
+        self._arbitration = _Arbitration(device_id)
+        self._cookie = 0
+
+    # ---------------------------------------------------------------- helpers
+    def _device(self, device_id: int, context: Any) -> None:
+        if device_id != self.device_id:
+            context.abort(grpc.StatusCode.NOT_FOUND, f"no device {device_id}")
+
+    def _primary(self, election_id: Any, context: Any) -> None:
+        if not self._arbitration.is_primary(election_id):
+            context.abort(
+                grpc.StatusCode.PERMISSION_DENIED,
+                f"election id {_u128(election_id)} is not the primary's",
+            )
+
+    # ---------------------------------------------------------------- RPCs
+    def Capabilities(self, request: Any, context: Any) -> Any:
+        return p4runtime_pb2.CapabilitiesResponse(p4runtime_api_version=API_VERSION)
+
+    def Write(self, request: Any, context: Any) -> Any:
+        self._device(request.device_id, context)
+        self._primary(request.election_id, context)
+        if request.atomicity != p4runtime_pb2.WriteRequest.CONTINUE_ON_ERROR:
+            context.abort(grpc.StatusCode.UNIMPLEMENTED, "only CONTINUE_ON_ERROR atomicity")
+        updates = list(request.updates)
+        entities = self._entities
+        results: list[_Failure | None] = self._run(lambda: [entities.apply(u) for u in updates])
+        failed = [f for f in results if f is not None]
+        if failed:
+            for index, failure in enumerate(results):
+                if failure is not None:
+                    log.info("write update %d refused: %s", index, failure.message)
+            status = status_pb2.Status(
+                code=code_pb2.UNKNOWN,
+                message=f"{len(failed)} of {len(results)} updates failed: {failed[0].message}",
+                details=[_error_detail(f) for f in results],
+            )
+            context.abort_with_status(
+                _Status(
+                    grpc.StatusCode.UNKNOWN,
+                    status.message,
+                    (("grpc-status-details-bin", status.SerializeToString()),),
+                )
+            )
+        return p4runtime_pb2.WriteResponse()
+
+    def Read(self, request: Any, context: Any) -> Iterator[Any]:
+        self._device(request.device_id, context)
+        entities, wanted = self._entities, list(request.entities)
+
+        def read() -> list[Any]:
+            # One run on the data-plane thread: the entities of a request are a snapshot
+            # (counters read together agree with each other).
+            return [found for want in wanted for found in entities.read(want)]
+
+        try:
+            found: list[Any] = self._run(read)
+        except _Failure as failure:
+            context.abort(failure.code, failure.message)
+        for start in range(0, len(found), READ_CHUNK):
+            yield p4runtime_pb2.ReadResponse(entities=found[start : start + READ_CHUNK])
+
+    def SetForwardingPipelineConfig(self, request: Any, context: Any) -> Any:
+        self._device(request.device_id, context)
+        self._primary(request.election_id, context)
+        action = request.action
+        actions = p4runtime_pb2.SetForwardingPipelineConfigRequest
+        if action not in (actions.VERIFY, actions.VERIFY_AND_COMMIT, actions.COMMIT):
+            context.abort(grpc.StatusCode.UNIMPLEMENTED, "VERIFY, VERIFY_AND_COMMIT or COMMIT")
+        if action != actions.COMMIT:
+            problem = _incompatible(self.p4info, request.config.p4info)
+            if problem:
+                context.abort(
+                    grpc.StatusCode.INVALID_ARGUMENT,
+                    f"the soft switch runs the INA program built in; the P4Info differs: {problem}",
+                )
+        if action != actions.VERIFY:
+            self._run(self._reset)
+            self._cookie = request.config.cookie.cookie
+        return p4runtime_pb2.SetForwardingPipelineConfigResponse()
+
+    def _reset(self) -> None:
+        self.pipeline.reset()
+        self._entities = _Entities(self.pipeline, self.p4info)
+
+    def GetForwardingPipelineConfig(self, request: Any, context: Any) -> Any:
+        self._device(request.device_id, context)
+        config = p4runtime_pb2.ForwardingPipelineConfig()
+        config.cookie.cookie = self._cookie
+        kinds = p4runtime_pb2.GetForwardingPipelineConfigRequest
+        if request.response_type in (kinds.ALL, kinds.P4INFO_AND_COOKIE):
+            config.p4info.CopyFrom(self.p4info.message)
+        return p4runtime_pb2.GetForwardingPipelineConfigResponse(config=config)
+
+    def StreamChannel(self, request_iterator: Any, context: Any) -> Iterator[Any]:
+        try:
+            key, stream = self._arbitration.open()
+        except _Failure as failure:
+            context.abort(failure.code, failure.message)
+        done = object()
+
+        def read_requests() -> None:
+            try:
+                for request in request_iterator:
+                    which = request.WhichOneof("update")
+                    if which == "arbitration":
+                        self._arbitration.update(key, request.arbitration)
+                    else:
+                        error = p4runtime_pb2.StreamError(
+                            canonical_code=code_pb2.UNIMPLEMENTED,
+                            message=f"stream message {which} is not supported",
+                        )
+                        stream.responses.put(p4runtime_pb2.StreamMessageResponse(error=error))
+            except _Failure as failure:
+                stream.responses.put(failure)
+            except grpc.RpcError:
+                pass  # the client went away; the stream ends below
+            stream.responses.put(done)
+
+        reader = threading.Thread(target=read_requests, name="p4rt-stream", daemon=True)
+        context.add_callback(lambda: stream.responses.put(done))
+        reader.start()
+        try:
+            while True:
+                item = stream.responses.get()
+                if item is done:
+                    return
+                if isinstance(item, _Failure):
+                    context.abort(item.code, item.message)
+                yield item
+        finally:
+            self._arbitration.close(key)
+
+
+def _incompatible(ours: P4Info, theirs: Any) -> str:
+    """What a pushed P4Info changes in the objects this switch implements ('' if nothing)."""
+    try:
+        other = P4Info(theirs)
+    except P4InfoError as exc:  # two objects sharing an id or name, an unsupported register
+        return str(exc)
+    for kind in ("tables", "actions", "counters", "registers"):
+        mine = {o.id: o for o in getattr(ours, kind)}
+        pushed = {o.id: o for o in getattr(other, kind)}
+        if set(mine) != set(pushed):
+            diff = sorted(set(mine) ^ set(pushed))
+            return f"{kind} ids differ ({', '.join(hex(i) for i in diff[:4])})"
+        for oid, obj in mine.items():
+            if obj.name != pushed[oid].name or getattr(obj, "size", 0) != getattr(
+                pushed[oid], "size", 0
+            ):
+                return f"{kind} {obj.name} differs"
+    return ""
+
+
+def serve_p4runtime(
+    service: SoftSwitchP4Runtime, address: str, max_workers: int = MAX_STREAMS + 4
+) -> tuple[grpc.Server, int]:
+    """Start a gRPC server for ``service`` on ``address`` (``host:port``; port 0 picks one).
+
+    gRPC's Python server gives each open StreamChannel a thread for its life: with
+    ``max_workers`` above :data:`MAX_STREAMS`, Reads and Writes always find one.
+
+    Returns:
+        the started server and its bound port.
+
+    Raises:
+        OSError: the address cannot be bound.
+    """
+    from concurrent.futures import ThreadPoolExecutor
+
+    server = grpc.server(ThreadPoolExecutor(max_workers=max_workers, thread_name_prefix="p4rt"))
+    p4runtime_pb2_grpc.add_P4RuntimeServicer_to_server(service, server)
+    try:
+        port = server.add_insecure_port(address)
+    except RuntimeError as exc:
+        raise OSError(f"cannot bind P4Runtime server to {address}: {exc}") from None
+    if port == 0:
+        raise OSError(f"cannot bind P4Runtime server to {address}")
+    server.start()
+    return server, port

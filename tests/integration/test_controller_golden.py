@@ -1,0 +1,82 @@
+"""The writes a whole-job operation sends, pinned as golden text protos.
+
+:class:`SwitchController` drives a real in-process P4Runtime server (the soft switch's,
+over gRPC on port 0) that records every WriteRequest; the sequence for installing and
+removing a two-worker job must equal tests/golden/add_job.txtpb and remove_job.txtpb
+(the order matters: the jobs entry is written last and deleted first). Set
+INALAB_REGEN_GOLDEN=1 to rewrite the files after an intended change, and review the diff.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from google.protobuf import text_format
+from p4.v1 import p4runtime_pb2
+
+from controller.p4info import P4Info
+from controller.switch import SwitchController, WorkerAddress
+from emulation.softswitch.p4runtime import SoftSwitchP4Runtime, serve_p4runtime, softswitch_p4info
+from emulation.softswitch.pipeline import Pipeline
+
+GOLDEN = Path(__file__).resolve().parents[1] / "golden"
+_SEPARATOR = "# ---- next WriteRequest\n"
+
+
+class RecordingService(SoftSwitchP4Runtime):
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.writes: list[Any] = []
+
+    def Write(self, request: Any, context: Any) -> Any:
+        self.writes.append(request)
+        return super().Write(request, context)
+
+
+@pytest.fixture
+def served() -> Iterator[tuple[RecordingService, str]]:
+    pipeline = Pipeline(lanes=2, slots=4)
+    service = RecordingService(pipeline, softswitch_p4info(P4Info.load(), 2, 4))
+    server, port = serve_p4runtime(service, "127.0.0.1:0")
+    try:
+        yield service, f"127.0.0.1:{port}"
+    finally:
+        server.stop(grace=None).wait()
+
+
+def _check(name: str, writes: list[Any]) -> None:
+    text = _SEPARATOR.join(text_format.MessageToString(w) for w in writes)
+    path = GOLDEN / f"{name}.txtpb"
+    if os.environ.get("INALAB_REGEN_GOLDEN"):
+        header = (
+            "# proto-file: p4/v1/p4runtime.proto\n# proto-message: p4.v1.WriteRequest\n"
+            f"# The WriteRequests of SwitchController.{name}, in order "
+            "(tests/integration/test_controller_golden.py).\n"
+        )
+        path.write_text(header + text)
+    expected = [
+        text_format.Parse(part, p4runtime_pb2.WriteRequest())
+        for part in path.read_text().split(_SEPARATOR)
+    ]
+    assert [text_format.MessageToString(m) for m in expected] == text.split(_SEPARATOR)
+    assert expected == writes
+
+
+def test_add_and_remove_job_send_the_golden_writes(
+    served: tuple[RecordingService, str],
+) -> None:
+    service, address = served
+    workers = [
+        WorkerAddress("10.0.0.1", 40001, "02:00:00:00:00:01", 1),
+        WorkerAddress("10.0.0.2", 40002, "02:00:00:00:00:02", 2),
+    ]
+    with SwitchController.connect(address) as ctl:
+        ctl.add_job(7, workers, slot_count=2, slot_base=1)
+        _check("add_job", service.writes)
+        service.writes.clear()
+        ctl.remove_job(7)
+        _check("remove_job", service.writes)

@@ -1,0 +1,238 @@
+"""The controller against a real soft switch process, over real gRPC and UDP.
+
+Jobs installed by :class:`SwitchController` carry real allreduces; reads of tables,
+registers and counters show what the data plane did; mastership, a controller restart
+and failed installs leave the switch consistent.
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+
+from controller.client import AlreadyExistsError, NotPrimaryError
+from controller.replicas import ReplicaEntry
+from controller.switch import (
+    JobExistsError,
+    JobNotFoundError,
+    NoFreeSlotsError,
+    SwitchController,
+    WorkerAddress,
+)
+from emulation.cli import main as inalab
+from emulation.softswitch import SoftSwitchProcess
+from hostlib import InaSession, JobSpec
+from hostlib.transport.udp import UdpTransport
+
+LANES = 8
+POOL = 64
+SLOTS = 4
+
+
+@pytest.fixture(scope="module")
+def switch(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SoftSwitchProcess]:
+    sw = SoftSwitchProcess(tmp_path_factory.mktemp("ctl"), lanes=LANES, slots=POOL).start()
+    yield sw
+    assert sw.stop() == 0, sw.log_path.read_text()
+
+
+@pytest.fixture
+def ctl(switch: SoftSwitchProcess) -> Iterator[SwitchController]:
+    with switch.controller(election_id=(0, 10)) as c:
+        yield c
+        for job in c.installed_jobs():  # leave the module's switch empty
+            c.remove_job(job.job_id)
+        c.set_drops(0.0, 0.0)
+
+
+class Workers:
+    """UDP sessions for a job: bind first, so the controller can name their addresses."""
+
+    def __init__(self, switch: SoftSwitchProcess, job_id: int, count: int) -> None:
+        self.switch, self.job_id, self.count = switch, job_id, count
+        self.transports = [UdpTransport(("127.0.0.1", 0)) for _ in range(count)]
+        self.addresses = [WorkerAddress(*t.local_addr) for t in self.transports]
+
+    def run(self, inputs: list[np.ndarray]) -> list[np.ndarray]:
+        sessions = [
+            InaSession(JobSpec(self.job_id, r, self.count, self.switch.data_addr, LANES, SLOTS), t)
+            for r, t in enumerate(self.transports)
+        ]
+        out: list[Any] = [None] * self.count
+
+        def work(rank: int) -> None:
+            out[rank] = sessions[rank].allreduce(inputs[rank])
+
+        threads = [threading.Thread(target=work, args=(r,)) for r in range(self.count)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(60)
+        for s in sessions:
+            s.close()
+        return out
+
+
+def test_a_job_installed_by_the_controller_aggregates(
+    switch: SoftSwitchProcess, ctl: SwitchController
+) -> None:
+    workers = Workers(switch, 21, 3)
+    job = ctl.add_job(21, workers.addresses, SLOTS)
+    assert (job.entry.num_workers, job.entry.slot_count) == (3, SLOTS)
+    inputs = [np.arange(40, dtype=np.int32) * (r + 1) for r in range(3)]
+    before = ctl.counters()
+    results = workers.run(inputs)
+    for got in results:
+        np.testing.assert_array_equal(got, inputs[0] * 6)
+    after = ctl.counters()
+    packets = 3 * (40 // LANES)  # 5 packets per rank
+    assert after["completed"] - before["completed"] == packets // 3
+    assert after["aggregated"] - before["aggregated"] == packets
+    assert after["results_sent"] - before["results_sent"] == packets
+    # Chunk 0 (seq 1) used slot 0 in set 0; chunk 4 (seq 5) reused slot 0 in set 1 and
+    # so cleared the ranks' bits in set 0 (SwitchML's two-set bitmaps).
+    first, last = ctl.read_slot(21, 0, 0), ctl.read_slot(21, 0, 1)
+    assert (last.ranks(), last.remaining, last.seq) == ([0, 1, 2], 0, 5)
+    assert list(last.values) == list(inputs[0][32:40] * 6)
+    assert (first.bitmap, first.remaining, first.seq) == (0, 0, 1)
+    assert list(first.values) == list(inputs[0][:LANES] * 6)
+
+
+def test_installed_jobs_are_read_back_from_the_tables(ctl: SwitchController) -> None:
+    a = [WorkerAddress("127.0.0.1", 7001), WorkerAddress("127.0.0.1", 7002)]
+    b = [WorkerAddress("127.0.0.1", 7003)]
+    ctl.add_job(1, a, 8)
+    ctl.add_job(2, b, 8)
+    jobs = {j.job_id: j for j in ctl.installed_jobs()}
+    assert (jobs[1].entry.slot_base, jobs[2].entry.slot_base) == (0, 8)
+    assert jobs[1].entry.mgid != jobs[2].entry.mgid
+    assert [(w.rank, w.udp_port) for w in jobs[1].workers] == [(0, 7001), (1, 7002)]
+    assert [(r.rid, r.udp_port) for r in jobs[1].replicas] == [(0, 7001), (1, 7002)]
+    assert jobs[1].group == ((0, 0), (0, 1))
+    with pytest.raises(JobExistsError):
+        ctl.add_job(1, b, 8)
+    with pytest.raises(NoFreeSlotsError):
+        ctl.add_job(3, b, 8, slot_base=4)
+    with pytest.raises(NoFreeSlotsError):
+        ctl.add_job(3, b, POOL)
+    with pytest.raises(ValueError):
+        ctl.add_job(3, [b[0], b[0]], 8)
+
+
+def test_a_lower_election_id_reads_but_cannot_write(
+    switch: SoftSwitchProcess, ctl: SwitchController
+) -> None:
+    ctl.add_job(5, [WorkerAddress("127.0.0.1", 7005)], 4)
+    with switch.controller(election_id=(0, 3)) as backup:
+        assert not backup.is_primary and ctl.is_primary
+        assert [j.job_id for j in backup.installed_jobs()] == [5]
+        with pytest.raises(NotPrimaryError):
+            backup.add_job(6, [WorkerAddress("127.0.0.1", 7006)], 4)
+        with pytest.raises(NotPrimaryError):
+            backup.remove_job(5)
+    assert [j.job_id for j in ctl.installed_jobs()] == [5]
+
+
+def test_a_restarted_controller_tears_down_a_job_it_did_not_install(
+    switch: SoftSwitchProcess, ctl: SwitchController
+) -> None:
+    workers = Workers(switch, 30, 2)
+    with switch.controller(election_id=(0, 11)) as first:
+        first.add_job(30, workers.addresses, SLOTS, slot_base=16)
+        workers.run([np.ones(LANES, np.int32), np.ones(LANES, np.int32)])
+        assert first.read_slot(30, 0, 0).seq == 1
+    # That controller is gone; its job stays on the switch for the next one.
+    with switch.controller(election_id=(0, 12)) as again:
+        (job,) = again.installed_jobs()
+        assert (job.job_id, job.entry.slot_base, len(job.workers)) == (30, 16, 2)
+        removed = again.remove_job(30)
+        assert removed.entry == job.entry
+        assert again.installed_jobs() == []
+        assert again.workers.read() == [] and again.replicas.read() == []
+        assert again.multicast.read() == {}
+        # The job's slots are clear: no stale seq to drop the next job's packets.
+        base = 16
+        assert again.registers.read("Ingress.seq", list(range(base, base + SLOTS))) == [0] * 4
+        with pytest.raises(JobNotFoundError):
+            again.remove_job(30)
+
+
+def test_a_failed_install_leaves_nothing_behind(ctl: SwitchController) -> None:
+    # Someone else's replica entry on the key rank 1 of job 40 will take.
+    ctl.replicas.insert(ReplicaEntry(40, 1, 0, "00:00:00:00:00:00", "127.0.0.2", 9))
+    before_groups = ctl.multicast.read()
+    addrs = [WorkerAddress("127.0.0.1", 7040), WorkerAddress("127.0.0.1", 7041)]
+    with pytest.raises(AlreadyExistsError):
+        ctl.add_job(40, addrs, 4)
+    assert ctl.jobs.read() == [] and ctl.workers.read() == []
+    assert [(r.job_id, r.rid) for r in ctl.replicas.read()] == [(40, 1)]
+    assert ctl.multicast.read() == before_groups
+    ctl.replicas.delete(ReplicaEntry(40, 1, 0, "00:00:00:00:00:00", "127.0.0.2", 9))
+
+
+def test_drop_simulator_round_trips(ctl: SwitchController) -> None:
+    ctl.set_drops(0.25, 1.0)
+    assert ctl.drop_simulator.get() == (0.25, 1.0)
+    with pytest.raises(ValueError):
+        ctl.set_drops(1.5, 0.0)
+
+
+# ----------------------------------------------------------------- inalab ctl
+
+
+def _ctl(capsys: pytest.CaptureFixture[str], manifest: Path, *argv: str) -> tuple[int, str]:
+    code = inalab(["ctl", "--manifest", str(manifest), *argv])
+    out = capsys.readouterr()
+    return code, out.out + out.err
+
+
+def test_inalab_ctl_end_to_end(
+    switch: SoftSwitchProcess, ctl: SwitchController, capsys: pytest.CaptureFixture[str]
+) -> None:
+    manifest = switch.ready_path
+    workers = Workers(switch, 50, 2)
+    args = [f"{a.ip}:{a.udp_port}" for a in workers.addresses]
+    # Writes need mastership: take a higher election id than the fixture's controller.
+    code, out = _ctl(capsys, manifest, "--election-id", "0:20", "add-job", "--job", "50",
+                     "--slots", str(SLOTS), *args)  # fmt: skip
+    assert code == 0, out
+    assert "job 50: 2 workers" in out
+    workers.run([np.full(LANES, 3, np.int32), np.full(LANES, 4, np.int32)])
+
+    code, out = _ctl(capsys, manifest, "jobs", "--json")
+    assert code == 0 and [j["job_id"] for j in json.loads(out)] == [50]
+    code, out = _ctl(capsys, manifest, "show-bitmap", "--job", "50", "--slot", "0", "--json")
+    doc = json.loads(out)
+    assert doc["sets"][0]["ranks"] == [0, 1] and doc["sets"][0]["values"] == [7] * LANES
+    code, out = _ctl(capsys, manifest, "show-bitmap", "--job", "50", "--slot", "0")
+    assert "ranks [0, 1] remaining 0 seq 1" in out and "[done]" in out
+    before = ctl.counters()["completed"]
+    code, out = _ctl(capsys, manifest, "stats", "--json")
+    assert json.loads(out)["completed"] == before >= 1
+    code, out = _ctl(capsys, manifest, "--election-id", "0:20", "drops", "--ingress", "0.5")
+    assert code == 0 and "ingress 0.5 egress 0" in out
+
+    code, out = _ctl(capsys, manifest, "add-job", "--job", "50", *args)
+    assert code == 1 and "election id" in out  # (0, 1) is not the primary: refused
+    code, out = _ctl(capsys, manifest, "--election-id", "0:20", "remove-job", "--job", "50")
+    assert code == 0 and "removed" in out
+    code, out = _ctl(capsys, manifest, "show-bitmap", "--job", "50", "--slot", "0")
+    assert code == 1 and "no job 50" in out
+
+
+def test_inalab_ctl_reports_bad_manifests(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    missing = tmp_path / "none.json"
+    code, out = _ctl(capsys, missing, "stats")
+    assert code == 2 and "cannot read manifest" in out
+    several = tmp_path / "run.json"
+    several.write_text(json.dumps({"switches": {"s1": {"p4runtime": "x:1"}, "s2": {}}}))
+    code, out = _ctl(capsys, several, "stats")
+    assert code == 2 and "--name" in out and "s1, s2" in out
