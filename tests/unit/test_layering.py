@@ -27,3 +27,10 @@ def test_hostlib_never_imports_controller_or_emulation() -> None:
 def test_package_names_still_resolve() -> None:
     loaded = _modules_loaded_by("from hostlib import InaSession, JobSpec, InaTimeoutError")
     assert {"hostlib.session", "hostlib.ina"} <= loaded
+
+
+def test_a_topology_is_pure_data() -> None:
+    # Loading and checking a topology needs no root: no Mininet, no switch, no gRPC.
+    loaded = _modules_loaded_by("import emulation.topology")
+    assert not {m for m in loaded if m.split(".")[0] in ("mininet", "grpc", "controller")}
+    assert "emulation.softswitch" not in loaded

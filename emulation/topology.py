@@ -1,0 +1,485 @@
+"""Topologies as pure data: hosts, switches, links and jobs, loaded and validated.
+
+A :class:`Topology` says what a network is, never how it runs: it imports neither
+Mininet nor a switch, so it is built and checked without root, and the emulator (and
+later ``dynamiccl``) read the same object. Files are YAML in inalab's schema
+(``topologies/README.md``) or p4lang/tutorials' ``topology.json``; both load through
+:func:`load_topology`, and every error names the file and the place in it.
+
+Conventions, so a file can stay short:
+
+- a switch's ports are numbered 1, 2, ... in the order its links are listed, unless a
+  link names the port (``s1-p3`` in tutorials files, ``ports: [1, 3]`` in ours);
+- a host without ``ip`` gets 10.0.0.N/24 and without ``mac`` 00:00:00:00:HH:LL (N in
+  hex), N its position among the hosts (from 1);
+- a link's ``bw`` is in Mbit/s, ``delay`` in ms (a number, or text such as ``"250us"``
+  or ``"2ms"``), ``loss`` a probability per packet; ``defaults`` give values to links
+  that do not set them.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import json
+import re
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from hostlib.protocol import MAX_WORKERS
+
+__all__ = [
+    "SWITCH_KINDS",
+    "SWITCH_ROLES",
+    "Host",
+    "Link",
+    "Switch",
+    "Topology",
+    "TopologyError",
+    "TopologyJob",
+    "load_topology",
+    "parse_topology",
+]
+
+SWITCH_KINDS = ("soft", "bmv2")
+"""``soft``: inalab's software switch; ``bmv2``: simple_switch_grpc running ``p4/``."""
+
+SWITCH_ROLES = ("aggregate", "forward")
+"""``aggregate``: runs INA for the jobs that name it; ``forward``: forwards only."""
+
+_DELAY = re.compile(r"^\s*([0-9]*\.?[0-9]+)\s*(us|ms|s)?\s*$")
+_UNITS = {"us": 1e-3, "ms": 1.0, "s": 1e3, None: 1.0}
+_PORT = re.compile(r"^(?P<node>.+)-p(?P<port>[0-9]+)$")
+
+
+class TopologyError(ValueError):
+    """A topology file or description that is not valid; the message says where."""
+
+
+@dataclass(frozen=True)
+class Host:
+    """An end host: its interface address (with prefix length), MAC and rank count."""
+
+    name: str
+    ip: str
+    mac: str
+    ranks: int = 1
+
+    @property
+    def address(self) -> str:
+        """The IPv4 address without the prefix length."""
+        return self.ip.split("/")[0]
+
+
+@dataclass(frozen=True)
+class Switch:
+    """A switch: its implementation, its role and, for INA, the packet width."""
+
+    name: str
+    kind: str = "soft"
+    role: str = "aggregate"
+    lanes: int = 64
+
+
+@dataclass(frozen=True)
+class Link:
+    """A point-to-point link; a port is the switch port number at that end (None: host).
+
+    Attributes:
+        bw: Mbit/s each way, or None for unshaped.
+        delay: one-way delay in ms.
+        loss: probability a packet is lost, each way.
+        queue: the shaper's queue in packets, or None for the default.
+    """
+
+    a: str
+    b: str
+    a_port: int | None
+    b_port: int | None
+    bw: float | None = None
+    delay: float = 0.0
+    loss: float = 0.0
+    queue: int | None = None
+
+
+@dataclass(frozen=True)
+class TopologyJob:
+    """An INA job: its id, its worker hosts (rank order) and the switch aggregating it."""
+
+    job_id: int
+    workers: tuple[str, ...]
+    switch: str
+
+
+@dataclass(frozen=True)
+class Topology:
+    """A whole network description, validated (see :func:`parse_topology`)."""
+
+    name: str
+    hosts: tuple[Host, ...]
+    switches: tuple[Switch, ...]
+    links: tuple[Link, ...]
+    jobs: tuple[TopologyJob, ...] = ()
+    _index: dict[str, Host | Switch] = field(default_factory=dict, compare=False, repr=False)
+
+    def node(self, name: str) -> Host | Switch:
+        """The host or switch called ``name``.
+
+        Raises:
+            KeyError: no such node.
+        """
+        if not self._index:
+            nodes: list[Host | Switch] = [*self.hosts, *self.switches]
+            self._index.update({n.name: n for n in nodes})
+        return self._index[name]
+
+    def host(self, name: str) -> Host:
+        node = self.node(name)
+        if not isinstance(node, Host):
+            raise KeyError(f"{name} is a switch")
+        return node
+
+    def switch(self, name: str) -> Switch:
+        node = self.node(name)
+        if not isinstance(node, Switch):
+            raise KeyError(f"{name} is a host")
+        return node
+
+    def ports(self, switch: str) -> dict[int, str]:
+        """The ports of ``switch``: port number -> the node at the other end."""
+        out = {}
+        for link in self.links:
+            if link.a == switch and link.a_port is not None:
+                out[link.a_port] = link.b
+            if link.b == switch and link.b_port is not None:
+                out[link.b_port] = link.a
+        return dict(sorted(out.items()))
+
+    def attachment(self, host: str) -> tuple[str, int, Link]:
+        """The switch, port and link a host is attached to.
+
+        Raises:
+            KeyError: not a host.
+        """
+        self.host(host)
+        for link in self.links:
+            if link.a == host and link.b_port is not None:
+                return link.b, link.b_port, link
+            if link.b == host and link.a_port is not None:
+                return link.a, link.a_port, link
+        raise KeyError(f"host {host} has no link")  # parse_topology never lets this happen
+
+
+# --------------------------------------------------------------------- loading
+
+
+def load_topology(path: str | Path) -> Topology:
+    """Read a topology file: YAML in inalab's schema, or tutorials-style JSON.
+
+    A ``.json`` file with a ``links`` list of lists is read as p4lang/tutorials'
+    ``topology.json``; anything else as inalab's schema (YAML is a superset of JSON).
+
+    Raises:
+        TopologyError: the file cannot be read or parsed, or describes no valid network.
+    """
+    import yaml
+
+    file = Path(path)
+    try:
+        text = file.read_text(encoding="utf-8")
+    except OSError as exc:
+        raise TopologyError(f"cannot read topology {file}: {exc.strerror}") from None
+    try:
+        doc = json.loads(text) if file.suffix == ".json" else yaml.safe_load(text)
+    except (ValueError, yaml.YAMLError) as exc:
+        raise TopologyError(
+            f"{file}: not {'JSON' if file.suffix == '.json' else 'YAML'}: {exc}"
+        ) from None
+    if _is_tutorials(doc):
+        doc = _from_tutorials(doc, file)
+    return parse_topology(doc, name=file.stem, source=str(file))
+
+
+def _is_tutorials(doc: Any) -> bool:
+    links = doc.get("links") if isinstance(doc, dict) else None
+    return (
+        isinstance(links, list)
+        and all(isinstance(item, list) for item in links)
+        and (isinstance(doc.get("hosts"), dict) and "jobs" not in doc and "defaults" not in doc)
+        and any(isinstance(e, str) and _PORT.match(e) for item in links for e in item[:2])
+    )
+
+
+def _from_tutorials(doc: dict[str, Any], file: Path) -> dict[str, Any]:
+    """p4lang/tutorials' topology.json as inalab's schema: hosts with ip and mac,
+    switches (bmv2, forwarding: tutorials programs are not INA), links ``[a, b,
+    delay?, bw?]`` with ``sN-pK`` naming a switch port."""
+    links = []
+    for i, item in enumerate(doc["links"]):
+        if len(item) < 2:
+            raise TopologyError(f"{file}: links[{i}]: needs two endpoints")
+        entry: dict[str, Any] = {"a": item[0], "b": item[1]}
+        if len(item) > 2 and str(item[2]) not in ("", "0"):
+            entry["delay"] = item[2]
+        if len(item) > 3 and item[3] is not None:
+            entry["bw"] = item[3]
+        links.append(entry)
+    hosts = {
+        name: {k: v for k, v in spec.items() if k in ("ip", "mac")}
+        for name, spec in doc["hosts"].items()
+    }
+    switches = {name: {"kind": "bmv2", "role": "forward"} for name in doc.get("switches", {})}
+    return {"hosts": hosts, "switches": switches, "links": links}
+
+
+# --------------------------------------------------------------------- validation
+
+
+class _At:
+    """Where in the document a value sits, for error messages."""
+
+    def __init__(self, source: str, path: str = "") -> None:
+        self.source, self.path = source, path
+
+    def __truediv__(self, part: str | int) -> _At:
+        step = f"[{part}]" if isinstance(part, int) else (f".{part}" if self.path else part)
+        return _At(self.source, self.path + step)
+
+    def error(self, message: str) -> TopologyError:
+        where = f"{self.source}: {self.path}" if self.path else self.source
+        return TopologyError(f"{where}: {message}")
+
+
+def _mapping(value: Any, at: _At, allowed: set[str]) -> dict[str, Any]:
+    if value is None:
+        return {}
+    if not isinstance(value, Mapping):
+        raise at.error(f"expected a mapping, got {type(value).__name__}")
+    unknown = sorted(set(map(str, value)) - allowed)
+    if unknown:
+        raise at.error(
+            f"unknown key(s) {', '.join(unknown)} (allowed: {', '.join(sorted(allowed))})"
+        )
+    return {str(k): v for k, v in value.items()}
+
+
+def _int(value: Any, at: _At, lo: int, hi: int) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or not lo <= value <= hi:
+        raise at.error(f"expected an integer {lo}..{hi}, got {value!r}")
+    return value
+
+
+def _number(
+    value: Any, at: _At, lo: float, hi: float | None = None, *, open_hi: bool = False
+) -> float:
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        raise at.error(f"expected a number, got {value!r}")
+    v = float(value)
+    too_high = hi is not None and (v >= hi if open_hi else v > hi)
+    if v < lo or too_high:
+        bound = "" if hi is None else (f" and below {hi}" if open_hi else f" and at most {hi}")
+        raise at.error(f"expected at least {lo}{bound}, got {value!r}")
+    return v
+
+
+def _delay(value: Any, at: _At) -> float:
+    if isinstance(value, str):
+        m = _DELAY.match(value)
+        if not m:
+            raise at.error(f"expected a delay such as 2ms or 250us, got {value!r}")
+        return float(m.group(1)) * _UNITS[m.group(2)]
+    return _number(value, at, 0.0)
+
+
+def _name(value: Any, at: _At) -> str:
+    if not isinstance(value, str) or not re.fullmatch(r"[A-Za-z][A-Za-z0-9_]{0,9}", value):
+        # Mininet makes interfaces <node>-eth<N>; Linux allows 15 characters.
+        raise at.error(f"{value!r} is not a node name (a letter, then up to 9 letters, digits, _)")
+    return value
+
+
+_LINK_KEYS = {"a", "b", "ports", "bw", "delay", "loss", "queue"}
+
+
+def parse_topology(doc: Any, name: str = "topology", source: str = "<topology>") -> Topology:
+    """Validate a topology document (the YAML's data) and build the :class:`Topology`.
+
+    Raises:
+        TopologyError: the first problem found, with its place in the document.
+    """
+    at = _At(source)
+    top = _mapping(doc, at, {"name", "defaults", "hosts", "switches", "links", "jobs"})
+    name = str(top.get("name", name))
+    defaults = _mapping(top.get("defaults"), at / "defaults", {"bw", "delay", "loss", "queue"})
+    switches = _switches(top.get("switches"), at / "switches")
+    hosts = _hosts(top.get("hosts"), at / "hosts")
+    clash = sorted({s.name for s in switches} & {h.name for h in hosts})
+    if clash:
+        raise at.error(f"names used by a host and a switch: {', '.join(clash)}")
+    kinds = {h.name: "host" for h in hosts} | {s.name: "switch" for s in switches}
+    links = _links(top.get("links"), at / "links", kinds, defaults)
+    for h in hosts:
+        count = sum(h.name in (link.a, link.b) for link in links)
+        if count != 1:
+            raise at.error(f"host {h.name} has {count} links; a host has exactly one")
+    jobs = _jobs(top.get("jobs"), at / "jobs", hosts, switches)
+    return Topology(name, tuple(hosts), tuple(switches), tuple(links), tuple(jobs))
+
+
+def _switches(value: Any, at: _At) -> list[Switch]:
+    if not value:
+        raise at.error("a topology needs at least one switch")
+    out = []
+    for key, spec in _mapping(value, at, set(map(str, value))).items():
+        where = at / key
+        _name(key, where)
+        s = _mapping(spec, where, {"kind", "role", "lanes"})
+        kind, role = s.get("kind", "soft"), s.get("role", "aggregate")
+        if kind not in SWITCH_KINDS:
+            raise (where / "kind").error(f"{kind!r} is not one of {', '.join(SWITCH_KINDS)}")
+        if role not in SWITCH_ROLES:
+            raise (where / "role").error(f"{role!r} is not one of {', '.join(SWITCH_ROLES)}")
+        lanes = _int(s.get("lanes", 64), where / "lanes", 1, 2048)
+        out.append(Switch(key, kind, role, lanes))
+    return out
+
+
+def _hosts(value: Any, at: _At) -> list[Host]:
+    if not value:
+        raise at.error("a topology needs at least one host")
+    out = []
+    seen_ip: dict[str, str] = {}
+    seen_mac: dict[str, str] = {}
+    for n, (key, spec) in enumerate(_mapping(value, at, set(map(str, value))).items(), 1):
+        where = at / key
+        _name(key, where)
+        h = _mapping(spec, where, {"ip", "mac", "ranks"})
+        ip = str(h.get("ip", f"10.0.0.{n}/24"))
+        try:
+            iface = ipaddress.IPv4Interface(ip if "/" in ip else ip + "/24")
+        except ValueError:
+            raise (where / "ip").error(f"{ip!r} is not an IPv4 address") from None
+        mac = str(h.get("mac", f"00:00:00:00:{n >> 8:02x}:{n & 0xFF:02x}"))
+        if not re.fullmatch(r"([0-9A-Fa-f]{2}:){5}[0-9A-Fa-f]{2}", mac):
+            raise (where / "mac").error(f"{mac!r} is not a MAC address")
+        ranks = _int(h.get("ranks", 1), where / "ranks", 1, MAX_WORKERS)
+        for table, v in ((seen_ip, str(iface.ip)), (seen_mac, mac.lower())):
+            if v in table:
+                raise where.error(f"{v} is also {table[v]}'s")
+            table[v] = key
+        out.append(Host(key, str(iface), mac.lower(), ranks))
+    return out
+
+
+def _endpoint(value: Any, at: _At, kinds: dict[str, str]) -> tuple[str, int | None]:
+    if not isinstance(value, str):
+        raise at.error(f"expected a node name, got {value!r}")
+    node, port = value, None
+    m = _PORT.match(value)
+    if value not in kinds and m:
+        node, port = m.group("node"), int(m.group("port"))
+    if node not in kinds:
+        raise at.error(f"unknown node {node!r}")
+    if port is not None and kinds[node] != "switch":
+        raise at.error(f"{node} is a host: only switch ports are numbered")
+    return node, port
+
+
+def _links(value: Any, at: _At, kinds: dict[str, str], defaults: dict[str, Any]) -> list[Link]:
+    if not isinstance(value, list) or not value:
+        raise at.error("expected a non-empty list of links")
+    next_port: dict[str, int] = {}
+    used: dict[str, set[int]] = {}
+    pairs: set[frozenset[str]] = set()
+    out = []
+    for i, item in enumerate(value):
+        where = at / i
+        spec = {"a": item[0], "b": item[1]} if isinstance(item, list) and len(item) == 2 else item
+        s = _mapping(spec, where, _LINK_KEYS)
+        if "a" not in s or "b" not in s:
+            raise where.error("a link names both ends: [a, b] or {a: ..., b: ...}")
+        a, a_port = _endpoint(s["a"], where / "a", kinds)
+        b, b_port = _endpoint(s["b"], where / "b", kinds)
+        if a == b:
+            raise where.error(f"a link from {a} to itself")
+        if kinds[a] == kinds[b] == "host":
+            raise where.error(f"{a} and {b} are hosts: a link has a switch at one end at least")
+        if frozenset((a, b)) in pairs:
+            raise where.error(f"a second link between {a} and {b}")
+        pairs.add(frozenset((a, b)))
+        if "ports" in s:
+            given = s["ports"]
+            if not (isinstance(given, list) and len(given) == 2):
+                raise (where / "ports").error("expected [port at a, port at b]")
+            for node, port in zip((a, b), given, strict=True):
+                if port is not None and kinds[node] == "host":
+                    raise (where / "ports").error(
+                        f"{node} is a host: only switch ports are numbered"
+                    )
+            a_port = a_port if given[0] is None else _int(given[0], where / "ports", 1, 511)
+            b_port = b_port if given[1] is None else _int(given[1], where / "ports", 1, 511)
+        ports: list[int | None] = []
+        for node, port in ((a, a_port), (b, b_port)):
+            if kinds[node] == "host":
+                ports.append(None)
+                continue
+            if port is None:
+                port = next_port.get(node, 1)
+                while port in used.get(node, set()):
+                    port += 1
+            if port in used.setdefault(node, set()):
+                raise where.error(f"port {port} of {node} is used twice")
+            used[node].add(port)
+            next_port[node] = port + 1
+            ports.append(port)
+        merged = {
+            **defaults,
+            **{k: v for k, v in s.items() if k in ("bw", "delay", "loss", "queue")},
+        }
+        bw = merged.get("bw")
+        queue = merged.get("queue")
+        out.append(
+            Link(
+                a, b, ports[0], ports[1],
+                bw=None if bw is None else _number(bw, where / "bw", 0.001, 100_000.0),
+                delay=_delay(merged.get("delay", 0.0), where / "delay"),
+                loss=_number(merged.get("loss", 0.0), where / "loss", 0.0, 1.0, open_hi=True),
+                queue=None if queue is None else _int(queue, where / "queue", 1, 1_000_000),
+            )
+        )  # fmt: skip
+    return out
+
+
+def _jobs(
+    value: Any, at: _At, hosts: Sequence[Host], switches: Sequence[Switch]
+) -> list[TopologyJob]:
+    if value is None:
+        return []
+    if not isinstance(value, list):
+        raise at.error("expected a list of jobs")
+    host_names = {h.name for h in hosts}
+    aggregators = {s.name for s in switches if s.role == "aggregate"}
+    out: list[TopologyJob] = []
+    for i, spec in enumerate(value):
+        where = at / i
+        j = _mapping(spec, where, {"id", "workers", "switch"})
+        job_id = _int(j.get("id"), where / "id", 0, 0xFFFF)
+        if any(o.job_id == job_id for o in out):
+            raise (where / "id").error(f"job id {job_id} is used twice")
+        workers = j.get("workers")
+        if not isinstance(workers, list) or not 1 <= len(workers) <= MAX_WORKERS:
+            raise (where / "workers").error(f"expected a list of 1..{MAX_WORKERS} hosts")
+        for k, w in enumerate(workers):
+            if w not in host_names:
+                raise (where / "workers" / k).error(f"{w!r} is not a host")
+        if len(set(workers)) != len(workers):
+            raise (where / "workers").error("a host is listed twice")
+        switch = j.get("switch")
+        if switch not in aggregators:
+            known = ", ".join(sorted(aggregators)) or "none"
+            raise (where / "switch").error(
+                f"{switch!r} is not a switch with role aggregate ({known})"
+            )
+        out.append(TopologyJob(job_id, tuple(workers), switch))
+    return out

@@ -1,0 +1,147 @@
+"""Topology files: the shipped ones load, the schema's rules hold, errors say where."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from emulation.topology import (
+    Host,
+    Topology,
+    TopologyError,
+    load_topology,
+    parse_topology,
+)
+
+TOPOLOGIES = Path(__file__).resolve().parents[2] / "topologies"
+
+
+def small(**changes: Any) -> dict[str, Any]:
+    doc: dict[str, Any] = {
+        "switches": {"s1": {}, "s2": {"role": "forward", "kind": "bmv2"}},
+        "hosts": {"h1": {}, "h2": {"ip": "192.168.1.7/16", "mac": "02:AA:00:00:00:01"}},
+        "links": [["h1", "s1"], {"a": "h2", "b": "s2", "bw": 100, "delay": "250us"}, ["s1", "s2"]],
+        "jobs": [{"id": 3, "workers": ["h2", "h1"], "switch": "s1"}],
+    }
+    doc.update(changes)
+    return doc
+
+
+def test_shipped_topologies_load() -> None:
+    shapes = {
+        "star4.yaml": (4, 1, 4),
+        "star8.yaml": (8, 1, 8),
+        "leaf_spine.yaml": (8, 3, 10),
+        "fat_tree_k4.yaml": (16, 20, 48),
+        "tutorials_triangle.json": (3, 3, 6),
+    }
+    assert {p.name for p in TOPOLOGIES.iterdir() if p.suffix in (".yaml", ".json")} == set(shapes)
+    for name, (hosts, switches, links) in shapes.items():
+        t = load_topology(TOPOLOGIES / name)
+        assert (len(t.hosts), len(t.switches), len(t.links)) == (hosts, switches, links), name
+
+
+def test_fat_tree_is_a_fat_tree() -> None:
+    t = load_topology(TOPOLOGIES / "fat_tree_k4.yaml")
+    # Every switch has k = 4 ports; each edge switch 2 hosts; core c1 aggregates.
+    assert {len(t.ports(s.name)) for s in t.switches} == {4}
+    for s in t.switches:
+        if s.name.startswith("p") and "e" in s.name:
+            assert sum(isinstance(t.node(n), Host) for n in t.ports(s.name).values()) == 2
+    assert [s.name for s in t.switches if s.role == "aggregate"] == ["c1"]
+    assert t.jobs[0].workers == tuple(f"h{i}" for i in range(1, 17))
+
+
+def test_defaults_ports_and_addresses() -> None:
+    t = parse_topology(small(defaults={"bw": 1000, "loss": 0.01}))
+    assert t.host("h1").ip == "10.0.0.1/24" and t.host("h1").mac == "00:00:00:00:00:01"
+    assert t.host("h2").address == "192.168.1.7" and t.host("h2").mac == "02:aa:00:00:00:01"
+    assert t.ports("s1") == {1: "h1", 2: "s2"} and t.ports("s2") == {1: "h2", 2: "s1"}
+    h2 = t.links[1]
+    assert (h2.bw, h2.delay, h2.loss) == (100.0, 0.25, 0.01)  # own bw, default loss
+    assert t.links[0].bw == 1000.0
+    assert t.attachment("h2") == ("s2", 1, h2)
+    assert t.switch("s2").kind == "bmv2" and t.jobs[0].workers == ("h2", "h1")
+    with pytest.raises(KeyError):
+        t.switch("h1")
+
+
+def test_explicit_ports_are_kept_and_others_fill_around_them() -> None:
+    links = [{"a": "h1", "b": "s1", "ports": [None, 2]}, ["h2", "s1"], ["s1", "s2"], ["s2", "h3"]]
+    hosts = {"h1": {}, "h2": {}, "h3": {}}
+    t = parse_topology(small(links=links, hosts=hosts, jobs=[]))
+    assert t.ports("s1") == {2: "h1", 3: "h2", 4: "s2"}
+
+
+def test_tutorials_json_ports_delay_and_bandwidth() -> None:
+    t = load_topology(TOPOLOGIES / "tutorials_triangle.json")
+    assert t.ports("s1") == {1: "h1", 2: "s2", 3: "s3"}
+    assert t.ports("s3") == {1: "h3", 2: "s1", 3: "s2"}
+    last = t.links[-1]
+    assert (last.a, last.b, last.b_port, last.delay, last.bw) == ("h3", "s3", 1, 5.0, 100.0)
+    assert {s.kind for s in t.switches} == {"bmv2"} and t.jobs == ()
+    assert t.host("h2").ip == "10.0.2.2/24"
+
+
+@pytest.mark.parametrize(
+    ("changes", "message"),
+    [
+        ({"switches": {}}, "switches: a topology needs at least one switch"),
+        ({"hosts": {"h1": {}, "s1": {}}}, "used by a host and a switch: s1"),
+        ({"switches": {"s1": {"kind": "ovs"}}}, "switches.s1.kind: 'ovs' is not one of"),
+        ({"switches": {"s1": {"role": "x"}, "s2": {}}}, "switches.s1.role"),
+        ({"switches": {"s1": {"lanes": 0}, "s2": {}}}, "switches.s1.lanes: expected an integer"),
+        ({"switches": {"s1": {"colour": 1}, "s2": {}}}, "unknown key(s) colour"),
+        ({"hosts": {"h1": {"ip": "10.0.0.300"}, "h2": {}}}, "hosts.h1.ip"),
+        ({"hosts": {"h1": {"mac": "xx"}, "h2": {}}}, "hosts.h1.mac"),
+        ({"hosts": {"h1": {"ip": "10.0.0.2"}, "h2": {}}}, "hosts.h2: 10.0.0.2 is also h1's"),
+        ({"hosts": {"h-1": {}, "h2": {}}}, "is not a node name"),
+        ({"links": [["h1", "s9"]]}, "links[0].b: unknown node 's9'"),
+        ({"links": [["h1", "h2"]]}, "links[0]: h1 and h2 are hosts"),
+        ({"links": [["h1", "s1"], ["s1", "h1"]]}, "links[1]: a second link between"),
+        ({"links": [["s1", "s1"]]}, "a link from s1 to itself"),
+        ({"links": [{"a": "h1"}]}, "links[0]: a link names both ends"),
+        ({"links": [{"a": "h1", "b": "s1", "bw": 0}]}, "links[0].bw: expected at least"),
+        ({"links": [{"a": "h1", "b": "s1", "loss": 1.0}]}, "links[0].loss"),
+        ({"links": [{"a": "h1", "b": "s1", "delay": "fast"}]}, "links[0].delay"),
+        ({"links": [{"a": "h1", "b": "s1", "ports": [1, 1]}]}, "h1 is a host"),
+        ({"links": [["h1", "s1-p1"], ["h2", "s2"], ["s1-p1", "s2"]]}, "port 1 of s1 is used twice"),
+        ({"links": [["h1", "s1"], ["s1", "s2"]]}, "host h2 has 0 links"),
+        ({"jobs": [{"id": 1, "workers": ["h1"], "switch": "s2"}]}, "jobs[0].switch: 's2' is not"),
+        ({"jobs": [{"id": 1, "workers": ["h1", "h1"], "switch": "s1"}]}, "listed twice"),
+        ({"jobs": [{"id": 1, "workers": ["s1"], "switch": "s1"}]}, "jobs[0].workers[0]"),
+        ({"jobs": [{"id": 70000, "workers": ["h1"], "switch": "s1"}]}, "jobs[0].id"),
+        (
+            {"jobs": [{"id": 1, "workers": ["h1"], "switch": "s1"}] * 2},
+            "jobs[1].id: job id 1 is used twice",
+        ),
+        ({"nodes": {}}, "unknown key(s) nodes"),
+    ],
+)
+def test_invalid_topologies_say_where(changes: dict[str, Any], message: str) -> None:
+    with pytest.raises(TopologyError) as caught:
+        parse_topology(small(**changes), source="t.yaml")
+    assert message in str(caught.value)
+    assert str(caught.value).startswith("t.yaml")
+
+
+def test_unreadable_and_unparsable_files(tmp_path: Path) -> None:
+    with pytest.raises(TopologyError, match="cannot read topology"):
+        load_topology(tmp_path / "missing.yaml")
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("links: [h1, {")
+    with pytest.raises(TopologyError, match=r"bad\.yaml: not YAML"):
+        load_topology(bad)
+    bad_json = tmp_path / "bad.json"
+    bad_json.write_text("{")
+    with pytest.raises(TopologyError, match="not JSON"):
+        load_topology(bad_json)
+
+
+def test_topology_is_pure_data() -> None:
+    t = load_topology(TOPOLOGIES / "star4.yaml")
+    assert isinstance(t, Topology) and t == load_topology(TOPOLOGIES / "star4.yaml")
+    with pytest.raises(AttributeError):
+        t.name = "other"  # type: ignore[misc]
