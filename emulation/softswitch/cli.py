@@ -2,7 +2,7 @@
 
 The switch starts with empty tables; a controller (``inalab ctl``, the ``controller``
 package, p4runtime-shell) installs jobs through its P4Runtime server. With
-``--ready-file`` it writes ``{data, p4runtime, device_id, pid, lanes, slots}`` as JSON
+``--ready-file`` it writes ``{data, interfaces, p4runtime, device_id, pid, lanes, slots}`` as JSON
 once both servers are bound (atomically, so a reader never sees half a file); this is how
 :class:`emulation.softswitch.process.SoftSwitchProcess` learns the ports it got.
 """
@@ -29,7 +29,14 @@ from hostlib.protocol import (
     SWITCH_SLOTS,
 )
 
-__all__ = ["DEFAULT_P4RUNTIME_PORT", "add_arguments", "main", "parse_addr", "run"]
+__all__ = [
+    "DEFAULT_P4RUNTIME_PORT",
+    "add_arguments",
+    "main",
+    "parse_addr",
+    "parse_interface",
+    "run",
+]
 
 log = logging.getLogger(__name__)
 
@@ -51,6 +58,18 @@ def parse_addr(text: str) -> Addr:
     return host, int(port)
 
 
+def parse_interface(text: str) -> tuple[int, str]:
+    """Parse ``PORT@IFACE`` (bmv2's ``-i`` syntax), port 0..511.
+
+    Raises:
+        argparse.ArgumentTypeError: no ``@``, or a port that is not 0..511.
+    """
+    port, sep, name = text.partition("@")
+    if not sep or not name or not port.isdigit() or int(port) > 511:
+        raise argparse.ArgumentTypeError(f"{text!r} is not PORT@IFACE with a port 0..511")
+    return int(port), name
+
+
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     """Declare the ``inalab switch`` options on ``parser``."""
     a = parser.add_argument
@@ -69,6 +88,16 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help=f"P4Runtime gRPC address (default 127.0.0.1:{DEFAULT_P4RUNTIME_PORT})",
     )
     a("--device-id", type=int_in(0), default=0, help="P4Runtime device id (default 0)")
+    a(
+        "-i",
+        "--interface",
+        type=parse_interface,
+        action="append",
+        default=[],
+        metavar="PORT@IFACE",
+        help="a switch port on a network interface (repeatable; root): the switch then "
+        "takes Ethernet frames on its ports instead of UDP on --listen, as bmv2 does",
+    )
     a(
         "--lanes",
         type=int_in(1, MAX_LANES),
@@ -100,7 +129,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--ready-file",
         type=Path,
         metavar="PATH",
-        help="write {data, p4runtime, device_id, pid, lanes, slots} as JSON here once listening",
+        help="once listening, write {data, interfaces, p4runtime, device_id, pid, lanes, "
+        "slots} as JSON here",
     )
     a(
         "--pcap",
@@ -139,14 +169,28 @@ def run(args: argparse.Namespace) -> int:
         pcap = PcapWriter(args.pcap, args.pcap_count) if args.pcap is not None else None
     except OSError as exc:
         return _usage_error(f"--pcap: {exc}", status=1)
+    ports = dict(args.interface)
+    if len(ports) != len(args.interface):
+        return _usage_error("--interface: a port is given twice")
+    if ports and pcap is not None:
+        pcap.close()
+        return _usage_error("--pcap records UDP datagrams; on ports, capture the interfaces")
     try:
-        server = SwitchServer(
-            pipeline, args.listen, args.p4runtime, device_id=args.device_id, pcap=pcap
-        )
+        if ports:
+            from emulation.softswitch.frames import FrameSwitchServer
+
+            server: SwitchServer = FrameSwitchServer(
+                pipeline, ports, args.p4runtime, device_id=args.device_id
+            )
+        else:
+            server = SwitchServer(
+                pipeline, args.listen, args.p4runtime, device_id=args.device_id, pcap=pcap
+            )
     except OSError as exc:
         if pcap is not None:
             pcap.close()
-        return _usage_error(f"cannot bind {args.listen} / {args.p4runtime}: {exc}", status=1)
+        where = ", ".join(f"{p}@{n}" for p, n in ports.items()) if ports else args.listen
+        return _usage_error(f"cannot bind {where} / {args.p4runtime}: {exc}", status=1)
     with server:
         server.install_signal_handlers()
         if args.ready_file is not None:
@@ -163,8 +207,10 @@ def _usage_error(message: str, status: int = 2) -> int:
 
 def _write_ready_file(path: Path, server: SwitchServer) -> None:
     """Write the ready file atomically (readers poll for its existence)."""
+    interfaces: dict[int, str] = getattr(server, "interfaces", {})
     info = {
-        "data": list(server.data_addr),
+        "data": None if interfaces else list(server.data_addr),
+        "interfaces": {str(p): n for p, n in interfaces.items()},
         "p4runtime": "{}:{}".format(*server.p4runtime_addr),
         "device_id": server.device_id,
         "pid": os.getpid(),

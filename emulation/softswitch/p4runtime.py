@@ -225,6 +225,7 @@ class _Hooks:
         kind: int,
         match: dict[str, int],
         params: dict[str, int],
+        action: str = "",
     ) -> None:
         p = self.pipeline
         insert, modify = p4runtime_pb2.Update.INSERT, p4runtime_pb2.Update.MODIFY
@@ -247,7 +248,29 @@ class _Hooks:
             if kind == p4runtime_pb2.Update.DELETE:
                 p.delete_replica(*key)
             else:
-                p.set_replica(*key, (_ipv4(params["dst_ip"]), params["dst_port"]))
+                addr = (_ipv4(params["dst_ip"]), params["dst_port"])
+                p.set_replica(*key, addr, params["dst_mac"])
+        elif table == "Ingress.forwarder.forward":
+            if kind == p4runtime_pb2.Update.DELETE:
+                del p.forward[match["eth_dst"]]
+            else:
+                p.forward[match["eth_dst"]] = _forwarding(action, params)
+
+    def default(self, table: str, action: str | None, params: dict[str, int]) -> None:
+        """A table's default entry was modified (None: reset to the program's)."""
+        if table == "Ingress.forwarder.forward":
+            self.pipeline.forward_default = (
+                ("drop", 0) if action is None else _forwarding(action, params)
+            )
+
+
+def _forwarding(action: str, params: dict[str, int]) -> tuple[str, int]:
+    """The pipeline's form of a forwarder action: (port, p), (flood, mgid) or (drop, 0)."""
+    if action.endswith("set_egress_port"):
+        return "port", params["port"]
+    if action.endswith("flood"):
+        return "flood", params["mgid"]
+    return "drop", 0
 
 
 class _Registers:
@@ -466,7 +489,12 @@ class _Entities:
                 raise _fail(grpc.StatusCode.RESOURCE_EXHAUSTED, f"{info.name} is full")
             if self.p4info.action(action.action.action_id).name.endswith("_miss") and params:
                 raise _fail(grpc.StatusCode.INVALID_ARGUMENT, "miss actions take no data")
-        self.hooks.apply(info.name, kind, match, params)
+        name = (
+            ""
+            if kind == p4runtime_pb2.Update.DELETE
+            else self.p4info.action(stored.action.action.action_id).name
+        )
+        self.hooks.apply(info.name, kind, match, params, name)
         if kind == p4runtime_pb2.Update.DELETE:
             del table.entries[key]
         else:
@@ -488,10 +516,12 @@ class _Entities:
             )
         if entry.action.WhichOneof("type") is None:
             table.default = None  # no action: back to the program's default (the spec's reset)
+            self.hooks.default(info.name, None, {})
             return
-        action, _ = self._action(table, entry, default=True)
+        action, params = self._action(table, entry, default=True)
         stored = p4runtime_pb2.TableEntry(table_id=info.id, is_default_action=True)
         stored.action.CopyFrom(action)
+        self.hooks.default(info.name, self.p4info.action(action.action.action_id).name, params)
         table.default = stored
 
     def _write_pre(self, kind: int, pre: Any) -> None:

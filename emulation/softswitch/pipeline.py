@@ -134,15 +134,22 @@ class _Job:
     slot_base: int
     slot_count: int
     mgid: int
-    sources: set[tuple[int, Addr]]  # (rank, source) pairs bound in the workers table
+    sources: dict[int, set[Addr]]  # rank -> sources bound in the workers table
     dests: tuple[Addr, ...] = ()  # where a completed slot is multicast (group + replicas)
+    links: tuple[tuple[int, int], ...] = ()  # (egress port, MAC) of each of dests
 
 
 class Emit(NamedTuple):
-    """Packets the pipeline asks the I/O layer to send: one payload to each destination."""
+    """Packets the pipeline asks the I/O layer to send: one payload to each destination.
+
+    ``links`` says, for a switch with ports, where each of ``dests`` is: (egress port,
+    destination MAC as an integer), from the replicas table. It is empty for the
+    unicast answer to a retransmission, which goes back whence it came.
+    """
 
     payload: memoryview
     dests: Sequence[Addr]
+    links: Sequence[tuple[int, int]] = ()
 
 
 class SlotState(NamedTuple):
@@ -229,9 +236,14 @@ class Pipeline:
         self.seq = np.zeros(2 * slots, dtype=np.uint32)
         self.values = np.zeros((2 * slots, lanes), dtype=np.int32)
         self._jobs: dict[int, _Job] = {}
-        self._workers: dict[int, set[tuple[int, Addr]]] = {}  # job id -> (rank, source)
+        self._workers: dict[int, dict[int, set[Addr]]] = {}  # job id -> rank -> sources
         self._groups: dict[int, tuple[tuple[int, int], ...]] = {}  # mgid -> (port, rid)
-        self._replicas: dict[tuple[int, int, int], Addr] = {}  # (job, rid, port) -> dest
+        # (job, rid, port) -> (destination, its MAC)
+        self._replicas: dict[tuple[int, int, int], tuple[Addr, int]] = {}
+        # The forwarder (non-INA frames, on a switch with ports): destination MAC ->
+        # ("port", p) | ("flood", mgid) | ("drop", 0), and the action on a miss.
+        self.forward: dict[int, tuple[str, int]] = {}
+        self.forward_default: tuple[str, int] = ("drop", 0)
         self._out = bytearray(self._size)
         self._out_view = memoryview(self._out)
         self._out_values = np.frombuffer(self._out, dtype=">i4", offset=HEADER_SIZE)
@@ -282,8 +294,9 @@ class Pipeline:
         """
         job = self._job(job_id)
         self.delete_job(job_id)
-        for rank, addr in sorted(job.sources):
-            self.delete_worker(job_id, rank, addr)
+        for rank, addrs in list(job.sources.items()):
+            for addr in sorted(addrs):
+                self.delete_worker(job_id, rank, addr)
         for key in [k for k in self._replicas if k[0] == job_id]:
             self.delete_replica(*key)
         self._groups.pop(job.mgid, None)
@@ -294,8 +307,8 @@ class Pipeline:
         out = []
         for j in self._jobs.values():
             bound: dict[int, Addr] = {}
-            for rank, addr in sorted(j.sources):
-                bound.setdefault(rank, addr)
+            for rank, addrs in j.sources.items():
+                bound[rank] = min(addrs)
             workers = tuple(bound.get(r, ("0.0.0.0", 0)) for r in range(j.num_workers))
             out.append(JobConfig(j.job_id, workers, j.slot_count, j.slot_base))
         return out
@@ -345,10 +358,10 @@ class Pipeline:
             JobTableError: the binding exists, or the job id is out of range.
         """
         self._check_job_id(job_id)
-        bound = self._workers.setdefault(job_id, set())
-        if (rank, addr) in bound:
+        bound = self._workers.setdefault(job_id, {}).setdefault(rank, set())
+        if addr in bound:
             raise JobTableError(f"job {job_id} rank {rank} already bound to {addr}")
-        bound.add((rank, addr))
+        bound.add(addr)
 
     def delete_worker(self, job_id: int, rank: int, addr: Addr) -> None:
         """Remove one binding.
@@ -356,10 +369,12 @@ class Pipeline:
         Raises:
             JobTableError: no such binding.
         """
-        bound = self._workers.get(job_id, set())
-        if (rank, addr) not in bound:
+        ranks = self._workers.get(job_id, {})
+        if addr not in ranks.get(rank, ()):
             raise JobTableError(f"job {job_id} rank {rank} not bound to {addr}")
-        bound.discard((rank, addr))
+        ranks[rank].discard(addr)
+        if not ranks[rank]:
+            del ranks[rank]  # the per-packet lookup finds no empty set
 
     def set_group(self, mgid: int, replicas: Sequence[tuple[int, int]]) -> None:
         """Create or replace multicast group ``mgid``: its (egress port, rid) replicas.
@@ -382,10 +397,14 @@ class Pipeline:
             raise JobTableError(f"no multicast group {mgid}")
         self._refresh_dests()
 
-    def set_replica(self, job_id: int, rid: int, port: int, addr: Addr) -> None:
+    def set_replica(self, job_id: int, rid: int, port: int, addr: Addr, mac: int = 0) -> None:
         """Set where replica (rid, egress port) of a job's result goes (replicas table)."""
-        self._replicas[(job_id, rid, port)] = addr
+        self._replicas[(job_id, rid, port)] = (addr, mac)
         self._refresh_dests()
+
+    def group(self, mgid: int) -> tuple[tuple[int, int], ...]:
+        """The (egress port, rid) replicas of multicast group ``mgid`` (none if undefined)."""
+        return self._groups.get(mgid, ())
 
     def delete_replica(self, job_id: int, rid: int, port: int) -> None:
         """Delete a replicas-table entry.
@@ -409,6 +428,8 @@ class Pipeline:
         self._workers.clear()
         self._groups.clear()
         self._replicas.clear()
+        self.forward.clear()
+        self.forward_default = ("drop", 0)
         self._clear(0, self.slots)
         for name in self.stats:
             self.stats[name] = 0
@@ -437,7 +458,7 @@ class Pipeline:
             raise JobTableError(f"slots {slot_base}..{slot_base + slot_count - 1} not free")
         if not 0 <= mgid <= 0xFFFF:
             raise JobTableError(f"multicast group {mgid} outside 0..65535")
-        sources = self._workers.setdefault(job_id, set())
+        sources = self._workers.setdefault(job_id, {})
         return _Job(job_id, num_workers, slot_base, slot_count, mgid, sources)
 
     @staticmethod
@@ -455,8 +476,9 @@ class Pipeline:
         """Recompute every job's multicast destinations (the PRE and egress, folded)."""
         for job in self._jobs.values():
             group = self._groups.get(job.mgid, ())
-            found = (self._replicas.get((job.job_id, rid, port)) for port, rid in group)
-            job.dests = tuple(d for d in found if d is not None)
+            found = [(port, self._replicas.get((job.job_id, rid, port))) for port, rid in group]
+            job.dests = tuple(r[0] for _, r in found if r is not None)
+            job.links = tuple((port, r[1]) for port, r in found if r is not None)
 
     def read_slot(self, job_id: int, slot: int, pool_set: int) -> SlotState:
         """Read the registers of one job-relative slot and set.
@@ -502,7 +524,8 @@ class Pipeline:
             return self._drop(DropReason.UNKNOWN_JOB)
         if rank >= job.num_workers:
             return self._drop(DropReason.BAD_RANK)
-        if (rank, src) not in job.sources:
+        bound = job.sources.get(rank)
+        if bound is None or src not in bound:
             return self._drop(DropReason.BAD_SOURCE)
         slot = pidx & SLOT_MASK
         if slot >= job.slot_count:
@@ -547,9 +570,15 @@ class Pipeline:
         if left != 0:
             return None
         stats["completed"] += 1
-        return self._result(data, i, job.dests)
+        return self._result(data, i, job.dests, job.links)
 
-    def _result(self, data: memoryview, i: int, dests: tuple[Addr, ...]) -> Emit | None:
+    def _result(
+        self,
+        data: memoryview,
+        i: int,
+        dests: tuple[Addr, ...],
+        links: tuple[tuple[int, int], ...] = (),
+    ) -> Emit | None:
         """Turn the packet into a RESULT carrying slot ``i``'s registers, for ``dests``.
 
         The payload view is the pipeline's one output buffer: send it before the next
@@ -562,13 +591,14 @@ class Pipeline:
         self._out_values[:] = self.values[i]
         drops = self.drops
         if drops.egress:
-            kept = tuple(d for d in dests if not drops.drop_egress())
-            self.stats["drop_" + DropReason.SIM_EGRESS.value] += len(dests) - len(kept)
-            dests = kept
+            keep = [not drops.drop_egress() for _ in dests]
+            self.stats["drop_" + DropReason.SIM_EGRESS.value] += keep.count(False)
+            links = tuple(x for x, k in zip(links, keep, strict=False) if k)
+            dests = tuple(d for d, k in zip(dests, keep, strict=True) if k)
         if not dests:
             return None
         self.stats["results_sent"] += len(dests)
-        return Emit(self._out_view, dests)
+        return Emit(self._out_view, dests, links)
 
     def _drop(self, reason: DropReason) -> Emit | None:
         # Typed as process()'s result (always None) so `return self._drop(...)` type-checks.

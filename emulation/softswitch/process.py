@@ -56,6 +56,8 @@ class SoftSwitchProcess:
         drop_egress: drop probability per result replica at egress.
         seed: drop simulator seed.
         start_timeout: seconds :meth:`start` waits for readiness.
+        interfaces: switch port -> network interface: the switch takes Ethernet
+            frames on these (root) instead of UDP datagrams.
         extra_args: more ``inalab switch`` options, appended as given.
     """
 
@@ -71,6 +73,7 @@ class SoftSwitchProcess:
         drop_egress: float = 0.0,
         seed: int = 0,
         start_timeout: float = 15.0,
+        interfaces: dict[int, str] | None = None,
         extra_args: tuple[str, ...] = (),
     ) -> None:
         self.run_dir = Path(run_dir)
@@ -85,6 +88,8 @@ class SoftSwitchProcess:
             "--drop-ingress", repr(drop_ingress), "--drop-egress", repr(drop_egress),
             "--seed", str(seed), *extra_args,
         ]  # fmt: skip
+        for port, iface in (interfaces or {}).items():
+            self.argv += ["--interface", f"{port}@{iface}"]
         self._proc: subprocess.Popen[bytes] | None = None
         self._log_file: IO[bytes] | None = None
         self._ready: dict[str, Any] | None = None
@@ -177,7 +182,10 @@ class SoftSwitchProcess:
     @property
     def data_addr(self) -> Addr:
         """The UDP ``(ip, port)`` workers send to (from the ready file)."""
-        ip, port = self._require_ready()["data"]
+        data = self._require_ready()["data"]
+        if data is None:
+            raise RuntimeError("this switch has Ethernet ports, not a UDP data address")
+        ip, port = data
         return ip, port
 
     @property
@@ -192,7 +200,8 @@ class SoftSwitchProcess:
 
     @property
     def ready_info(self) -> dict[str, Any]:
-        """The ready file's content: data, p4runtime, device_id, pid, lanes, slots."""
+        """The ready file's content: data (None on ports), interfaces, p4runtime,
+        device_id, pid, lanes, slots."""
         return dict(self._require_ready())
 
     def controller(
@@ -225,7 +234,7 @@ class SoftSwitchProcess:
             info = self._read_ready_file()
             if info is not None and info.get("pid") == proc.pid and self._answers(info):
                 self._ready = info
-                log.info("switch pid %d ready: data %s", proc.pid, tuple(info["data"]))
+                log.info("switch pid %d ready: %s", proc.pid, info["data"] or info["interfaces"])
                 return
             if time.monotonic() > deadline:
                 raise SwitchStartError(

@@ -156,20 +156,23 @@ class SwitchServer:
         self.device_id = device_id
         self.stats: dict[str, int] = {"send_errors": 0}
         self._stop = False
+        self._closed = False
         self.control = ControlQueue()
         p4info = p4info or softswitch_p4info(P4Info.load(), pipeline.lanes, pipeline.slots)
         self.p4runtime = SoftSwitchP4Runtime(pipeline, p4info, device_id, self.control.call)
-        self._udp = _bind_udp(data_addr)
+        self._selector = selectors.DefaultSelector()
+        self._sockets = self._open_io(data_addr)
         host = p4runtime_addr[0]
         try:
             self._grpc, port = serve_p4runtime(self.p4runtime, f"{host}:{p4runtime_addr[1]}")
         except BaseException:
-            self._udp.close()
+            for sock in self._sockets:
+                sock.close()
             self.control.close()
             raise
         self._p4runtime_addr = (host, port)
-        self._selector = selectors.DefaultSelector()
-        self._selector.register(self._udp, selectors.EVENT_READ, None)
+        for sock in self._sockets:
+            self._selector.register(sock, selectors.EVENT_READ, None)
         self._selector.register(self.control, selectors.EVENT_READ, self.control)
         self._buf = bytearray(_MAX_DATAGRAM)
         self._view = memoryview(self._buf)
@@ -178,6 +181,11 @@ class SwitchServer:
         self._full_view = self._view[: self._full_size]
         self.pcap = pcap
         self._own_addr = self.data_addr
+
+    def _open_io(self, data_addr: Addr) -> list[socket.socket]:
+        """Open the data plane's sockets (here: the UDP socket)."""
+        self._udp = _bind_udp(data_addr)
+        return [self._udp]
 
     @property
     def data_addr(self) -> Addr:
@@ -246,16 +254,17 @@ class SwitchServer:
 
     def close(self) -> None:
         """Stop the P4Runtime server and close the sockets; idempotent."""
-        if self._udp.fileno() < 0:
+        if self._closed:
             return
+        self._closed = True
         self._grpc.stop(grace=1.0).wait()
         self.control.run_pending()  # nobody waits on these any more, but let them finish
         self.control.close()
         if self.pcap is not None:
             self.pcap.close()
-        self._selector.unregister(self._udp)
         self._selector.close()
-        self._udp.close()
+        for sock in self._sockets:
+            sock.close()  # a second close of a port closed on failure does nothing
 
     def _drain(self) -> int:
         """Process up to CONTROL_EVERY queued datagrams; return how many were processed."""

@@ -23,6 +23,7 @@ from typing import Protocol
 
 from runner import (
     COUNTERS,
+    SOFT_SLOTS,
     Forward,
     Job,
     PortIdentity,
@@ -36,6 +37,7 @@ from runner import (
 from controller.forwarder import HostRoute
 from controller.p4info import P4Info
 from controller.switch import SwitchController, WorkerAddress
+from emulation.softswitch import SoftSwitchProcess
 from hostlib.protocol import INA_UDP_PORT
 
 REPO = Path(__file__).resolve().parents[2]
@@ -54,7 +56,7 @@ class Bmv2Control(Protocol):
     The controller's own API need not be this one: :func:`control_factory` adapts it.
     """
 
-    def push_pipeline(self, p4info: Path, bmv2_json: Path) -> None: ...
+    def push_pipeline(self, p4info: Path | None, bmv2_json: Path | None) -> None: ...
     def set_switch_identity(self, mac: str, ip: str, udp_port: int) -> None: ...
     def add_job(self, job: Job, workers: list[PortIdentity]) -> None: ...
     def add_host_route(self, host: PortIdentity) -> None: ...
@@ -64,15 +66,21 @@ class Bmv2Control(Protocol):
 
 
 class _ControllerAdapter:
-    """:class:`Bmv2Control` over :class:`controller.switch.SwitchController`."""
+    """:class:`Bmv2Control` over :class:`controller.switch.SwitchController`.
 
-    def __init__(self, grpc_address: str, thrift_address: str) -> None:
+    Without a Thrift address (the soft switch) registers go over P4Runtime and
+    ``push_pipeline`` only connects: the soft switch has its program built in.
+    """
+
+    def __init__(self, grpc_address: str, thrift_address: str | None) -> None:
         self.grpc_address = grpc_address
         self.thrift_address = thrift_address
         self._ctl: SwitchController | None = None
 
-    def push_pipeline(self, p4info: Path, bmv2_json: Path) -> None:
-        pipeline = (P4Info.load(p4info), bmv2_json.read_bytes())
+    def push_pipeline(self, p4info: Path | None, bmv2_json: Path | None) -> None:
+        pipeline = None
+        if p4info is not None and bmv2_json is not None:
+            pipeline = (P4Info.load(p4info), bmv2_json.read_bytes())
         self._ctl = SwitchController.connect(
             self.grpc_address, pipeline=pipeline, thrift=self.thrift_address
         )
@@ -104,7 +112,7 @@ class _ControllerAdapter:
         return self._ctl
 
 
-def control_factory() -> Callable[[str, str], Bmv2Control]:
+def control_factory() -> Callable[[str, str | None], Bmv2Control]:
     """What connects a :class:`Bmv2Control` to the switch's gRPC and Thrift addresses."""
     return _ControllerAdapter
 
@@ -134,6 +142,10 @@ class Bmv2Target:
         self._start(vector, run_dir, grpc_port, thrift_port)
         self._control = connect(f"127.0.0.1:{grpc_port}", f"127.0.0.1:{thrift_port}")
         self._control.push_pipeline(P4INFO, bmv2_json)
+        self._configure_tables(vector)
+
+    def _configure_tables(self, vector: Vector) -> None:
+        assert self._control is not None
         self._control.set_switch_identity(SWITCH_MAC, SWITCH_IP, INA_UDP_PORT)
         for port in vector.ports:
             self._control.add_host_route(port_identity(port))
@@ -198,8 +210,24 @@ class Bmv2Target:
         self._veths.clear()
 
     def _start(self, vector: Vector, run_dir: Path, grpc_port: int, thrift_port: int) -> None:
-        tag = f"iv{os.getpid() % 100000}"
         interfaces = []
+        for port, switch_if in self._make_ports(vector).items():
+            interfaces += ["-i", f"{port}@{switch_if}"]
+        self._log = run_dir / f"bmv2-{vector.name}.log"
+        argv = [
+            "simple_switch_grpc", "--device-id", "0", *interfaces, "--no-p4",
+            "--thrift-port", str(thrift_port),
+            "--", "--grpc-server-addr", f"127.0.0.1:{grpc_port}",
+        ]  # fmt: skip
+        with self._log.open("wb") as log:
+            self._proc = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT)
+        _wait_listening(self._proc, grpc_port, self._log)
+
+    def _make_ports(self, vector: Vector) -> dict[int, str]:
+        """A veth pair per vector port: the test's raw socket on one end; return the
+        switch's ends by port."""
+        tag = f"iv{os.getpid() % 100000}"
+        ports = {}
         for port in vector.ports:
             host_if, switch_if = f"{tag}h{port}", f"{tag}s{port}"
             _ip("link", "add", host_if, "type", "veth", "peer", "name", switch_if)
@@ -211,16 +239,8 @@ class Bmv2Target:
             sock = socket.socket(socket.AF_PACKET, socket.SOCK_RAW, socket.htons(_ETH_P_ALL))
             sock.bind((host_if, 0))
             self._socks[port] = sock
-            interfaces += ["-i", f"{port}@{switch_if}"]
-        self._log = run_dir / f"bmv2-{vector.name}.log"
-        argv = [
-            "simple_switch_grpc", "--device-id", "0", *interfaces, "--no-p4",
-            "--thrift-port", str(thrift_port),
-            "--", "--grpc-server-addr", f"127.0.0.1:{grpc_port}",
-        ]  # fmt: skip
-        with self._log.open("wb") as log:
-            self._proc = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT)
-        _wait_listening(self._proc, grpc_port, self._log)
+            ports[port] = switch_if
+        return ports
 
     def _require_control(self) -> Bmv2Control:
         if self._control is None:
@@ -307,3 +327,38 @@ def _wait_listening(proc: subprocess.Popen[bytes], port: int, log: Path) -> None
             if time.monotonic() > deadline:
                 raise VectorFailure(f"simple_switch_grpc not listening; log {log}") from None
             time.sleep(0.05)
+
+
+class SoftPortsTarget(Bmv2Target):
+    """The soft switch on the same veth pairs and raw sockets as bmv2 (``inalab switch
+    --interface``), configured by the same controller (registers over P4Runtime)."""
+
+    name = "soft-ports"
+
+    def __init__(self) -> None:
+        super().__init__()
+        self._switch: SoftSwitchProcess | None = None
+
+    def configure(self, vector: Vector, run_dir: Path) -> None:
+        if os.geteuid() != 0:
+            raise TargetUnavailable("needs root for veth pairs and raw sockets")
+        ports = self._make_ports(vector)
+        self._switch = SoftSwitchProcess(
+            run_dir, name=f"switch-{vector.name}", lanes=vector.lanes, slots=SOFT_SLOTS,
+            interfaces=ports,
+        ).start()  # fmt: skip
+        self._control = control_factory()(self._switch.p4runtime_address, None)
+        self._control.push_pipeline(None, None)
+        self._configure_tables(vector)
+
+    def close(self) -> None:
+        code, log_path = 0, None
+        if self._control is not None:
+            self._control.close()
+            self._control = None
+        if self._switch is not None:  # before its interfaces go away
+            code = self._switch.stop()
+            log_path, self._switch = self._switch.log_path, None
+        super().close()
+        if code != 0:
+            raise VectorFailure(f"soft switch exited with status {code}; log {log_path}")

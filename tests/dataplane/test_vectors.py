@@ -24,15 +24,19 @@ VECTORS = load_vectors()
 def _target(name: str) -> Target:
     if name == "soft":
         return SoftSwitchTarget()
-    from bmv2_target import Bmv2Target  # only where simple_switch_grpc is: marker bmv2
+    from bmv2_target import Bmv2Target, SoftPortsTarget  # veth pairs, raw sockets: root
 
-    return Bmv2Target()
+    return SoftPortsTarget() if name == "soft-ports" else Bmv2Target()
 
 
 def _params() -> list[object]:
     params: list[object] = []
     for vector in VECTORS:
         params.append(pytest.param(vector, "soft", id=f"{vector.name}-soft"))
+        ports = [pytest.mark.root]
+        params.append(
+            pytest.param(vector, "soft-ports", id=f"{vector.name}-soft-ports", marks=ports)
+        )
         marks = [pytest.mark.bmv2, pytest.mark.root]
         params.append(pytest.param(vector, "bmv2", id=f"{vector.name}-bmv2", marks=marks))
     return params
