@@ -99,6 +99,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "takes Ethernet frames on its ports instead of UDP on --listen, as bmv2 does",
     )
     a(
+        "--forward-only",
+        action="store_true",
+        help="with --interface: aggregate nothing, forward INA packets like other frames",
+    )
+    a(
         "--lanes",
         type=int_in(1, MAX_LANES),
         default=LANES_PER_PACKET,
@@ -172,6 +177,8 @@ def run(args: argparse.Namespace) -> int:
     ports = dict(args.interface)
     if len(ports) != len(args.interface):
         return _usage_error("--interface: a port is given twice")
+    if args.forward_only and not ports:
+        return _usage_error("--forward-only needs --interface (a switch with ports)")
     if ports and pcap is not None:
         pcap.close()
         return _usage_error("--pcap records UDP datagrams; on ports, capture the interfaces")
@@ -180,8 +187,9 @@ def run(args: argparse.Namespace) -> int:
             from emulation.softswitch.frames import FrameSwitchServer
 
             server: SwitchServer = FrameSwitchServer(
-                pipeline, ports, args.p4runtime, device_id=args.device_id
-            )
+                pipeline, ports, args.p4runtime, device_id=args.device_id,
+                forward_only=args.forward_only,
+            )  # fmt: skip
         else:
             server = SwitchServer(
                 pipeline, args.listen, args.p4runtime, device_id=args.device_id, pcap=pcap

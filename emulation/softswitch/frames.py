@@ -71,6 +71,8 @@ class FrameSwitchServer(SwitchServer):
         interfaces: switch port number -> network interface.
         p4runtime_addr: gRPC ``(host, port)``; port 0 picks one.
         p4info, device_id, poll_interval, pcap: as for :class:`SwitchServer`.
+        forward_only: forward INA packets like any other frame (a switch on the path
+            to the aggregating one, as a plain L2 program would).
 
     Raises:
         OSError: an interface cannot be opened (missing, or no CAP_NET_RAW).
@@ -85,7 +87,9 @@ class FrameSwitchServer(SwitchServer):
         device_id: int = 0,
         poll_interval: float = 0.05,
         pcap: PcapWriter | None = None,
+        forward_only: bool = False,
     ) -> None:
+        self.forward_only = forward_only
         if not interfaces:
             raise ValueError("a switch with ports needs at least one interface")
         self.interfaces = dict(interfaces)
@@ -146,7 +150,8 @@ class FrameSwitchServer(SwitchServer):
 
     def _frame(self, port: int, frame: memoryview) -> None:
         if (
-            len(frame) >= _ETH + _IP + _UDP
+            not self.forward_only
+            and len(frame) >= _ETH + _IP + _UDP
             and frame[12:14] == _IPV4
             and frame[14] == 0x45
             and frame[23] == 17
