@@ -20,34 +20,31 @@ def test_readme_has_examples() -> None:
     assert {"pcap", "ctl"} <= set(examples())
 
 
-@pytest.mark.timeout(300)
-def test_pcap_example_dissects_the_switch_capture(tmp_path: Path) -> None:
+def run_example(name: str, cwd: Path, timeout: float) -> str:
+    """Run README example ``name`` as bash (-euo pipefail) in ``cwd``; its stdout."""
     proc = subprocess.run(
-        ["bash", "-euo", "pipefail", "-c", examples()["pcap"]],
-        cwd=tmp_path,
+        ["bash", "-euo", "pipefail", "-c", examples()[name]],
+        cwd=cwd,
         capture_output=True,
         text=True,
-        timeout=280,
+        timeout=timeout,
         check=False,
     )
     assert proc.returncode == 0, proc.stderr
-    lines = [line for line in proc.stdout.splitlines() if " / INA " in line]
-    assert len(lines) == 8, proc.stdout
+    return proc.stdout
+
+
+@pytest.mark.timeout(300)
+def test_pcap_example_dissects_the_switch_capture(tmp_path: Path) -> None:
+    stdout = run_example("pcap", tmp_path, 280)
+    lines = [line for line in stdout.splitlines() if " / INA " in line]
+    assert len(lines) == 8, stdout
     assert "INA DATA job=1" in lines[0], lines[0]
 
 
 @pytest.mark.timeout(120)
 def test_ctl_example_installs_reads_and_removes_a_job(tmp_path: Path) -> None:
-    proc = subprocess.run(
-        ["bash", "-euo", "pipefail", "-c", examples()["ctl"]],
-        cwd=tmp_path,
-        capture_output=True,
-        text=True,
-        timeout=100,
-        check=False,
-    )
-    assert proc.returncode == 0, proc.stderr
-    out = proc.stdout
+    out = run_example("ctl", tmp_path, 100)
     assert "job 1: 2 workers, slots 0+16" in out
     assert "0=127.0.0.1:40001, 1=127.0.0.1:40002" in out
     assert "set 0: bitmap 00 ranks [] remaining 0 seq 0" in out
