@@ -9,14 +9,10 @@ from typing import Any
 from p4.v1 import p4runtime_pb2
 
 from controller.entries import modify
-from controller.p4info import encode_value
+from controller.p4info import encode_value, mac_text
 from controller.tables import TableManager
 
 __all__ = ["Forwarder", "HostRoute"]
-
-
-def _mac(value: int) -> str:
-    return ":".join(f"{(value >> s) & 0xFF:02x}" for s in range(40, -8, -8))
 
 
 @dataclass(frozen=True)
@@ -55,7 +51,7 @@ class Forwarder(TableManager):
     def read(self) -> list[HostRoute]:
         """Every host route, by port."""
         routes = [
-            HostRoute(_mac(m["eth_dst"]), p["port"])
+            HostRoute(mac_text(m["eth_dst"]), p["port"])
             for m, action, p in self._read()
             if action == "Ingress.forwarder.set_egress_port"
         ]

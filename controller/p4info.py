@@ -39,6 +39,7 @@ __all__ = [
     "Value",
     "decode_value",
     "encode_value",
+    "mac_text",
 ]
 
 DEFAULT_P4INFO_PATH = Path(__file__).resolve().parents[1] / "p4" / "ina.p4info.txtpb"
@@ -403,6 +404,12 @@ def encode_value(value: Value, bitwidth: int) -> bytes:
     if number < 0 or number.bit_length() > bitwidth:
         raise EncodingError(f"{value!r} does not fit an unsigned {bitwidth}-bit field")
     return number.to_bytes(max(1, (number.bit_length() + 7) // 8), "big")
+
+
+def mac_text(value: int) -> str:
+    """A 48-bit field's value as a MAC address, ``02:00:00:00:00:01`` (what
+    :func:`encode_value` accepts back)."""
+    return ":".join(f"{(value >> shift) & 0xFF:02x}" for shift in range(40, -8, -8))
 
 
 def decode_value(data: bytes, bitwidth: int) -> int:

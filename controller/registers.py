@@ -13,7 +13,7 @@ from typing import Protocol
 
 from controller.bmv2_thrift import Bmv2Thrift
 from controller.client import P4RuntimeClient
-from controller.entries import modify, register_entry
+from controller.entries import entity, modify, register_entry
 from controller.p4info import P4Info, decode_value
 
 __all__ = ["Bmv2Registers", "P4RuntimeRegisters", "RegisterAccess"]
@@ -44,13 +44,10 @@ class P4RuntimeRegisters:
             P4RuntimeError: the switch refused the read.
         """
         reg = self.p4info.register(name)
-        wanted = [register_entry(self.p4info, reg.id, i) for i in indices]
+        wanted = [entity(register_entry(self.p4info, reg.id, i)) for i in indices]
         values: dict[int, int] = {}
         for start in range(0, len(wanted), _BATCH):
-            from p4.v1 import p4runtime_pb2
-
-            batch = [p4runtime_pb2.Entity(register_entry=e) for e in wanted[start : start + _BATCH]]
-            for found in self.client.read(batch):
+            for found in self.client.read(wanted[start : start + _BATCH]):
                 entry = found.register_entry
                 values[entry.index.index] = decode_value(entry.data.bitstring, reg.bitwidth)
         return [values[i] for i in indices]

@@ -10,13 +10,10 @@ from __future__ import annotations
 import ipaddress
 from dataclasses import dataclass
 
+from controller.p4info import mac_text
 from controller.tables import TableManager
 
 __all__ = ["ReplicaEntry", "Replicas"]
-
-
-def _mac(value: int) -> str:
-    return ":".join(f"{(value >> s) & 0xFF:02x}" for s in range(40, -8, -8))
 
 
 @dataclass(frozen=True)
@@ -57,7 +54,7 @@ class Replicas(TableManager):
                 m["job_id"],
                 m["egress_rid"],
                 m["egress_port"],
-                _mac(p["dst_mac"]),
+                mac_text(p["dst_mac"]),
                 str(ipaddress.IPv4Address(p["dst_ip"])),
                 p["dst_port"],
             )

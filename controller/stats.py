@@ -4,10 +4,8 @@ the STAT_* and DROP_* of configuration.p4; a statistic is the sum of its two cel
 
 from __future__ import annotations
 
-from p4.v1 import p4runtime_pb2
-
 from controller.client import P4RuntimeClient
-from controller.entries import counter_entry
+from controller.entries import counter_entry, entity
 from controller.p4info import P4Info
 from hostlib.protocol import SWITCH_DROPS, SWITCH_STATS
 
@@ -30,10 +28,7 @@ class Stats:
             P4RuntimeError: the switch refused the read.
         """
         out = {name: 0 for name in SWITCH_STATS} | {f"drop_{r}": 0 for r in SWITCH_DROPS}
-        wanted = [
-            p4runtime_pb2.Entity(counter_entry=counter_entry(self.p4info, name))
-            for name in COUNTERS
-        ]
+        wanted = [entity(counter_entry(self.p4info, name)) for name in COUNTERS]
         for found in self.client.read(wanted):
             entry = found.counter_entry
             counter = self.p4info.counter(entry.counter_id).name

@@ -34,6 +34,7 @@ from controller.replicas import ReplicaEntry, Replicas
 from controller.slots import SlotRead, Slots
 from controller.stats import Stats
 from controller.workers import WorkerEntry, Workers
+from hostlib.protocol import MAX_WORKERS
 
 __all__ = [
     "ControllerError",
@@ -188,7 +189,7 @@ class SwitchController:
 
         Args:
             job_id: 0..65535, unused.
-            workers: each rank's address, 1..32 of them, all different.
+            workers: each rank's address, 1..MAX_WORKERS of them, all different.
             slot_count: slots per set the job gets.
             slot_base: the first slot of its range; by default the lowest free range.
 
@@ -198,8 +199,8 @@ class SwitchController:
             NoFreeSlotsError: no free range, or ``slot_base``'s range is taken.
             P4RuntimeError | ThriftError: the switch refused a write (nothing is left).
         """
-        if not workers or len(workers) > 32:
-            raise ValueError(f"{len(workers)} workers; a job has 1..32")
+        if not 1 <= len(workers) <= MAX_WORKERS:
+            raise ValueError(f"{len(workers)} workers; a job has 1..{MAX_WORKERS}")
         if len({(w.ip, w.udp_port) for w in workers}) != len(workers):
             raise ValueError("two ranks share one address and port")
         if not 1 <= slot_count <= self.slots_per_set:

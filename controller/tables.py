@@ -13,7 +13,7 @@ from typing import Any
 from p4.v1 import p4runtime_pb2
 
 from controller.client import P4RuntimeClient
-from controller.entries import delete, insert, modify, table_entry
+from controller.entries import delete, entity, insert, modify, table_entry
 from controller.p4info import P4Info, Value, decode_value
 
 __all__ = ["DecodedEntry", "TableManager"]
@@ -58,7 +58,7 @@ class TableManager:
     def _read(self) -> Iterator[DecodedEntry]:
         """Every entry of the table, decoded (P4Runtime read with an empty match)."""
         request = p4runtime_pb2.TableEntry(table_id=self.table.id)
-        for found in self.client.read([p4runtime_pb2.Entity(table_entry=request)]):
+        for found in self.client.read([entity(request)]):
             yield self.decode(found.table_entry)
 
     def decode(self, entry: Any) -> DecodedEntry:

@@ -128,14 +128,15 @@ class Emulation:
         """Forwarding entries, static ARP, and every job on its aggregating switch."""
         topo = self.topology
         aggregators = [s for s in topo.switches if s.role == "aggregate"]
+        hops = {s.name: _first_hops(topo, s.name) for s in topo.switches}
         for s in topo.switches:
             ctl = self.controllers[s.name]
             for h in topo.hosts:
-                port = _next_hop_port(topo, s.name, h.name)
+                port = _port_toward(hops[s.name], s.name, h.name)
                 ctl.forwarder.add_host(HostRoute(h.mac, port))
             for agg in aggregators:
                 if agg.name != s.name:
-                    port = _next_hop_port(topo, s.name, agg.name)
+                    port = _port_toward(hops[s.name], s.name, agg.name)
                     ctl.forwarder.add_host(HostRoute(self.ina_address(agg.name)[1], port))
         for h in topo.hosts:
             node = self.host(h.name)
@@ -157,7 +158,7 @@ class Emulation:
             workers = []
             for name in job.workers:
                 h = topo.host(name)
-                port = _next_hop_port(topo, job.switch, name)
+                port = _port_toward(hops[job.switch], job.switch, name)
                 workers.append(WorkerAddress(h.address, WORKER_UDP_PORT, h.mac, port))
             ctl.add_job(job.job_id, workers, slot_count=min(256, ctl.slots_per_set))
 
@@ -168,9 +169,9 @@ class Emulation:
         self.net.stop()
 
 
-def _next_hop_port(topo: Topology, switch: str, host: str) -> int:
-    """The port of ``switch`` on a shortest path to node ``host`` (breadth-first, ties
-    by link order)."""
+def _first_hops(topo: Topology, switch: str) -> dict[str, int]:
+    """For every node ``switch`` reaches: the port of ``switch`` on a shortest path to
+    it (one breadth-first search; ties by link order)."""
     neighbours: dict[str, list[tuple[str, int | None]]] = {}
     for link in topo.links:
         neighbours.setdefault(link.a, []).append((link.b, link.a_port))
@@ -183,13 +184,22 @@ def _next_hop_port(topo: Topology, switch: str, host: str) -> int:
             queue.append(node)
     while queue:
         node = queue.popleft()
-        if node == host:
-            return first[node]
         for nxt, _ in neighbours.get(node, []):
             if nxt not in first and nxt != switch:
                 first[nxt] = first[node]
                 queue.append(nxt)
-    raise EmulationError(f"no path from {switch} to {host}")
+    return first
+
+
+def _port_toward(hops: dict[str, int], switch: str, node: str) -> int:
+    """``hops[node]`` (from :func:`_first_hops` of ``switch``).
+
+    Raises:
+        EmulationError: ``switch`` does not reach ``node``.
+    """
+    if node not in hops:
+        raise EmulationError(f"no path from {switch} to {node}")
+    return hops[node]
 
 
 def _check_supported(topo: Topology) -> None:
