@@ -5,6 +5,11 @@ package, p4runtime-shell) installs jobs through its P4Runtime server. With
 ``--ready-file`` it writes ``{data, interfaces, p4runtime, device_id, pid, lanes, slots}`` as JSON
 once both servers are bound (atomically, so a reader never sees half a file); this is how
 :class:`emulation.softswitch.process.SoftSwitchProcess` learns the ports it got.
+
+On ports (``--interface``), ``--link PORT:delay=2ms,loss=0.01,queue=100,ingress``
+emulates the port's link (``emulation/softswitch/links.py``) and ``--link-stats PATH``
+writes its counts as JSON (before the ready file, then at most once a second while they
+change, and on exit); ``--pcap`` records Ethernet frames there.
 """
 
 from __future__ import annotations
@@ -18,7 +23,9 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from emulation.argtypes import int_in, probability
-from emulation.softswitch.pcap import PcapWriter
+from emulation.softswitch.frames import FrameSwitchServer
+from emulation.softswitch.links import parse_link
+from emulation.softswitch.pcap import LINKTYPE_ETHERNET, LINKTYPE_RAW, PcapWriter
 from emulation.softswitch.pipeline import Addr, DropSimulator, Pipeline
 from emulation.softswitch.server import SwitchServer
 from hostlib.protocol import (
@@ -129,7 +136,33 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         metavar="P",
         help="drop probability per result replica at egress (default 0)",
     )
-    a("--seed", type=int, default=0, help="seed of the drop simulator (default 0)")
+    a(
+        "--link",
+        type=parse_link,
+        action="append",
+        default=[],
+        metavar="PORT:SPEC",
+        help="with --interface: emulate the link on PORT (repeatable), SPEC a comma "
+        "list of delay=D (250us, 2ms, 0.1s; a bare number is ms), loss=P (0 <= P < 1), "
+        "queue=N (frames the delay line holds, default 1000; tail drop beyond), and the "
+        "flag ingress (also frames arriving on PORT: a port facing a host); frames sent "
+        "out of PORT always go through it. Example: --link 1:delay=2ms,loss=0.01,ingress",
+    )
+    a(
+        "--link-stats",
+        type=Path,
+        metavar="PATH",
+        help='with --interface: write the links\' counts as JSON {"ports": {"1": '
+        '{"egress": {"offered", "lost", "queue_dropped", "delivered", "in_flight"}, '
+        '"ingress": {...}}}} here, at start, at most once a second while they change, '
+        "and on exit",
+    )
+    a(
+        "--seed",
+        type=int,
+        default=0,
+        help="seed of the drop simulator and of --link loss (default 0)",
+    )
     a(
         "--ready-file",
         type=Path,
@@ -141,7 +174,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--pcap",
         type=Path,
         metavar="PATH",
-        help="record every datagram received and sent to this pcap (IPv4/UDP/INA)",
+        help="record every datagram received and sent to this pcap (IPv4/UDP/INA); with "
+        "--interface every Ethernet frame accepted from a port (after its ingress link) "
+        "and sent out of one (after its egress link)",
     )
     a(
         "--pcap-count",
@@ -168,32 +203,17 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 def run(args: argparse.Namespace) -> int:
     """Run the switch until SIGTERM/SIGINT; return its exit status."""
+    ports = dict(args.interface)
+    if (message := _ports_error(args, ports)) is not None:
+        return _usage_error(message)
     drops = DropSimulator(args.drop_ingress, args.drop_egress, args.seed)
     pipeline = Pipeline(args.lanes, args.slots, drops)
     try:
-        pcap = PcapWriter(args.pcap, args.pcap_count) if args.pcap is not None else None
+        pcap = _open_pcap(args, ethernet=bool(ports))
     except OSError as exc:
         return _usage_error(f"--pcap: {exc}", status=1)
-    ports = dict(args.interface)
-    if len(ports) != len(args.interface):
-        return _usage_error("--interface: a port is given twice")
-    if args.forward_only and not ports:
-        return _usage_error("--forward-only needs --interface (a switch with ports)")
-    if ports and pcap is not None:
-        pcap.close()
-        return _usage_error("--pcap records UDP datagrams; on ports, capture the interfaces")
     try:
-        if ports:
-            from emulation.softswitch.frames import FrameSwitchServer
-
-            server: SwitchServer = FrameSwitchServer(
-                pipeline, ports, args.p4runtime, device_id=args.device_id,
-                forward_only=args.forward_only,
-            )  # fmt: skip
-        else:
-            server = SwitchServer(
-                pipeline, args.listen, args.p4runtime, device_id=args.device_id, pcap=pcap
-            )
+        server = _make_server(args, pipeline, ports, pcap)
     except OSError as exc:
         if pcap is not None:
             pcap.close()
@@ -201,10 +221,61 @@ def run(args: argparse.Namespace) -> int:
         return _usage_error(f"cannot bind {where} / {args.p4runtime}: {exc}", status=1)
     with server:
         server.install_signal_handlers()
+        if isinstance(server, FrameSwitchServer):
+            try:
+                server.write_link_stats()  # a bad path fails now, not while serving
+            except OSError as exc:
+                return _usage_error(f"--link-stats: {exc}", status=1)
         if args.ready_file is not None:
             _write_ready_file(args.ready_file, server)
         server.serve_forever()
     return 0
+
+
+def _ports_error(args: argparse.Namespace, ports: dict[int, str]) -> str | None:
+    """What is wrong with the port options together (None: nothing)."""
+    if len(ports) != len(args.interface):
+        return "--interface: a port is given twice"
+    if not ports:
+        for given, name in ((args.forward_only, "--forward-only"), (args.link, "--link"),
+                            (args.link_stats, "--link-stats")):  # fmt: skip
+            if given:
+                return f"{name} needs --interface (a switch with ports)"
+        return None
+    links = dict(args.link)
+    if len(links) != len(args.link):
+        return "--link: a port is given twice"
+    if unknown := sorted(set(links) - set(ports)):
+        return f"--link: port {unknown[0]} is not an --interface port"
+    return None
+
+
+def _open_pcap(args: argparse.Namespace, ethernet: bool) -> PcapWriter | None:
+    """The ``--pcap`` writer: Ethernet frames on ports, IPv4/UDP datagrams otherwise.
+
+    Raises:
+        OSError: the file cannot be created.
+    """
+    if args.pcap is None:
+        return None
+    return PcapWriter(args.pcap, args.pcap_count, LINKTYPE_ETHERNET if ethernet else LINKTYPE_RAW)
+
+
+def _make_server(
+    args: argparse.Namespace, pipeline: Pipeline, ports: dict[int, str], pcap: PcapWriter | None
+) -> SwitchServer:
+    """The switch on ``ports``, or on the UDP socket when there are none.
+
+    Raises:
+        OSError: an interface or an address cannot be bound.
+    """
+    if ports:
+        return FrameSwitchServer(
+            pipeline, ports, args.p4runtime, device_id=args.device_id, pcap=pcap,
+            forward_only=args.forward_only, links=dict(args.link), seed=args.seed,
+            link_stats=args.link_stats,
+        )  # fmt: skip
+    return SwitchServer(pipeline, args.listen, args.p4runtime, device_id=args.device_id, pcap=pcap)
 
 
 def _usage_error(message: str, status: int = 2) -> int:

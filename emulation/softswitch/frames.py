@@ -14,22 +14,40 @@ P4Runtime server. A frame goes where ``p4/ina.p4`` sends it:
 
 Each port's socket also sees what the kernel sends out of it; those copies
 (``PACKET_OUTGOING``) are skipped.
+
+Links are emulated here (``links.py``; the kernel has no netem): a port with a
+:class:`LinkSpec` loses and delays the frames sent out of it, and, with ``ingress``,
+those arriving on it before the pipeline sees them. Delayed frames wait in a delay
+line; the serving loop sleeps no longer than until the next one is due. A port without
+a spec costs nothing per frame. With ``link_stats`` the per-port counts are written to
+a JSON file (:meth:`FrameSwitchServer.write_link_stats`) when serving starts, at most
+once a second while they change, and when it stops.
+
+With a pcap (link type ETHERNET), the switch records each frame it accepts from a port
+(after ingress emulation: what the pipeline sees) and each frame it puts on a port's
+wire (after egress emulation: lost frames are not recorded, delayed ones when they
+leave). Frames it ignores (``PACKET_OUTGOING`` copies) are not recorded, nor the port.
 """
 
 from __future__ import annotations
 
+import json
 import logging
+import os
 import socket
 import struct
+import time
 from collections.abc import Mapping
+from pathlib import Path
 
 from controller.p4info import P4Info
-from emulation.softswitch.pcap import PcapWriter
+from emulation.softswitch.links import LinkEmulator, LinkSpec
+from emulation.softswitch.pcap import LINKTYPE_ETHERNET, PcapWriter
 from emulation.softswitch.pipeline import Addr, Emit, Pipeline
 from emulation.softswitch.server import CONTROL_EVERY, SwitchServer
 from hostlib.protocol import INA_UDP_PORT
 
-__all__ = ["ETH_P_ALL", "FrameSwitchServer", "build_result_frame"]
+__all__ = ["ETH_P_ALL", "LINK_STATS_INTERVAL", "FrameSwitchServer", "build_result_frame"]
 
 log = logging.getLogger(__name__)
 
@@ -41,6 +59,9 @@ _IP = 20
 _UDP = 8
 _INA_PORT_BYTES = INA_UDP_PORT.to_bytes(2, "big")
 _IPV4 = b"\x08\x00"
+
+LINK_STATS_INTERVAL = 1.0
+"""Seconds between two writes of the link stats file while serving (only on change)."""
 
 
 def _checksum(header: bytes) -> int:
@@ -70,11 +91,18 @@ class FrameSwitchServer(SwitchServer):
         pipeline: the data plane (empty: P4Runtime writes its tables).
         interfaces: switch port number -> network interface.
         p4runtime_addr: gRPC ``(host, port)``; port 0 picks one.
-        p4info, device_id, poll_interval, pcap: as for :class:`SwitchServer`.
+        p4info, device_id, poll_interval: as for :class:`SwitchServer`.
+        pcap: where to record frames (a :class:`PcapWriter` with link type ETHERNET);
+            the server closes it.
         forward_only: forward INA packets like any other frame (a switch on the path
             to the aggregating one, as a plain L2 program would).
+        links: switch port -> its emulated link (ports not named are plain wires).
+        seed: seed of the links' loss (one stream per port and direction).
+        link_stats: where :meth:`write_link_stats` writes the links' counts.
 
     Raises:
+        ValueError: no interface, a link on a port that is not one, or a pcap of
+            another link type.
         OSError: an interface cannot be opened (missing, or no CAP_NET_RAW).
     """
 
@@ -88,15 +116,32 @@ class FrameSwitchServer(SwitchServer):
         poll_interval: float = 0.05,
         pcap: PcapWriter | None = None,
         forward_only: bool = False,
+        links: Mapping[int, LinkSpec] | None = None,
+        seed: int = 0,
+        link_stats: Path | None = None,
     ) -> None:
         self.forward_only = forward_only
         if not interfaces:
             raise ValueError("a switch with ports needs at least one interface")
         self.interfaces = dict(interfaces)
+        links = dict(links or {})
+        if unknown := sorted(set(links) - set(self.interfaces)):
+            raise ValueError(f"links on ports {unknown} that have no interface")
+        if pcap is not None and pcap.linktype != LINKTYPE_ETHERNET:
+            raise ValueError("a switch on ports records Ethernet frames: pcap link type 1")
+        self.links = LinkEmulator(links, seed)
+        # Empty when nothing is emulated: a truth test per frame received, none sent.
+        self._egress = self.links.egress
+        self._ingress = self.links.ingress
+        self.link_stats = link_stats
+        self._link_stats_text = ""
+        self._link_stats_due = 0.0
         super().__init__(
             pipeline, ("0.0.0.0", 0), p4runtime_addr, p4info, device_id, poll_interval, pcap
         )
         self.stats.update({"frames_in": 0, "frames_out": 0, "forwarded": 0, "not_forwarded": 0})
+        if not self._egress:  # no link to go through: frames go straight to the wire
+            self._send = self._transmit  # type: ignore[method-assign]
 
     def _open_io(self, data_addr: Addr) -> list[socket.socket]:
         self._ports: dict[int, socket.socket] = {}
@@ -117,10 +162,57 @@ class FrameSwitchServer(SwitchServer):
         """No UDP endpoint: workers reach the switch through its ports."""
         return ("0.0.0.0", 0)
 
+    def counters(self) -> dict[str, int]:
+        """The server's counters plus each emulated link's (``link<PORT>_<dir>_<count>``)."""
+        return {**super().counters(), **self.links.counters()}
+
+    def serve_forever(self) -> dict[str, int]:
+        """As :meth:`SwitchServer.serve_forever`; the link stats file is written first
+        and last (frames still in a delay line when it stops are never delivered)."""
+        self._write_link_stats_logged()
+        try:
+            return super().serve_forever()
+        finally:
+            self._write_link_stats_logged()
+
+    def write_link_stats(self) -> None:
+        """Write the links' counts to ``link_stats`` (if set) atomically, as
+        ``{"ports": {"1": {"egress": {...}, "ingress": {...}}}}`` (see ``links.py``).
+
+        Raises:
+            OSError: the file cannot be written.
+        """
+        if self.link_stats is None:
+            return
+        text = json.dumps(self.links.stats(), sort_keys=True) + "\n"
+        if text == self._link_stats_text:
+            return
+        tmp = self.link_stats.with_name(self.link_stats.name + ".tmp")
+        tmp.write_text(text)
+        os.replace(tmp, self.link_stats)
+        self._link_stats_text = text
+
+    def _write_link_stats_logged(self) -> None:
+        # While serving, a full disk must not stop the data plane: log and go on.
+        try:
+            self.write_link_stats()
+        except OSError as exc:
+            log.warning("cannot write link stats %s: %s", self.link_stats, exc)
+
+    def _idle_timeout(self) -> float:
+        due = self.links.next_due()
+        if due is None:
+            return self.poll_interval
+        return min(self.poll_interval, max(0.0, due - time.monotonic()))
+
     def _drain(self) -> int:
-        """Process up to CONTROL_EVERY queued frames from all ports, round robin."""
+        """Process up to CONTROL_EVERY queued frames from all ports, round robin, and
+        the delayed frames that fell due."""
+        emulating = bool(self.links)
+        if emulating:
+            self._release_due()
         done = 0
-        buf, view = self._buf, self._view
+        buf, view, ingress = self._buf, self._view, self._ingress
         while done < CONTROL_EVERY:
             got = 0
             for port, sock in list(self._ports.items()):
@@ -135,11 +227,41 @@ class FrameSwitchServer(SwitchServer):
                 if addr[2] == _PACKET_OUTGOING:
                     continue
                 self.stats["frames_in"] += 1
-                self._frame(port, view[:n])
+                frame = view[:n]
+                if ingress and port in ingress:
+                    kept = ingress[port].offer(frame)  # copied if delayed
+                    if kept is None:
+                        continue
+                    frame = kept
+                if self.pcap is not None:
+                    self.pcap.record_frame(frame)
+                self._frame(port, frame)  # as _accept, one call less per frame
             if not got:
                 break
             done += got
+            if emulating:
+                self._release_due()
+        if self.link_stats is not None:
+            self._link_stats_tick()
         return min(done, CONTROL_EVERY)
+
+    def _release_due(self) -> None:
+        """Deliver the delayed frames that are due: process ingress, transmit egress."""
+        now = time.monotonic()
+        due = self.links.next_due()
+        if due is None or due > now:
+            return
+        for direction, port, frame in self.links.release(now):
+            if direction == "egress":
+                self._transmit(port, frame)
+            else:
+                self._accept(port, memoryview(frame))
+
+    def _link_stats_tick(self) -> None:
+        now = time.monotonic()
+        if now >= self._link_stats_due:
+            self._link_stats_due = now + LINK_STATS_INTERVAL
+            self._write_link_stats_logged()
 
     def _port_down(self, port: int, exc: OSError) -> None:
         """Stop using a port whose interface failed; the switch goes on with the others."""
@@ -147,6 +269,12 @@ class FrameSwitchServer(SwitchServer):
         sock = self._ports.pop(port)
         self._selector.unregister(sock)
         sock.close()
+
+    def _accept(self, port: int, frame: memoryview) -> None:
+        """A frame the port delivers to the pipeline (after ingress emulation)."""
+        if self.pcap is not None:
+            self.pcap.record_frame(frame)
+        self._frame(port, frame)
 
     def _frame(self, port: int, frame: memoryview) -> None:
         if (
@@ -201,6 +329,18 @@ class FrameSwitchServer(SwitchServer):
         self.stats["forwarded"] += 1
 
     def _send(self, port: int, frame: bytes | memoryview) -> None:
+        """Send a frame out of ``port``, through the port's link if it is emulated (a
+        switch without egress links sends with :meth:`_transmit` directly)."""
+        link = self._egress.get(port)
+        if link is not None:
+            kept = link.offer(frame)  # copied if delayed
+            if kept is None:
+                return
+            frame = kept
+        self._transmit(port, frame)
+
+    def _transmit(self, port: int, frame: bytes | memoryview) -> None:
+        """Put a frame on ``port``'s wire now."""
         sock = self._ports.get(port)
         if sock is None:
             self.stats["send_errors"] += 1
@@ -213,3 +353,5 @@ class FrameSwitchServer(SwitchServer):
             log.debug("port %d: send failed: %s", port, exc)
             return
         self.stats["frames_out"] += 1
+        if self.pcap is not None:
+            self.pcap.record_frame(frame)

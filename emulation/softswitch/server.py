@@ -246,11 +246,16 @@ class SwitchServer:
             # After the datagrams queued so far: a counter read sees what was sent before.
             self.control.run_pending()
             if not busy:
-                self._selector.select(self.poll_interval)  # sleep until traffic or control
+                self._selector.select(self._idle_timeout())  # until traffic or control
         self.control.release_thread()
         final = self.counters()
         log.info("switch stopped; counters %s", final)
         return final
+
+    def _idle_timeout(self) -> float:
+        """Seconds to sleep in ``select`` when idle: ``poll_interval``, or less in a
+        subclass with work due sooner (the frame switch's delayed frames)."""
+        return self.poll_interval
 
     def close(self) -> None:
         """Stop the P4Runtime server and close the sockets; idempotent."""

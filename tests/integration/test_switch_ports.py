@@ -2,12 +2,15 @@
 
 The data-plane vectors (aggregation, retransmission, invalid packets, forwarding) run
 on veth pairs through tests/dataplane (target soft-ports); here: forwarding by a
-P4Runtime-written entry, a port whose interface disappears, and the option's errors.
-Needs root for veth pairs and raw sockets.
+P4Runtime-written entry, a port whose interface disappears, the switch's own pcap of
+its frames, and the options' errors. Needs root for veth pairs and raw sockets.
+
+``veth_pairs``, ``host_socket`` and ``frame`` are shared with test_link_emulation.py.
 """
 
 from __future__ import annotations
 
+import contextlib
 import os
 import socket
 import subprocess
@@ -16,19 +19,23 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from scapy.layers.l2 import Ether
+from scapy.utils import rdpcap
 
 from emulation.softswitch import SoftSwitchProcess
 
 pytestmark = pytest.mark.root
 
 ETH_P_ALL = 0x0003
+ETHERTYPE = b"\x88\xb5"  # IEEE local experimental ethertype
+_PACKET_OUTGOING = 4
 
 
-@pytest.fixture
-def veths() -> Iterator[list[tuple[str, str]]]:
-    """Three veth pairs (host end, switch end), deleted afterwards: only these."""
-    tag = f"tp{os.getpid() % 100000}"
-    pairs = [(f"{tag}h{i}", f"{tag}s{i}") for i in (1, 2, 3)]
+@contextlib.contextmanager
+def veth_pairs(tag: str, count: int) -> Iterator[list[tuple[str, str]]]:
+    """``count`` veth pairs (host end, switch end) named after ``tag``, up, without
+    IPv6 (no kernel chatter); deleted afterwards: only these."""
+    pairs = [(f"{tag}h{i}", f"{tag}s{i}") for i in range(1, count + 1)]
     made = []
     try:
         for host_if, switch_if in pairs:
@@ -45,8 +52,35 @@ def veths() -> Iterator[list[tuple[str, str]]]:
             subprocess.run(["ip", "link", "del", name], check=False, capture_output=True)
 
 
-def _frame(dst: bytes, src: bytes, payload: bytes) -> bytes:
-    return dst + src + b"\x88\xb5" + payload  # IEEE local experimental ethertype
+def host_socket(name: str, timeout: float = 2.0) -> socket.socket:
+    """A raw socket on interface ``name``: a host that sends and receives whole frames."""
+    s = socket.socket(socket.AF_PACKET, socket.SOCK_RAW, socket.htons(ETH_P_ALL))
+    s.bind((name, 0))
+    s.settimeout(timeout)
+    return s
+
+
+def recv_frame(sock: socket.socket) -> bytes:
+    """The next frame with our ethertype that arrived on ``sock`` (not one it sent).
+
+    Raises:
+        TimeoutError: none within the socket's timeout.
+    """
+    while True:  # the kernel may put its own frames on the wire too: find ours
+        got, addr = sock.recvfrom(2048)
+        if addr[2] != _PACKET_OUTGOING and got[12:14] == ETHERTYPE:
+            return got
+
+
+@pytest.fixture
+def veths() -> Iterator[list[tuple[str, str]]]:
+    """Three veth pairs (host end, switch end), deleted afterwards: only these."""
+    with veth_pairs(f"tp{os.getpid() % 100000}", 3) as pairs:
+        yield pairs
+
+
+def frame(dst: bytes, src: bytes, payload: bytes) -> bytes:
+    return dst + src + ETHERTYPE + payload
 
 
 def test_forwarding_and_a_port_that_disappears(
@@ -59,28 +93,19 @@ def test_forwarding_and_a_port_that_disappears(
         assert sw.ready_info["data"] is None
         assert sw.ready_info["interfaces"] == {str(p): n for p, n in ports.items()}
         for host_if, _ in veths:
-            s = socket.socket(socket.AF_PACKET, socket.SOCK_RAW, socket.htons(ETH_P_ALL))
-            s.bind((host_if, 0))
-            s.settimeout(2.0)
-            socks.append(s)
+            socks.append(host_socket(host_if))
         mac2 = bytes.fromhex("020000000002")
         with sw.controller() as ctl:
             from controller.forwarder import HostRoute
 
             ctl.forwarder.add_host(HostRoute("02:00:00:00:00:02", 2))
-        socks[0].send(_frame(mac2, bytes.fromhex("020000000001"), b"x" * 50))
-        while True:  # the kernel may put its own frames on the wire too: find ours
-            got = socks[1].recv(2048)
-            if got[12:14] == b"\x88\xb5":
-                break
+        socks[0].send(frame(mac2, bytes.fromhex("020000000001"), b"x" * 50))
+        got = recv_frame(socks[1])
         assert got[:6] == mac2 and got[14:64] == b"x" * 50
         # Port 3's interface goes away: the switch goes on serving the others.
         subprocess.run(["ip", "link", "del", veths[2][0]], check=True)
-        socks[0].send(_frame(mac2, bytes.fromhex("020000000001"), b"y" * 50))
-        while True:
-            got = socks[1].recv(2048)
-            if got[12:14] == b"\x88\xb5":
-                break
+        socks[0].send(frame(mac2, bytes.fromhex("020000000001"), b"y" * 50))
+        got = recv_frame(socks[1])
         assert got[14:64] == b"y" * 50
         with sw.controller() as ctl:
             assert ctl.installed_jobs() == []  # P4Runtime still answers
@@ -91,6 +116,38 @@ def test_forwarding_and_a_port_that_disappears(
     assert code == 0, sw.log_path.read_text()
 
 
+def test_pcap_on_ports_holds_the_frames_received_and_sent(
+    veths: list[tuple[str, str]], tmp_path: Path
+) -> None:
+    pcap = tmp_path / "ports.pcap"
+    ports = {1: veths[0][1], 2: veths[1][1]}
+    mac1, mac2 = bytes.fromhex("020000000001"), bytes.fromhex("020000000002")
+    sent = [frame(mac2, mac1, bytes([i]) * 50) for i in range(3)]
+    sent.append(frame(mac1, mac2, b"back" * 12))
+    with contextlib.ExitStack() as stack:
+        sw = stack.enter_context(
+            SoftSwitchProcess(tmp_path, lanes=4, slots=8, interfaces=ports,
+                              extra_args=("--pcap", str(pcap)))
+        )  # fmt: skip
+        h1, h2 = (stack.enter_context(host_socket(veths[i][0])) for i in (0, 1))
+        with sw.controller() as ctl:
+            from controller.forwarder import HostRoute
+
+            ctl.forwarder.add_host(HostRoute("02:00:00:00:00:01", 1))
+            ctl.forwarder.add_host(HostRoute("02:00:00:00:00:02", 2))
+        for f in sent[:3]:
+            h1.send(f)
+            assert recv_frame(h2) == f
+        h2.send(sent[3])
+        assert recv_frame(h1) == sent[3]
+    assert sw.returncode == 0, sw.log_path.read_text()
+    packets = rdpcap(str(pcap))
+    assert all(isinstance(p, Ether) for p in packets)  # link type 1 (Ethernet)
+    ours = [bytes(p) for p in packets if bytes(p)[12:14] == ETHERTYPE]
+    # Each frame twice: as received on its port, then as sent out of the other.
+    assert ours == [f for f in sent for _ in (0, 1)]
+
+
 @pytest.mark.parametrize(
     ("argv", "status", "message"),
     [
@@ -98,7 +155,10 @@ def test_forwarding_and_a_port_that_disappears(
         (["--interface", "600@lo"], 2, "a port 0..511"),
         (["--interface", "1@lo", "--interface", "1@lo"], 2, "a port is given twice"),
         (["--interface", "1@nosuchif0"], 1, "No such device"),
-        (["--interface", "1@lo", "--pcap", "x.pcap"], 2, "capture the interfaces"),
+        (["--interface", "1@lo", "--pcap", "no/such/dir/x.pcap"], 1, "--pcap: "),
+        (["--interface", "1@lo", "--link", "1:loss=1"], 2, "outside [0, 1)"),
+        (["--interface", "1@lo", "--link", "2:loss=0.1"], 2, "not an --interface port"),
+        (["--interface", "1@lo", "--link-stats", "no/such/dir/s.json"], 1, "--link-stats: "),
     ],
 )
 def test_interface_option_errors(
