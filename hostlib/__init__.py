@@ -11,19 +11,30 @@ import importlib
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
+    from hostlib.collnet import CollNetAllreduce, CollNetError, LocalGroup, ina_inter
     from hostlib.ina import InaAllreduce, InaError, InaTimeoutError, JobSpec, RetryPolicy
     from hostlib.session import InaSession
 
 __all__ = [
+    "CollNetAllreduce",
+    "CollNetError",
     "InaAllreduce",
     "InaError",
     "InaSession",
     "InaTimeoutError",
     "JobSpec",
+    "LocalGroup",
     "RetryPolicy",
+    "ina_inter",
 ]
 
-_HOME = {name: "hostlib.ina" for name in __all__} | {"InaSession": "hostlib.session"}
+_HOME = (
+    {name: "hostlib.ina" for name in __all__}
+    | {"InaSession": "hostlib.session"}
+    | dict.fromkeys(
+        ("CollNetAllreduce", "CollNetError", "LocalGroup", "ina_inter"), "hostlib.collnet"
+    )
+)
 
 
 def __getattr__(name: str) -> Any:
