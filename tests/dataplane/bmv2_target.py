@@ -1,10 +1,11 @@
 """The bmv2 target for the data-plane vectors: simple_switch_grpc on veth pairs.
 
-Selected only where ``simple_switch_grpc`` is on PATH (tests marked ``bmv2``). Each vector
-port ``p`` is a veth pair: bmv2 owns one end as its port ``p``, the test sends and
-receives Ethernet/IPv4/UDP frames on the other with a raw socket, built from the port's
-identity (:func:`runner.port_identity`). The INA datagram of a vector step is the frame's
-UDP payload. The switch is configured as the soft switch is, by the controller
+Selected only where ``simple_switch_grpc`` is on PATH (tests marked ``bmv2``). The switch is
+``emulation.bmv2.Bmv2Process`` (compiled, started and proven ready as in the Mininet
+emulation). Each vector port ``p`` is a veth pair: bmv2 owns one end as its port ``p``, the
+test sends and receives Ethernet/IPv4/UDP frames on the other with a raw socket, built from
+the port's identity (:func:`runner.port_identity`). The INA datagram of a vector step is
+the frame's UDP payload. The switch is configured as the soft switch is, by the controller
 (``controller.switch.SwitchController``): pipeline push and tables over P4Runtime,
 registers (the drop simulator's, slot clearing) over bmv2's Thrift server, which its
 P4Runtime server cannot replace for registers.
@@ -13,7 +14,6 @@ P4Runtime server cannot replace for registers.
 from __future__ import annotations
 
 import os
-import shutil
 import socket
 import subprocess
 import time
@@ -37,17 +37,24 @@ from runner import (
 from controller.forwarder import HostRoute
 from controller.p4info import P4Info
 from controller.switch import SwitchController, WorkerAddress
-from emulation.softswitch import SoftSwitchProcess
+from emulation.bmv2 import (
+    P4_PROGRAM,
+    P4INFO_PATH,
+    Bmv2Process,
+    Bmv2Tools,
+    Bmv2Unavailable,
+    CompileError,
+    compile_program,
+    find_bmv2,
+)
+from emulation.softswitch import SoftSwitchProcess, SwitchStartError
 from hostlib.protocol import INA_UDP_PORT
 
-REPO = Path(__file__).resolve().parents[2]
-P4_PROGRAM = REPO / "p4" / "ina.p4"
-P4INFO = REPO / "p4" / "ina.p4info.txtpb"
+P4INFO = P4INFO_PATH
 SWITCH_MAC = "02:00:00:00:00:fe"
 SWITCH_IP = "10.0.0.254"
 """The switch's INA endpoint on the wire: where workers send DATA, whence RESULTs come."""
 _ETH_P_ALL = 0x0003
-_START_TIMEOUT = 15.0
 
 
 class Bmv2Control(Protocol):
@@ -58,7 +65,9 @@ class Bmv2Control(Protocol):
 
     def push_pipeline(self, p4info: Path | None, bmv2_json: Path | None) -> None: ...
     def set_switch_identity(self, mac: str, ip: str, udp_port: int) -> None: ...
-    def add_job(self, job: Job, workers: list[PortIdentity]) -> None: ...
+    def add_job(
+        self, job: Job, workers: list[PortIdentity], upstream: PortIdentity | None = None
+    ) -> None: ...
     def add_host_route(self, host: PortIdentity) -> None: ...
     def set_drops(self, ingress: float, egress: float) -> None: ...
     def counters(self) -> dict[str, int]: ...
@@ -88,9 +97,15 @@ class _ControllerAdapter:
     def set_switch_identity(self, mac: str, ip: str, udp_port: int) -> None:
         """Nothing to write: next_step.p4 answers from the address the worker sent to."""
 
-    def add_job(self, job: Job, workers: list[PortIdentity]) -> None:
+    def add_job(
+        self, job: Job, workers: list[PortIdentity], upstream: PortIdentity | None = None
+    ) -> None:
         addrs = [WorkerAddress(w.ip, w.udp_port, w.mac, w.port) for w in workers]
-        self._require().add_job(job.job_id, addrs, job.slot_count)
+        up = None
+        if job.upstream is not None and upstream is not None:
+            address = WorkerAddress(upstream.ip, upstream.udp_port, upstream.mac, upstream.port)
+            up = (job.upstream.rank, address)
+        self._require().add_job(job.job_id, addrs, job.slot_count, upstream=up)
 
     def add_host_route(self, host: PortIdentity) -> None:
         self._require().forwarder.add_host(HostRoute(host.mac, host.port))
@@ -123,8 +138,7 @@ class Bmv2Target:
     name = "bmv2"
 
     def __init__(self) -> None:
-        self._proc: subprocess.Popen[bytes] | None = None
-        self._log: Path | None = None
+        self._bmv2: Bmv2Process | None = None
         self._veths: list[str] = []
         self._socks: dict[int, socket.socket] = {}
         self._control: Bmv2Control | None = None
@@ -136,11 +150,17 @@ class Bmv2Target:
             TargetUnavailable: a prerequisite is missing (nothing has been started then).
         """
         connect = control_factory()
-        _prerequisites()
-        bmv2_json = _compile(run_dir)
-        grpc_port, thrift_port = _free_tcp_port(), _free_tcp_port()
-        self._start(vector, run_dir, grpc_port, thrift_port)
-        self._control = connect(f"127.0.0.1:{grpc_port}", f"127.0.0.1:{thrift_port}")
+        tools = _prerequisites()
+        bmv2_json = _compile(run_dir, tools)
+        self._bmv2 = Bmv2Process(
+            run_dir, name=f"bmv2-{vector.name}", interfaces=self._make_ports(vector),
+            json_path=bmv2_json, tools=tools,
+        )  # fmt: skip
+        try:
+            self._bmv2.start()
+        except SwitchStartError as exc:
+            raise VectorFailure(str(exc)) from None
+        self._control = connect(self._bmv2.p4runtime_address, self._bmv2.thrift_address)
         self._control.push_pipeline(P4INFO, bmv2_json)
         self._configure_tables(vector)
 
@@ -150,7 +170,8 @@ class Bmv2Target:
         for port in vector.ports:
             self._control.add_host_route(port_identity(port))
         for job in vector.jobs:
-            self._control.add_job(job, [port_identity(p) for p in job.workers])
+            upstream = None if job.upstream is None else port_identity(job.upstream.port)
+            self._control.add_job(job, [port_identity(p) for p in job.workers], upstream)
         self._control.set_drops(*vector.drops)
 
     def send(self, port: int, payload: bytes, to: Forward | None) -> None:
@@ -197,31 +218,12 @@ class Bmv2Target:
         for sock in self._socks.values():
             sock.close()
         self._socks.clear()
-        if self._proc is not None and self._proc.poll() is None:
-            self._proc.terminate()
-            try:
-                self._proc.wait(5.0)
-            except subprocess.TimeoutExpired:
-                self._proc.kill()
-                self._proc.wait()
-        self._proc = None
+        if self._bmv2 is not None:  # before its interfaces go away
+            self._bmv2.stop()
+            self._bmv2 = None
         for name in self._veths:  # only the pairs this target created
             subprocess.run(["ip", "link", "del", name], check=False, capture_output=True)
         self._veths.clear()
-
-    def _start(self, vector: Vector, run_dir: Path, grpc_port: int, thrift_port: int) -> None:
-        interfaces = []
-        for port, switch_if in self._make_ports(vector).items():
-            interfaces += ["-i", f"{port}@{switch_if}"]
-        self._log = run_dir / f"bmv2-{vector.name}.log"
-        argv = [
-            "simple_switch_grpc", "--device-id", "0", *interfaces, "--no-p4",
-            "--thrift-port", str(thrift_port),
-            "--", "--grpc-server-addr", f"127.0.0.1:{grpc_port}",
-        ]  # fmt: skip
-        with self._log.open("wb") as log:
-            self._proc = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT)
-        _wait_listening(self._proc, grpc_port, self._log)
 
     def _make_ports(self, vector: Vector) -> dict[int, str]:
         """A veth pair per vector port: the test's raw socket on one end; return the
@@ -248,26 +250,24 @@ class Bmv2Target:
         return self._control
 
 
-def _prerequisites() -> None:
+def _prerequisites() -> Bmv2Tools:
+    """The tools, or why this target cannot run here (nothing is started before)."""
     if not P4_PROGRAM.exists() or not P4INFO.exists():
         raise TargetUnavailable(f"needs the P4 program {P4_PROGRAM} and its p4info {P4INFO}")
-    if shutil.which("p4c-bm2-ss") is None:
-        raise TargetUnavailable("needs p4c-bm2-ss on PATH to compile p4/ina.p4")
+    try:
+        tools = find_bmv2()
+    except Bmv2Unavailable as exc:
+        raise TargetUnavailable(str(exc)) from None
     if os.geteuid() != 0:
         raise TargetUnavailable("needs root for veth pairs and raw sockets")
+    return tools
 
 
-def _compile(run_dir: Path) -> Path:
-    out = run_dir / "ina.json"
-    proc = subprocess.run(
-        ["p4c-bm2-ss", "--std", "p4-16", "-o", str(out), str(P4_PROGRAM)],
-        capture_output=True,
-        text=True,
-        check=False,
-    )
-    if proc.returncode != 0:
-        raise VectorFailure(f"p4c-bm2-ss failed on {P4_PROGRAM}:\n{proc.stderr}")
-    return out
+def _compile(run_dir: Path, tools: Bmv2Tools) -> Path:
+    try:
+        return compile_program(run_dir / "build", compiler=tools.compiler)
+    except CompileError as exc:
+        raise VectorFailure(str(exc)) from None
 
 
 def _datagram(port: int, frame: bytes) -> Received | None:
@@ -306,27 +306,6 @@ def _sysctl(key: str, value: str) -> None:
     path = Path("/proc/sys") / key.replace(".", "/")
     if path.exists():
         path.write_text(value)
-
-
-def _free_tcp_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port: int = s.getsockname()[1]
-        return port
-
-
-def _wait_listening(proc: subprocess.Popen[bytes], port: int, log: Path) -> None:
-    deadline = time.monotonic() + _START_TIMEOUT
-    while True:
-        if proc.poll() is not None:
-            raise VectorFailure(f"simple_switch_grpc exited with {proc.returncode}; log {log}")
-        try:
-            socket.create_connection(("127.0.0.1", port), timeout=0.5).close()
-            return
-        except OSError:
-            if time.monotonic() > deadline:
-                raise VectorFailure(f"simple_switch_grpc not listening; log {log}") from None
-            time.sleep(0.05)
 
 
 class SoftPortsTarget(Bmv2Target):
