@@ -19,11 +19,12 @@ import tempfile
 from datetime import UTC, datetime
 from importlib import metadata
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from emulation.argtypes import int_in, positive_float, probability
 from emulation.bench.config import (
     ALGORITHMS,
+    DEFAULT_ALGORITHMS,
     DEFAULT_BENCH_LANES,
     DEFAULT_BENCH_SLOTS,
     ELEMENT_BYTES,
@@ -35,7 +36,10 @@ from emulation.bench.config import (
 )
 from hostlib.protocol import MAX_LANES, MAX_SLOT, MAX_WORKERS
 
-__all__ = ["add_arguments", "run"]
+if TYPE_CHECKING:
+    from emulation.bench.fabric import Fabric
+
+__all__ = ["UsageError", "add_arguments", "config_from_args", "run", "run_bench"]
 
 PROG = "inalab bench"
 
@@ -58,8 +62,12 @@ def _algos(text: str) -> tuple[str, ...]:
     return tuple(a for a in ALGORITHMS if a in names)
 
 
-def add_arguments(parser: argparse.ArgumentParser) -> None:
-    """Declare ``inalab bench``'s flags (nccl-tests names where nccl-tests has one)."""
+def add_arguments(parser: argparse.ArgumentParser, emulated: bool = False) -> None:
+    """Declare ``inalab bench``'s flags (nccl-tests names where nccl-tests has one).
+
+    ``emulated``: for ``inalab emulate TOPOLOGY bench``, where the topology gives the
+    workers, their hosts and the links' loss, and there is no switch-only mode.
+    """
     add = parser.add_argument
     add("-b", "--minbytes", type=_size, default=4 << 10, help="smallest size (default 4K)")
     add("-e", "--maxbytes", type=_size, default=16 << 20, help="largest size (default 16M)")
@@ -67,13 +75,26 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     add("-n", "--iters", type=int_in(1), default=5, help="timed calls per size (default 5)")
     add("-w", "--warmup_iters", type=int_in(0), default=2, help="untimed calls (default 2)")
     add("-d", "--datatype", choices=sorted(ELEMENT_BYTES), default="float32", help="data type")
-    add("--workers", type=int_in(1, MAX_WORKERS), default=4, help="ranks (default 4)")
-    add("--algos", type=_algos, default=ALGORITHMS, help="comma list of ina,gloo (default both)")
+    if not emulated:
+        add("--workers", type=int_in(1, MAX_WORKERS), default=4, help="ranks (default 4)")
+    add(
+        "--algos",
+        type=_algos,
+        default=DEFAULT_ALGORITHMS,
+        help=f"comma list of {','.join(ALGORITHMS)} (default {','.join(DEFAULT_ALGORITHMS)})",
+    )
+    if not emulated:
+        add(
+            "--ranks-per-host",
+            type=int_in(1, MAX_WORKERS),
+            default=2,
+            help="collnet: consecutive ranks sharing one emulated host (default 2)",
+        )
     add(
         "--loss",
         type=probability(allow_one=False),  # at 1 nothing would ever complete
         default=0.0,
-        help="switch drop probability, in and out",
+        help="switch drop probability, in and out (the drop simulator)",
     )
     add(
         "--lanes",
@@ -89,7 +110,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     add("--seed", type=int, default=0, help="seed of inputs and the drop simulator")
     add("--timeout", type=positive_float, default=10.0, help="host no-progress deadline (s)")
-    add("--run-dir", type=Path, help="directory for logs (default: a new temp dir)")
+    if not emulated:  # inalab emulate has its own, before the action
+        add("--run-dir", type=Path, help="directory for logs (default: a new temp dir)")
     add(
         "--pcap-count",
         type=int_in(0),
@@ -99,12 +121,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     add("--json", type=Path, metavar="PATH", help="write results as JSON")
     add("--plot", type=Path, metavar="PATH", help="write a PNG plot of time and algbw")
-    add("--switch-only", action="store_true", help="only load the switch (loadgen)")
-    add("--seconds", type=positive_float, default=5.0, help="--switch-only duration (s)")
+    if not emulated:
+        add("--switch-only", action="store_true", help="only load the switch (loadgen)")
+        add("--seconds", type=positive_float, default=5.0, help="--switch-only duration (s)")
 
 
 # ----------------------------------------------------------------- run
-class _UsageError(Exception):
+class UsageError(Exception):
     """Flags that parse one by one but not together: exit status 2, like argparse."""
 
 
@@ -116,16 +139,16 @@ def run(args: argparse.Namespace) -> int:
     try:
         for path in (args.json, args.plot):
             if path is not None and not path.parent.is_dir():
-                raise _UsageError(f"directory of {path} does not exist")
+                raise UsageError(f"directory of {path} does not exist")
         if args.switch_only:
             return _run_switch_only(args)
-        cfg = _config(args)
-    except _UsageError as exc:
+        cfg = config_from_args(args)
+    except UsageError as exc:
         print(f"{PROG}: error: {exc}", file=sys.stderr)
         return 2
     run_dir = _run_dir(args.run_dir)
     try:
-        return _run_bench(args, cfg, run_dir)
+        return run_bench(args, cfg, run_dir)
     except BenchError as exc:
         print(f"{PROG}: failed: {exc}", file=sys.stderr)
         return 1
@@ -133,12 +156,20 @@ def run(args: argparse.Namespace) -> int:
         print(f"# logs: {run_dir}")
 
 
-def _config(args: argparse.Namespace) -> BenchConfig:
+def config_from_args(
+    args: argparse.Namespace, workers: int | None = None, ranks_per_host: int | None = None
+) -> BenchConfig:
+    """The run's configuration from the parsed flags (``workers`` and ``ranks_per_host``
+    from the caller when the flags have none: the emulator's topology).
+
+    Raises:
+        UsageError: flags that parse one by one but not together.
+    """
     elem = ELEMENT_BYTES[args.datatype]
     minbytes = align_down(args.minbytes, elem)
     maxbytes = align_down(args.maxbytes, elem)
     if minbytes == 0:
-        raise _UsageError(f"minbytes {args.minbytes} is smaller than one {args.datatype}")
+        raise UsageError(f"minbytes {args.minbytes} is smaller than one {args.datatype}")
     for flag, given, used in (
         ("minbytes", args.minbytes, minbytes),
         ("maxbytes", args.maxbytes, maxbytes),
@@ -154,7 +185,7 @@ def _config(args: argparse.Namespace) -> BenchConfig:
         return BenchConfig(
             sizes=tuple(sizes),
             algos=tuple(args.algos),
-            workers=args.workers,
+            workers=workers if workers is not None else args.workers,
             dtype=args.datatype,
             iters=args.iters,
             warmup=args.warmup_iters,
@@ -164,9 +195,12 @@ def _config(args: argparse.Namespace) -> BenchConfig:
             seed=args.seed,
             timeout=args.timeout,
             pcap_count=args.pcap_count,
+            ranks_per_host=ranks_per_host
+            if ranks_per_host is not None
+            else (args.ranks_per_host if "collnet" in args.algos else 1),
         )
     except ValueError as exc:
-        raise _UsageError(str(exc)) from None
+        raise UsageError(str(exc)) from None
 
 
 def _run_dir(given: Path | None) -> Path:
@@ -176,13 +210,27 @@ def _run_dir(given: Path | None) -> Path:
     return given
 
 
-def _run_bench(args: argparse.Namespace, cfg: BenchConfig, run_dir: Path) -> int:
+def run_bench(
+    args: argparse.Namespace,
+    cfg: BenchConfig,
+    run_dir: Path,
+    fabric: Fabric | None = None,
+    extra_meta: dict[str, Any] | None = None,
+) -> int:
+    """Run the sweep on ``fabric`` (default: loopback), print the tables, write JSON and
+    plot; 0 if every element was right, 1 otherwise.
+
+    Raises:
+        BenchError: a run failed (see :func:`emulation.bench.sweep.run_sweep`).
+    """
     from tqdm import tqdm
 
+    from emulation.bench.fabric import LoopbackFabric
     from emulation.bench.report import format_table, make_document, write_json, write_plot
     from emulation.bench.sweep import run_sweep
 
-    print(_banner(cfg), flush=True)
+    fabric = fabric or LoopbackFabric(cfg.ranks_per_host)
+    print(_banner(cfg, fabric.description), flush=True)
     total = len(cfg.algos) * len(cfg.sizes)
     # disable=None: a bar on a terminal; nothing in a log file or CI, where each
     # refresh would be one more line of carriage returns.
@@ -192,13 +240,16 @@ def _run_bench(args: argparse.Namespace, cfg: BenchConfig, run_dir: Path) -> int
             bar.set_postfix_str(f"{algo} {format_size(cfg.sizes[k])} done")
             bar.update(1)
 
-        result = run_sweep(cfg, run_dir, progress, logging.getLogger().getEffectiveLevel())
+        level = logging.getLogger().getEffectiveLevel()
+        result = run_sweep(cfg, run_dir, progress, level, fabric)
+    hosts = len({p.host for p in fabric.placements(cfg.workers)})
     for algo in cfg.algos:
         rows = [r for r in result.rows if r.algo == algo]
-        print(format_table(algo, rows, _describe(algo, cfg)))
+        print(format_table(algo, rows, _describe(algo, cfg, fabric.description, hosts)))
         print("#")
     wrong = sum(r.wrong for r in result.rows)
     meta = _metadata(args, cfg, run_dir)
+    meta.update(extra_meta or {})
     meta["switch_counters"] = result.switch_counters
     meta["switch_log"] = result.switch_log
     meta["wall_s"] = result.wall_s
@@ -221,24 +272,29 @@ def _run_bench(args: argparse.Namespace, cfg: BenchConfig, run_dir: Path) -> int
     return 0
 
 
-def _banner(cfg: BenchConfig) -> str:
+def _banner(cfg: BenchConfig, where: str) -> str:
     sizes = f"{format_size(cfg.sizes[0])}..{format_size(cfg.sizes[-1])}"
     return (
-        f"# inalab bench: allreduce sum, {cfg.workers} workers on 127.0.0.1, {cfg.dtype},"
+        f"# inalab bench: allreduce sum, {cfg.workers} workers on {where}, {cfg.dtype},"
         f" sizes {sizes} ({len(cfg.sizes)}), iters {cfg.iters}, warmup {cfg.warmup},"
         f" seed {cfg.seed}\n#"
     )
 
 
-def _describe(algo: str, cfg: BenchConfig) -> str:
+def _describe(algo: str, cfg: BenchConfig, where: str, hosts: int) -> str:
+    ina = f"lanes={cfg.lanes}, slots={cfg.slots}, loss={cfg.loss:g} in+out"
     if algo == "ina":
+        return f"INA through the switch, {ina}, n={cfg.workers}"
+    if algo == "collnet":
         return (
-            f"soft switch, lanes={cfg.lanes}, slots={cfg.slots}, loss={cfg.loss:g}"
-            f" in+out, n={cfg.workers}"
+            f"CollNet: shared-memory reduce on each of {hosts} hosts, the heads' INA"
+            f" through the switch, {ina}, n={cfg.workers}"
         )
     # torch's ProcessGroupGloo runs gloo::allreduce: segmented ring reduce-scatter + all-gather.
     torch_version = _version("torch")
-    return f"torch.distributed gloo {torch_version}: ring allreduce, TCP loopback, n={cfg.workers}"
+    return (
+        f"torch.distributed gloo {torch_version}: ring allreduce, TCP on {where}, n={cfg.workers}"
+    )
 
 
 def _version(dist: str) -> str | None:
@@ -258,6 +314,7 @@ def _metadata(args: argparse.Namespace, cfg: BenchConfig, run_dir: Path) -> dict
         "workers": cfg.workers,
         "lanes": cfg.lanes,
         "slots": cfg.slots,
+        "ranks_per_host": cfg.ranks_per_host,
         "loss": cfg.loss,
         "loss_applies_to": "switch ingress and each egress replica (INA only)",
         "dtype": cfg.dtype,

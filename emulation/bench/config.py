@@ -14,9 +14,11 @@ from hostlib.protocol import MAX_LANES, MAX_WORKERS
 
 __all__ = [
     "ALGORITHMS",
+    "DEFAULT_ALGORITHMS",
     "DEFAULT_BENCH_LANES",
     "DEFAULT_BENCH_SLOTS",
     "ELEMENT_BYTES",
+    "INA_ALGORITHMS",
     "BenchConfig",
     "align_down",
     "format_size",
@@ -35,8 +37,16 @@ DEFAULT_BENCH_SLOTS = 32
 loopback bandwidth-delay product is tiny; a larger window only lengthens the queues of
 processes sharing the CPU and turns queueing delay into spurious retransmissions."""
 
-ALGORITHMS = ("ina", "gloo")
-"""Allreduce implementations the bench knows, in the order they run."""
+ALGORITHMS = ("ina", "collnet", "gloo")
+"""Allreduce implementations the bench knows, in the order they run: flat INA (every rank
+a worker of the switch's job), CollNet (the ranks of a host reduce through shared memory
+and one head rank per host does INA, as NCCL's CollNet with SHARP) and Gloo's ring."""
+
+INA_ALGORITHMS = ("ina", "collnet")
+"""The algorithms that run through the switch."""
+
+DEFAULT_ALGORITHMS = ("ina", "gloo")
+"""What runs without ``--algos``: collnet is only meaningful with several ranks per host."""
 
 ELEMENT_BYTES = {"float32": 4, "int32": 4}
 """Supported data types and their sizes: the two types the INA wire format carries."""
@@ -112,13 +122,15 @@ class BenchConfig:
         timeout: seconds a host waits without progress before failing the run.
         pcap_count: packets the switch records into ``switch.pcap`` in the run
             directory (0: no capture).
+        ranks_per_host: on loopback, consecutive ranks grouped into one emulated host
+            (CollNet's local reduce); ``workers`` must be a multiple of it.
 
     Raises:
         ValueError: any field out of range.
     """
 
     sizes: tuple[int, ...]
-    algos: tuple[str, ...] = ALGORITHMS
+    algos: tuple[str, ...] = DEFAULT_ALGORITHMS
     workers: int = 4
     dtype: str = "float32"
     iters: int = 5
@@ -129,6 +141,7 @@ class BenchConfig:
     seed: int = 0
     timeout: float = 10.0
     pcap_count: int = 0
+    ranks_per_host: int = 1
 
     def __post_init__(self) -> None:
         problems = []
@@ -150,6 +163,10 @@ class BenchConfig:
             problems.append(f"slots {self.slots} must be positive")
         if not 0.0 <= self.loss < 1.0:
             problems.append(f"loss {self.loss} outside [0, 1)")
+        if self.ranks_per_host < 1 or self.workers % self.ranks_per_host:
+            problems.append(
+                f"workers {self.workers} not a multiple of ranks per host {self.ranks_per_host}"
+            )
         if self.pcap_count < 0:
             problems.append(f"pcap_count {self.pcap_count} must be >= 0")
         if not self.timeout > 0:

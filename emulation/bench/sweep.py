@@ -13,8 +13,8 @@ from __future__ import annotations
 import logging
 import multiprocessing
 import os
-import socket
 import time
+from collections import Counter
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from multiprocessing.connection import Connection, wait
@@ -22,7 +22,8 @@ from multiprocessing.process import BaseProcess
 from pathlib import Path
 from typing import Any
 
-from emulation.bench.config import BenchConfig
+from emulation.bench.config import INA_ALGORITHMS, BenchConfig
+from emulation.bench.fabric import Fabric, FabricError, LoopbackFabric
 from emulation.bench.report import Row, merge_ranks
 from emulation.bench.workers import SizeResult, WorkerPlan, worker_main
 
@@ -50,7 +51,8 @@ class SweepResult:
     """What a sweep measured, plus where its logs are."""
 
     rows: list[Row] = field(default_factory=list)
-    switch_counters: dict[str, int] | None = None
+    switch_counters: dict[str, dict[str, Any]] = field(default_factory=dict)
+    """Per INA algorithm: the switch's statistics after its run."""
     switch_log: str | None = None
     wall_s: dict[str, float] = field(default_factory=dict)
     udp_kernel_delta: dict[str, dict[str, int]] = field(default_factory=dict)
@@ -64,21 +66,28 @@ def run_sweep(
     run_dir: Path,
     progress: ProgressFn | None = None,
     log_level: int = logging.WARNING,
+    fabric: Fabric | None = None,
 ) -> SweepResult:
     """Run every algorithm of ``cfg`` over its size sweep; logs go to ``run_dir``.
+
+    ``fabric`` places the ranks and provides the INA switch; by default
+    :class:`~emulation.bench.fabric.LoopbackFabric` (127.0.0.1, a soft switch process).
 
     Raises:
         BenchError: a rank failed (its traceback is in the message), died, or sent
             nothing for longer than the stall limit; or the switch failed to start.
     """
+    fabric = fabric or LoopbackFabric(cfg.ranks_per_host)
     result = SweepResult()
-    for algo in cfg.algos:
+    for attempt, algo in enumerate(cfg.algos):
         start = time.perf_counter()
         udp_before = udp_counters()
-        if algo == "ina":
-            per_rank = _run_ina(cfg, run_dir, progress, log_level, result)
+        if algo in INA_ALGORITHMS:
+            per_rank = _run_ina(cfg, algo, fabric, run_dir, progress, log_level, result)
         else:
-            per_rank = _run_gloo(cfg, run_dir, progress, log_level)
+            plans = _plans(cfg, algo, fabric, run_dir, log_level, fabric.gloo_init(attempt))
+            with _Fleet(algo, plans, stall_limit(cfg)) as fleet:
+                per_rank = fleet.drive(len(cfg.sizes), progress)
         result.wall_s[algo] = time.perf_counter() - start
         udp_after = udp_counters()
         result.udp_kernel_delta[algo] = {k: v - udp_before[k] for k, v in udp_after.items()}
@@ -109,8 +118,15 @@ def stall_limit(cfg: BenchConfig) -> float:
 
 
 def _plans(
-    cfg: BenchConfig, algo: str, run_dir: Path, log_level: int, gloo_init: str | None = None
+    cfg: BenchConfig,
+    algo: str,
+    fabric: Fabric,
+    run_dir: Path,
+    log_level: int,
+    gloo_init: str | None = None,
 ) -> list[WorkerPlan]:
+    placements = fabric.placements(cfg.workers)
+    per_host = Counter(p.host for p in placements)
     return [
         WorkerPlan(
             algo=algo,
@@ -127,66 +143,76 @@ def _plans(
             gloo_init=gloo_init,
             log_path=str(run_dir / f"{algo}-rank{r}.log"),
             log_level=log_level,
+            placement=placements[r],
+            hosts=len(per_host),
+            max_local=max(per_host.values()),
         )
         for r in range(cfg.workers)
     ]
 
 
-def _run_gloo(
-    cfg: BenchConfig, run_dir: Path, progress: ProgressFn | None, log_level: int
-) -> list[list[SizeResult]]:
-    init = f"tcp://127.0.0.1:{_free_tcp_port()}"
-    with _Fleet("gloo", _plans(cfg, "gloo", run_dir, log_level, init), stall_limit(cfg)) as fleet:
-        return fleet.drive(len(cfg.sizes), progress)
-
-
 def _run_ina(
     cfg: BenchConfig,
+    algo: str,
+    fabric: Fabric,
     run_dir: Path,
     progress: ProgressFn | None,
     log_level: int,
     result: SweepResult,
 ) -> list[list[SizeResult]]:
-    from controller.client import P4RuntimeError
-    from controller.switch import ControllerError, WorkerAddress
-    from emulation.softswitch.process import SoftSwitchProcess, SwitchStartError
-
-    switch = SoftSwitchProcess(
-        run_dir,
-        lanes=cfg.lanes,
-        slots=cfg.slots,
-        seed=cfg.seed,
-        extra_args=_pcap_args(cfg, run_dir),
-    )
-    result.switch_log = str(switch.log_path)
+    """Flat INA (every rank a worker of the switch's job) or CollNet (each host's head
+    rank is; the others reduce into it through shared memory)."""
+    plans = _plans(cfg, algo, fabric, run_dir, log_level)
+    if algo == "ina":
+        heads = list(range(cfg.workers))
+    else:
+        heads = [p.rank for p in plans if p.placement.local_rank == 0]
+    groups = _local_groups(plans) if algo == "collnet" else {}
     try:
-        switch.start()
-        # The real control path: the job and the loss are P4Runtime writes.
-        with switch.controller() as ctl:
-            ctl.set_drops(cfg.loss, cfg.loss)
-            plans = _plans(cfg, "ina", run_dir, log_level)
-            with _Fleet("ina", plans, stall_limit(cfg), switch.log_path) as fleet:
-                addrs = [
-                    WorkerAddress(str(ip), int(port)) for _, (ip, port) in fleet.gather("addr")
-                ]
-                ctl.add_job(BENCH_JOB_ID, addrs, slot_count=cfg.slots)
-                fleet.send_all(("job", BENCH_JOB_ID, tuple(switch.data_addr)))
+        with fabric.ina_switch(cfg, run_dir) as switch:
+            result.switch_log = str(switch.log_path) if switch.log_path else str(run_dir)
+            extra = [(groups[p.placement.host],) if groups else () for p in plans]
+            with _Fleet(algo, plans, stall_limit(cfg), switch.log_path, extra) as fleet:
+                reported = fleet.gather("addr")
+                addrs = [(str(reported[r][1][0]), int(reported[r][1][1])) for r in heads]
+                dests = switch.install(BENCH_JOB_ID, addrs, [plans[r].placement for r in heads])
+                for rank in range(len(plans)):
+                    # A head gets the switch address and the rank its packets carry.
+                    dest = dests[heads.index(rank)] if rank in heads else (None, None)
+                    fleet.send(rank, ("job", BENCH_JOB_ID, *dest))
                 per_rank = fleet.drive(len(cfg.sizes), progress)
-            result.switch_counters = ctl.counters()
-            ctl.remove_job(BENCH_JOB_ID)
+            result.switch_counters[algo] = switch.counters()
+            switch.remove(BENCH_JOB_ID)
         return per_rank
-    except (SwitchStartError, P4RuntimeError, ControllerError) as exc:
-        raise BenchError(f"soft switch: {exc}") from exc
+    except FabricError as exc:
+        raise BenchError(str(exc)) from exc
     finally:
-        switch.stop()
+        for group in groups.values():
+            group.unlink()
 
 
-def _free_tcp_port() -> int:
-    # Gloo's tcp:// rendezvous needs a port number up front; the small window between
-    # closing this socket and rank 0 binding it is accepted (loopback, our own run).
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
+def _local_groups(plans: Sequence[WorkerPlan]) -> dict[int, Any]:
+    """One shared-memory group per host for CollNet, sized for the largest message.
+
+    A sibling waits at the group's barriers while its head runs the INA step, so their
+    timeout covers a whole call; a rank that dies is caught sooner by the coordinator.
+    """
+    from hostlib.collnet import LocalGroup
+
+    ctx = multiprocessing.get_context("spawn")
+    sizes: dict[int, int] = {}
+    for p in plans:
+        sizes[p.placement.host] = sizes.get(p.placement.host, 0) + 1
+    largest = max(plans[0].sizes)
+    groups: dict[int, Any] = {}
+    try:
+        for host, size in sizes.items():
+            groups[host] = LocalGroup(size, largest, ctx, timeout=max(120.0, 10 * plans[0].timeout))
+    except BaseException:
+        for group in groups.values():
+            group.unlink()
+        raise
+    return groups
 
 
 class _Fleet:
@@ -198,6 +224,7 @@ class _Fleet:
         plans: Sequence[WorkerPlan],
         stall_s: float,
         switch_log: Path | None = None,
+        extra_args: Sequence[tuple[Any, ...]] = (),
     ) -> None:
         self.algo = algo
         self.stall_s = stall_s
@@ -207,11 +234,12 @@ class _Fleet:
         self.conns: list[Connection] = []
         ctx = multiprocessing.get_context("spawn")
         try:
-            for plan in plans:
+            for i, plan in enumerate(plans):
                 parent, child = ctx.Pipe()
+                extra = tuple(extra_args[i]) if extra_args else ()
                 proc = ctx.Process(
                     target=worker_main,
-                    args=(plan, child),
+                    args=(plan, child, *extra),
                     name=f"inalab-bench-{algo}-{plan.rank}",
                     daemon=True,
                 )
@@ -243,11 +271,14 @@ class _Fleet:
         return results
 
     def send_all(self, msg: tuple[Any, ...]) -> None:
-        for rank, conn in enumerate(self.conns):
-            try:
-                conn.send(msg)
-            except OSError:
-                raise BenchError(self._death_note(rank)) from None
+        for rank in range(len(self.conns)):
+            self.send(rank, msg)
+
+    def send(self, rank: int, msg: tuple[Any, ...]) -> None:
+        try:
+            self.conns[rank].send(msg)
+        except OSError:
+            raise BenchError(self._death_note(rank)) from None
 
     def gather(self, kind: str) -> list[tuple[Any, ...]]:
         """One message of ``kind`` from every rank, index = rank.
@@ -331,10 +362,3 @@ class _Fleet:
                 proc.join(5.0)
         for conn in self.conns:
             conn.close()
-
-
-def _pcap_args(cfg: BenchConfig, run_dir: Path) -> tuple[str, ...]:
-    """The switch's capture options: its first ``cfg.pcap_count`` packets, if any."""
-    if not cfg.pcap_count:
-        return ()
-    return ("--pcap", str(run_dir / "switch.pcap"), "--pcap-count", str(cfg.pcap_count))

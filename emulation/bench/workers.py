@@ -1,9 +1,12 @@
-"""The worker side of ``inalab bench``: one process per rank, INA or Gloo.
+"""The worker side of ``inalab bench``: one process per rank, INA, CollNet or Gloo.
 
-A worker talks to the coordinator (``sweep.py``) over one ``multiprocessing`` pipe, in
-strict lock-step so the coordinator can read one message per rank per phase:
+A worker first enters its placement's network namespace, if any (an emulated host). It
+talks to the coordinator (``sweep.py``) over one ``multiprocessing`` pipe, in strict
+lock-step so the coordinator can read one message per rank per phase:
 
-* INA only: worker -> ``("addr", (ip, port))``; coordinator -> ``("job", job_id, data_addr)``
+* INA and CollNet only: worker -> ``("addr", (ip, port))`` (a CollNet rank other than its
+  host's head: ``("addr", None)``); coordinator -> ``("job", job_id, data_addr, rank)``:
+  where to send and the rank the packets carry (``None``s for a CollNet non-head)
 * per size k: worker -> ``("barrier", k)``; coordinator -> ``("go",)``
 * at the end: worker -> ``("result", [SizeResult, ...])``
 * on any exception: worker -> ``("error", traceback_text)`` and exit status 1.
@@ -16,12 +19,13 @@ workers; INA workers import only hostlib.
 from __future__ import annotations
 
 import contextlib
+import ctypes
 import logging
 import os
 import time
 import traceback
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import timedelta
 from multiprocessing.connection import Connection
 from typing import Any, Protocol
@@ -31,9 +35,11 @@ import numpy as np
 __all__ = [
     "GLOO_ATOL_FRACTION",
     "GLOO_RTOL",
+    "Placement",
     "SizeResult",
     "WorkerPlan",
     "count_wrong",
+    "enter_netns",
     "make_input",
     "reference",
     "worker_main",
@@ -57,6 +63,26 @@ block exponents differ across packets as they would for real gradients."""
 
 
 @dataclass(frozen=True)
+class Placement:
+    """Where a rank runs: its network namespace, address and host.
+
+    Attributes:
+        netns: a network namespace to enter first (``/proc/PID/ns/net`` of an emulated
+            host); ``None``: the coordinator's own.
+        bind_ip: the address INA workers bind (and Gloo's peers reach).
+        ifname: the interface Gloo uses (``GLOO_SOCKET_IFNAME``).
+        host: index of the rank's host (CollNet groups the ranks of one host).
+        local_rank: the rank's index on its host; 0 is the host's head rank.
+    """
+
+    netns: str | None = None
+    bind_ip: str = "127.0.0.1"
+    ifname: str = "lo"
+    host: int = 0
+    local_rank: int = 0
+
+
+@dataclass(frozen=True)
 class WorkerPlan:
     """Everything one worker needs; picklable for the ``spawn`` start method."""
 
@@ -74,6 +100,11 @@ class WorkerPlan:
     gloo_init: str | None = None
     log_path: str | None = None
     log_level: int = logging.WARNING
+    placement: Placement = field(default_factory=Placement)
+    hosts: int = 1
+    """collnet: hosts in the job (the INA job's workers are their head ranks)."""
+    max_local: int = 1
+    """collnet: the most ranks any one host has (for the float32 error bound)."""
 
 
 @dataclass(frozen=True)
@@ -127,6 +158,8 @@ def count_wrong(
     absmax: np.ndarray,
     num_workers: int,
     lanes: int,
+    hosts: int = 1,
+    max_local: int = 1,
 ) -> tuple[int, float]:
     """Elements of ``result`` outside the tolerance, and the largest absolute error.
 
@@ -147,6 +180,13 @@ def count_wrong(
         from hostlib.quantize import error_bound
 
         bound = error_bound(absmax, num_workers, lanes, ref)
+    elif algo == "collnet":
+        from hostlib.quantize import error_bound
+
+        # Each host's float32 sum of up to k inputs (|sum| <= k * absmax, rounding error
+        # below k * 2**-24 * k * absmax) is what its head quantizes for INA over hosts.
+        k = max_local
+        bound = error_bound(k * absmax, hosts, lanes, ref) + k * k * 2.0**-23 * absmax
     else:
         scale = float(np.abs(ref).max()) if ref.size else 0.0
         bound = GLOO_RTOL * np.abs(ref) + GLOO_ATOL_FRACTION * scale
@@ -168,21 +208,22 @@ class _Allreduce(Protocol):
 
 
 class _InaAllreduce:
-    """hostlib's INA session through the soft switch."""
+    """hostlib's INA session through the switch, one of ``num_workers`` contributions
+    (the quantization's headroom); the coordinator says which rank its packets carry."""
 
-    def __init__(self, plan: WorkerPlan, conn: Connection) -> None:
+    def __init__(self, plan: WorkerPlan, conn: Connection, num_workers: int) -> None:
         from hostlib import InaSession, JobSpec, RetryPolicy
         from hostlib.transport.udp import UdpTransport
 
-        self._transport = UdpTransport(local=("127.0.0.1", 0))
+        self._transport = UdpTransport(local=(plan.placement.bind_ip, 0))
         try:
             conn.send(("addr", tuple(self._transport.local_addr)))
             msg = _expect(conn, "job")
-            job_id, data_addr = msg[1], tuple(msg[2])
+            job_id, data_addr, wire_rank = msg[1], tuple(msg[2]), msg[3]
             spec = JobSpec(
                 job_id=job_id,
-                rank=plan.rank,
-                num_workers=plan.num_workers,
+                rank=wire_rank,
+                num_workers=num_workers,
                 switch=data_addr,
                 lanes=plan.lanes,
                 slots=plan.slots,
@@ -196,12 +237,49 @@ class _InaAllreduce:
         allreduce = self._session.allreduce
         return lambda: allreduce(x)
 
+    def session_allreduce(self, x: np.ndarray) -> np.ndarray:
+        return np.asarray(self._session.allreduce(x))
+
     @property
     def retransmits(self) -> int:
         return self._session.retransmissions
 
     def close(self) -> None:
         self._session.close()  # closes its transport
+
+
+class _CollNetAllreduce:
+    """CollNet: a shared-memory reduce among the ranks of a host; the host's head rank
+    (local rank 0) is INA worker ``host`` of the switch's job; the result is shared back."""
+
+    def __init__(self, plan: WorkerPlan, conn: Connection, group: Any) -> None:
+        from hostlib.collnet import CollNetAllreduce
+
+        where = plan.placement
+        self._ina: _InaAllreduce | None = None
+        if where.local_rank == 0:
+            self._ina = _InaAllreduce(plan, conn, plan.hosts)
+            inter = self._ina.session_allreduce
+        else:
+            conn.send(("addr", None))
+            _expect(conn, "job")
+            inter = None
+        self._coll = CollNetAllreduce(group, where.local_rank, inter)
+
+    def prepare(self, x: np.ndarray) -> Callable[[], np.ndarray]:
+        allreduce = self._coll.allreduce
+        return lambda: allreduce(x)
+
+    @property
+    def retransmits(self) -> int:
+        return self._ina.retransmits if self._ina is not None else 0
+
+    def close(self) -> None:
+        try:
+            self._coll.close()
+        finally:
+            if self._ina is not None:
+                self._ina.close()
 
 
 class _GlooAllreduce:
@@ -211,8 +289,9 @@ class _GlooAllreduce:
         import torch
         import torch.distributed as dist
 
-        # Keep Gloo on loopback even if the hostname resolves to another interface.
-        os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")
+        # Gloo finds its address from the hostname, which resolves to loopback or, in an
+        # emulated host, to the machine's own: name the placement's interface instead.
+        os.environ["GLOO_SOCKET_IFNAME"] = plan.placement.ifname
         torch.set_num_threads(1)
         self._torch = torch
         self._dist = dist
@@ -249,11 +328,13 @@ class _GlooAllreduce:
 
 
 # ----------------------------------------------------------------- the worker process
-def worker_main(plan: WorkerPlan, conn: Connection) -> None:
+def worker_main(plan: WorkerPlan, conn: Connection, group: Any = None) -> None:
     """Process entry point: run the sweep, report results or the traceback, exit."""
     _setup_logging(plan)
     try:
-        results = _run(plan, conn)
+        if plan.placement.netns is not None:
+            enter_netns(plan.placement.netns)
+        results = _run(plan, conn, group)
         conn.send(("result", results))
     except BaseException:
         text = traceback.format_exc()
@@ -266,10 +347,12 @@ def worker_main(plan: WorkerPlan, conn: Connection) -> None:
         conn.close()
 
 
-def _run(plan: WorkerPlan, conn: Connection) -> list[SizeResult]:
+def _run(plan: WorkerPlan, conn: Connection, group: Any) -> list[SizeResult]:
     coll: _Allreduce
     if plan.algo == "ina":
-        coll = _InaAllreduce(plan, conn)
+        coll = _InaAllreduce(plan, conn, plan.num_workers)
+    elif plan.algo == "collnet":
+        coll = _CollNetAllreduce(plan, conn, group)
     elif plan.algo == "gloo":
         coll = _GlooAllreduce(plan)
     else:
@@ -297,10 +380,34 @@ def _run_size(
         y = call()
     elapsed = time.perf_counter() - start
     ref, absmax = reference(plan.seed, plan.num_workers, count, plan.dtype)
-    wrong, max_err = count_wrong(plan.algo, y, ref, absmax, plan.num_workers, plan.lanes)
+    wrong, max_err = count_wrong(
+        plan.algo, y, ref, absmax, plan.num_workers, plan.lanes, plan.hosts, plan.max_local
+    )
     mean_us = elapsed / plan.iters * 1e6
     log.info("rank %d size %d: %.1f us/call, %d wrong", plan.rank, nbytes, mean_us, wrong)
     return SizeResult(nbytes, count, mean_us, wrong, max_err, coll.retransmits - resent)
+
+
+_CLONE_NEWNET = 0x40000000
+
+
+def enter_netns(path: str) -> None:
+    """Move the calling thread into the network namespace at ``path`` (``setns(2)``).
+
+    Called first in a worker process, before any thread or socket exists, so everything
+    the process creates afterwards lives in that namespace (threads inherit it).
+
+    Raises:
+        OSError: the namespace cannot be opened or entered (not root, host gone).
+    """
+    libc = ctypes.CDLL(None, use_errno=True)
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        if libc.setns(fd, _CLONE_NEWNET) != 0:
+            err = ctypes.get_errno()
+            raise OSError(err, f"setns({path}): {os.strerror(err)}")
+    finally:
+        os.close(fd)
 
 
 def _expect(conn: Connection, kind: str) -> tuple[Any, ...]:

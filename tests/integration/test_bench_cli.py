@@ -55,7 +55,7 @@ def test_ina_and_gloo_tiny_sweep(tmp_path: Path) -> None:
     assert meta["workers"] == 2 and meta["dtype"] == "float32"
     assert meta["sweep"]["sizes"] == [4096, 16384, 65536]
     assert set(meta["versions"]) >= {"python", "numpy", "torch"}
-    counters = meta["switch_counters"]
+    counters = meta["switch_counters"]["ina"]
     assert counters["completed"] > 0 and counters["drop_bad_source"] == 0
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     assert (tmp_path / "switch.log").exists()
@@ -72,7 +72,7 @@ def test_ina_with_loss_is_still_correct(tmp_path: Path) -> None:
     doc = json.loads(out.read_text())
     assert all(r["wrong"] == 0 for r in doc["rows"])
     assert sum(r["retransmits"] for r in doc["rows"]) > 0  # the hosts recovered the drops
-    counters = doc["metadata"]["switch_counters"]
+    counters = doc["metadata"]["switch_counters"]["ina"]
     assert counters["drop_sim_ingress"] > 0
     assert counters["drop_sim_egress"] > 0
     assert doc["metadata"]["loss"] == 0.05
