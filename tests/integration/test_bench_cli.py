@@ -65,6 +65,23 @@ def test_ina_and_gloo_tiny_sweep(tmp_path: Path) -> None:
     assert "allreduce:" not in proc.stderr
 
 
+def test_collnet_next_to_flat_ina(tmp_path: Path) -> None:
+    out = tmp_path / "collnet.json"
+    proc = _bench("-b", "4K", "-e", "64K", "-f", "16", "-n", "2", "-w", "1", "-d", "int32",
+                  "--workers", "4", "--ranks-per-host", "2", "--algos", "ina,collnet",
+                  "--json", str(out))  # fmt: skip
+    _ok(proc)
+    doc = json.loads(out.read_text())
+    assert [r["algo"] for r in doc["rows"]] == ["ina", "ina", "collnet", "collnet"]
+    assert all(r["wrong"] == 0 for r in doc["rows"])
+    counters = doc["metadata"]["switch_counters"]
+    # 2 sizes x 3 calls x (1 + 8) packets of 2048 lanes; 4 workers, then 2 heads.
+    assert counters["ina"]["aggregated"] == 4 * 27
+    assert counters["collnet"]["aggregated"] == 2 * 27
+    assert "shared-memory reduce on each of 2 hosts" in proc.stdout
+    assert not [p for p in Path("/dev/shm").iterdir() if p.name.startswith("inalab-cn-")]
+
+
 def test_ina_with_loss_is_still_correct(tmp_path: Path) -> None:
     out = tmp_path / "loss.json"
     proc = _bench(*TINY, "--algos", "ina", "--loss", "0.05", "--seed", "3", "--json", str(out))
@@ -123,6 +140,7 @@ def test_switch_only(tmp_path: Path) -> None:
         (["--algos", "nccl"], "invalid algorithms"),
         (["--loss", "1.5"], "outside"),
         (["--json", "/nonexistent-dir/x.json"], "does not exist"),
+        (["--algos", "collnet", "--workers", "3"], "not a multiple of ranks per host 2"),
     ],
 )
 def test_bad_arguments_exit_2(argv: list[str], message: str) -> None:
