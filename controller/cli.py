@@ -5,6 +5,9 @@ Subcommands (simple_switch_CLI and p4runtime-shell users will recognise the read
 - ``jobs``: the installed jobs, read from the switch's tables;
 - ``add-job --job J --slots N IP:PORT ...``: install a job, rank r = the r-th address;
 - ``remove-job --job J``: tear a job down and clear its slots;
+- ``set-upstream --job J --rank R IP:PORT [--mac MAC --port P]``: make the switch a leaf
+  of hierarchical aggregation for job J (its partial sums go to the upstream switch at
+  IP:PORT, as rank R there); ``remove-upstream --job J`` undoes it;
 - ``show-bitmap --job J --slot S``: one slot's registers in both sets (bitmaps, ranks
   seen, remaining, seq, exponent, lane values);
 - ``stats``: the switch's counters;
@@ -67,6 +70,14 @@ def _nonneg(text: str) -> int:
     return int(text)
 
 
+def _mac(text: str) -> str:
+    import re
+
+    if not re.fullmatch(r"[0-9A-Fa-f]{2}(:[0-9A-Fa-f]{2}){5}", text):
+        raise argparse.ArgumentTypeError(f"{text!r} is not a MAC address (xx:xx:xx:xx:xx:xx)")
+    return text
+
+
 def _probability(text: str) -> float:
     try:
         p = float(text)
@@ -114,6 +125,20 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
     remove = sub.add_parser("remove-job", help="tear a job down and clear its slots")
     remove.add_argument("--job", type=_nonneg, required=True)
+
+    up = sub.add_parser(
+        "set-upstream", help="send a job's partial sums to an upstream switch (hierarchy)"
+    )
+    up.add_argument("--job", type=_nonneg, required=True)
+    up.add_argument(
+        "--rank", type=_nonneg, required=True, help="this switch's rank in the upstream's job"
+    )
+    up.add_argument("--mac", type=_mac, default="00:00:00:00:00:00", help="upstream's MAC")
+    up.add_argument("--port", type=_nonneg, default=0, help="switch port toward the upstream")
+    up.add_argument("address", type=_worker, metavar="IP:PORT", help="upstream's INA address")
+
+    no_up = sub.add_parser("remove-upstream", help="aggregate a job on this switch alone again")
+    no_up.add_argument("--job", type=_nonneg, required=True)
 
     show = sub.add_parser("show-bitmap", help="one slot's registers in both sets")
     show.add_argument("--job", type=_nonneg, required=True)
@@ -171,7 +196,7 @@ def _manifest_entry(path: Path, name: str | None) -> dict[str, Any]:
     return doc
 
 
-_WRITES = {"add-job", "remove-job"}
+_WRITES = {"add-job", "remove-job", "set-upstream", "remove-upstream"}
 
 
 def run(args: argparse.Namespace) -> int:
@@ -216,7 +241,9 @@ def _jobs(ctl: Any, args: argparse.Namespace) -> int:
         e = job.entry
         ranks = ", ".join(f"{w.rank}={w.ip}:{w.udp_port}" for w in job.workers)
         span = f"{e.slot_base}+{e.slot_count}"
-        print(f"{e.job_id:>6} {e.num_workers:>7} {span:>13} {e.mgid:>5}  {ranks}")
+        up = job.upstream
+        above = "" if up is None else f"; upstream rank {up.rank} at {up.ip}:{up.udp_port}"
+        print(f"{e.job_id:>6} {e.num_workers:>7} {span:>13} {e.mgid:>5}  {ranks}{above}")
     return 0
 
 
@@ -230,6 +257,15 @@ def _job_doc(job: Any) -> dict[str, Any]:
         "mgid": e.mgid,
         "workers": [[w.rank, w.ip, w.udp_port] for w in job.workers],
         "replicas": [[r.rid, r.egress_port, r.ip, r.udp_port] for r in job.replicas],
+        "upstream": None
+        if job.upstream is None
+        else {
+            "rank": job.upstream.rank,
+            "ip": job.upstream.ip,
+            "udp_port": job.upstream.udp_port,
+            "mac": job.upstream.mac,
+            "egress_port": job.upstream.egress_port,
+        },
     }
 
 
@@ -251,6 +287,21 @@ def _remove_job(ctl: Any, args: argparse.Namespace) -> int:
     return 0
 
 
+def _set_upstream(ctl: Any, args: argparse.Namespace) -> int:
+    from controller.switch import WorkerAddress
+
+    ip, udp_port = args.address
+    up = ctl.set_upstream(args.job, args.rank, WorkerAddress(ip, udp_port, args.mac, args.port))
+    print(f"job {up.job_id}: partial sums go to {up.ip}:{up.udp_port} as rank {up.rank}")
+    return 0
+
+
+def _remove_upstream(ctl: Any, args: argparse.Namespace) -> int:
+    up = ctl.remove_upstream(args.job)
+    print(f"job {up.job_id}: upstream {up.ip}:{up.udp_port} removed")
+    return 0
+
+
 def _show_bitmap(ctl: Any, args: argparse.Namespace) -> int:
     reads = [ctl.read_slot(args.job, args.slot, pool_set) for pool_set in (0, 1)]
     if args.json:
@@ -258,7 +309,7 @@ def _show_bitmap(ctl: Any, args: argparse.Namespace) -> int:
             {
                 "set": r.pool_set, "bitmap": r.bitmap, "ranks": r.ranks(),
                 "remaining": r.remaining, "seq": r.seq, "exponent": r.exponent,
-                "values": list(r.values),
+                "final": r.final, "values": list(r.values),
             }
             for r in reads
         ]  # fmt: skip
@@ -271,6 +322,8 @@ def _show_bitmap(ctl: Any, args: argparse.Namespace) -> int:
     for r in reads:
         bits = format(r.bitmap, f"0{job.num_workers}b")[::-1]  # rank 0 first
         state = "idle" if r.seq == 0 else ("done" if r.remaining == 0 else "running")
+        if r.final and state == "done":
+            state = "done, final: the upstream's result"
         values = " ".join(str(v) for v in r.values[:shown])
         more = f" ... ({len(r.values)} lanes)" if shown < len(r.values) else ""
         print(f"  set {r.pool_set}: bitmap {bits} ranks {r.ranks()} remaining {r.remaining} "
@@ -305,6 +358,8 @@ _COMMANDS = {
     "jobs": _jobs,
     "add-job": _add_job,
     "remove-job": _remove_job,
+    "set-upstream": _set_upstream,
+    "remove-upstream": _remove_upstream,
     "show-bitmap": _show_bitmap,
     "stats": _stats,
     "drops": _drops,

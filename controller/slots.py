@@ -20,6 +20,7 @@ __all__ = ["SlotRead", "Slots"]
 
 SEQ = "Ingress.seq"
 REMAINING = "Ingress.remaining"
+FINAL = "Ingress.final"
 BITMAPS = ("Ingress.bitmap.bitmap_set0", "Ingress.bitmap.bitmap_set1")
 EXPONENT = "Ingress.exponents.exponent"
 LANE_PREFIX = "Ingress.values.lane_"
@@ -40,6 +41,8 @@ class SlotRead:
         seq: the seq of the use the slot holds (0: never used).
         exponent: the largest block exponent contributed (int8).
         values: the lanes' int32 sums.
+        final: 1 if the values are the upstream switch's result (a leaf of hierarchical
+            aggregation), 0 if they are this switch's own sum.
     """
 
     job_id: int
@@ -51,6 +54,7 @@ class SlotRead:
     seq: int
     exponent: int
     values: tuple[int, ...]
+    final: int = 0
 
     def ranks(self) -> list[int]:
         """Ranks whose bit is set in :attr:`bitmap`."""
@@ -82,12 +86,23 @@ class Slots:
         read = self.registers.read
         bitmap = read(BITMAPS[pool_set], [s])[0]
         other = read(BITMAPS[1 - pool_set], [s])[0]
-        remaining, seq, exponent = (read(name, [i])[0] for name in (REMAINING, SEQ, EXPONENT))
+        remaining, seq, exponent, final = (
+            read(name, [i])[0] for name in (REMAINING, SEQ, EXPONENT, FINAL)
+        )
         values = tuple(
             _signed(read(f"{LANE_PREFIX}{lane:02d}", [i])[0], 32) for lane in range(self.lanes)
         )
         return SlotRead(
-            job.job_id, slot, pool_set, bitmap, other, remaining, seq, _signed(exponent, 8), values
+            job.job_id,
+            slot,
+            pool_set,
+            bitmap,
+            other,
+            remaining,
+            seq,
+            _signed(exponent, 8),
+            values,
+            final,
         )
 
     def clear(self, slot_base: int, slot_count: int) -> None:

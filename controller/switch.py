@@ -12,7 +12,19 @@ a job another one installed:
   multicast group, the replicas, the workers and last the jobs entry, which turns the
   job on; if a write fails, what was written is removed before the error is raised.
 - :meth:`SwitchController.remove_job` deletes the jobs entry first (the job's packets
-  stop at once), then its workers, replicas and group, and clears its slots.
+  stop at once), then its upstream entry, workers, replicas and group, and clears its
+  slots.
+
+Hierarchical aggregation (``p4/upstream.p4``): a leaf switch aggregates its local
+workers of a job and sends each completed slot up as one worker of the same job id on
+the upstream (spine) switch. On the spine the leaf is an ordinary worker, bound to the
+leaf's source address: ``WorkerAddress(leaf INA IPv4, 20033, leaf MAC, spine port toward
+the leaf)`` on ports, the leaf's UDP socket address on loopback. On the leaf,
+:meth:`SwitchController.set_upstream` (or ``add_job(upstream=...)``, which writes the
+entry before the jobs entry turns the job on) names the spine's INA address and the
+leaf's rank there. Slots are job-relative on both levels: the spine's job has the same
+slot count as every leaf's (:meth:`SwitchController.check_upstream` compares them), and
+every worker uses that count and the job's total number of workers.
 """
 
 from __future__ import annotations
@@ -33,6 +45,7 @@ from controller.registers import Bmv2Registers, P4RuntimeRegisters, RegisterAcce
 from controller.replicas import ReplicaEntry, Replicas
 from controller.slots import SlotRead, Slots
 from controller.stats import Stats
+from controller.upstream import Upstream, UpstreamEntry
 from controller.workers import WorkerEntry, Workers
 from hostlib.protocol import MAX_WORKERS
 
@@ -43,6 +56,7 @@ __all__ = [
     "JobNotFoundError",
     "NoFreeSlotsError",
     "SwitchController",
+    "UpstreamNotFoundError",
     "WorkerAddress",
 ]
 
@@ -67,6 +81,10 @@ class NoFreeSlotsError(ControllerError):
     """No free slot range of the requested size (or the requested one is taken)."""
 
 
+class UpstreamNotFoundError(ControllerError):
+    """The job has no upstream entry (it is not aggregated hierarchically here)."""
+
+
 @dataclass(frozen=True)
 class WorkerAddress:
     """Where a worker sends from and receives results: its IPv4 address and UDP port,
@@ -87,6 +105,8 @@ class InstalledJob:
     workers: tuple[WorkerEntry, ...]
     replicas: tuple[ReplicaEntry, ...]
     group: tuple[tuple[int, int], ...]
+    upstream: UpstreamEntry | None = None
+    """Where the job's partial sums go (a leaf of hierarchical aggregation), or None."""
 
     @property
     def job_id(self) -> int:
@@ -111,6 +131,7 @@ class SwitchController:
         self.jobs = Jobs(client, p4info)
         self.workers = Workers(client, p4info)
         self.replicas = Replicas(client, p4info)
+        self.upstream = Upstream(client, p4info)
         self.forwarder = Forwarder(client, p4info)
         self.multicast = MulticastGroups(client)
         self.drop_simulator = DropSimulator(self.registers)
@@ -184,6 +205,8 @@ class SwitchController:
         workers: Sequence[WorkerAddress],
         slot_count: int,
         slot_base: int | None = None,
+        *,
+        upstream: tuple[int, WorkerAddress] | None = None,
     ) -> InstalledJob:
         """Install a job whose rank r is ``workers[r]``.
 
@@ -192,11 +215,15 @@ class SwitchController:
             workers: each rank's address, 1..MAX_WORKERS of them, all different.
             slot_count: slots per set the job gets.
             slot_base: the first slot of its range; by default the lowest free range.
+            upstream: ``(rank, address)``: make this switch a leaf of hierarchical
+                aggregation for the job, as :meth:`set_upstream` does, with the entry
+                written before the jobs entry (no packet of the job finds it missing).
 
         Raises:
-            ValueError: a bad worker list or slot count.
+            ValueError: a bad worker list, slot count or upstream.
             JobExistsError: the job id is installed.
             NoFreeSlotsError: no free range, or ``slot_base``'s range is taken.
+            AlreadyExistsError: ``upstream`` given and the job has an upstream entry.
             P4RuntimeError | ThriftError: the switch refused a write (nothing is left).
         """
         if not 1 <= len(workers) <= MAX_WORKERS:
@@ -205,6 +232,7 @@ class SwitchController:
             raise ValueError("two ranks share one address and port")
         if not 1 <= slot_count <= self.slots_per_set:
             raise ValueError(f"slot count {slot_count} outside 1..{self.slots_per_set}")
+        up = None if upstream is None else _upstream_entry(job_id, *upstream)
         jobs = self.jobs.read()
         if any(j.job_id == job_id for j in jobs):
             raise JobExistsError(f"job {job_id} is installed")
@@ -232,6 +260,9 @@ class SwitchController:
             for binding in bindings:
                 self.workers.insert(binding)
                 undo.append(lambda b=binding: self.workers.delete(b))  # type: ignore[misc]
+            if up is not None:
+                self.upstream.insert(up)
+                undo.append(lambda: self.upstream.delete(job_id))
             self.jobs.insert(entry)
         except BaseException:
             for step in reversed(undo):
@@ -241,19 +272,21 @@ class SwitchController:
                     log.error("rolling back job %d: %s", job_id, exc)
             raise
         log.info("job %d: %d workers, slots %d+%d", job_id, len(workers), base, slot_count)
-        return InstalledJob(entry, bindings, replicas, group)
+        return InstalledJob(entry, bindings, replicas, group, up)
 
     def installed_jobs(self) -> list[InstalledJob]:
         """Every job on the switch, read from its tables."""
         workers = self.workers.read()
         replicas = self.replicas.read()
         groups = self.multicast.read()
+        upstream = {u.job_id: u for u in self.upstream.read()}
         return [
             InstalledJob(
                 entry,
                 tuple(w for w in workers if w.job_id == entry.job_id),
                 tuple(r for r in replicas if r.job_id == entry.job_id),
                 groups.get(entry.mgid, ()),
+                upstream.get(entry.job_id),
             )
             for entry in self.jobs.read()
         ]
@@ -278,6 +311,8 @@ class SwitchController:
         """
         job = self.job(job_id)
         self.jobs.delete(job_id)
+        if job.upstream is not None:
+            self.upstream.delete(job_id)
         for binding in job.workers:
             self.workers.delete(binding)
         for replica in job.replicas:
@@ -287,6 +322,72 @@ class SwitchController:
         self.slots.clear(job.entry.slot_base, job.entry.slot_count)
         log.info("job %d removed", job_id)
         return job
+
+    # ----------------------------------------------------------------- hierarchy
+    def set_upstream(self, job_id: int, rank: int, address: WorkerAddress) -> UpstreamEntry:
+        """Make this switch a leaf of hierarchical aggregation for ``job_id``: its
+        completed slots go up to ``address`` as rank ``rank`` of the same job there, and
+        only RESULTs from ``address`` are its results. Writes the upstream entry (or
+        replaces it); the job need not be installed yet.
+
+        Args:
+            job_id: 0..65535.
+            rank: this switch's rank in the upstream switch's job, 0..MAX_WORKERS-1.
+            address: the upstream switch's INA address: IPv4, UDP port (20033 on
+                ports; its data port on loopback), MAC, and this switch's port toward
+                it (MAC and port do not matter on loopback).
+
+        Raises:
+            ValueError: a job id or rank out of range.
+            P4RuntimeError: the switch refused the write.
+        """
+        entry = _upstream_entry(job_id, rank, address)
+        if self.upstream.get(job_id) is None:
+            self.upstream.insert(entry)
+        else:
+            self.upstream.modify(entry)
+        log.info("job %d: upstream rank %d at %s:%d", job_id, rank, address.ip, address.udp_port)
+        return entry
+
+    def remove_upstream(self, job_id: int) -> UpstreamEntry:
+        """Delete the upstream entry of ``job_id``: its completed slots are multicast to
+        its workers here again. Return the entry removed.
+
+        Raises:
+            UpstreamNotFoundError: the job has no upstream entry.
+            P4RuntimeError: the switch refused the write.
+        """
+        entry = self.upstream.get(job_id)
+        if entry is None:
+            raise UpstreamNotFoundError(f"job {job_id} has no upstream entry")
+        self.upstream.delete(job_id)
+        log.info("job %d: upstream removed", job_id)
+        return entry
+
+    def check_upstream(self, job_id: int, upstream: SwitchController) -> None:
+        """Check that ``upstream`` (the upstream switch's controller) holds ``job_id`` as
+        this switch's upstream entry needs: the job on both switches, the same slot
+        count (slots are job-relative on both levels), and a worker bound to this
+        switch's rank there.
+
+        Raises:
+            JobNotFoundError: the job is missing on either switch.
+            UpstreamNotFoundError: the job has no upstream entry here.
+            ControllerError: the slot counts differ, or the rank is not a worker there.
+        """
+        here = self.job(job_id)
+        if here.upstream is None:
+            raise UpstreamNotFoundError(f"job {job_id} has no upstream entry")
+        there = upstream.job(job_id)
+        if here.entry.slot_count != there.entry.slot_count:
+            raise ControllerError(
+                f"job {job_id}: {here.entry.slot_count} slots here, "
+                f"{there.entry.slot_count} on the upstream switch"
+            )
+        if not any(w.rank == here.upstream.rank for w in there.workers):
+            raise ControllerError(
+                f"job {job_id}: rank {here.upstream.rank} is not a worker on the upstream switch"
+            )
 
     def read_slot(self, job_id: int, slot: int, pool_set: int) -> SlotRead:
         """The registers of a job's slot in one set.
@@ -326,6 +427,19 @@ class SwitchController:
         tb: TracebackType | None,
     ) -> None:
         self.close()
+
+
+def _upstream_entry(job_id: int, rank: int, address: WorkerAddress) -> UpstreamEntry:
+    """The upstream entry of ``job_id`` for ``rank`` at ``address``.
+
+    Raises:
+        ValueError: a job id or rank out of range.
+    """
+    if not 0 <= job_id <= 0xFFFF:
+        raise ValueError(f"job id {job_id} outside 0..65535")
+    if not 0 <= rank < MAX_WORKERS:
+        raise ValueError(f"upstream rank {rank} outside 0..{MAX_WORKERS - 1}")
+    return UpstreamEntry(job_id, rank, address.ip, address.udp_port, address.mac, address.port)
 
 
 def _place(jobs: Sequence[JobEntry], count: int, pool: int, base: int | None) -> int:

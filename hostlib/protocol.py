@@ -103,9 +103,15 @@ SWITCH_STATS = (
     "results_sent",
     "retransmits_answered",
     "duplicates_ignored",
+    "sent_upstream",
+    "upstream_resent",
+    "results_from_upstream",
 )
 """The switch's statistics, in the index order of its P4 counters ina_stats (STAT_* in
-configuration.p4). Egress counts results_sent; ingress the others."""
+configuration.p4). Egress counts results_sent and sent_upstream; ingress the others.
+The last three are a leaf switch's of hierarchical aggregation (a job with an upstream
+switch): partial sums sent up, local retransmissions answered by sending the partial up
+again, and results accepted from the upstream switch."""
 
 SWITCH_DROPS = (
     "truncated",

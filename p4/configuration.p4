@@ -72,6 +72,9 @@ const bit<32> WORKER_TABLE_SIZE = MAX_WORKERS * JOB_TABLE_SIZE;
 // Replica table entries: one per (job, rank), like the worker table.
 const bit<32> REPLICA_TABLE_SIZE = MAX_WORKERS * JOB_TABLE_SIZE;
 
+// Upstream table entries (upstream.p4): at most one per job, like the job table.
+const bit<32> UPSTREAM_TABLE_SIZE = JOB_TABLE_SIZE;
+
 // L2 forwarding entries for ordinary traffic: SwitchML's forwarding table size.
 const bit<32> FORWARD_TABLE_SIZE = 1024;
 
@@ -91,15 +94,20 @@ const bit<32> SIM_PROBABILITY_INDEX = 0;
 /* ---------------------------------------------------------------- statistics */
 
 // Indices of the ina_stats counters, in the order of the soft switch's statistics
-// (pipeline.Pipeline.stats). Ingress counts all but results_sent, which egress counts
-// per replica that leaves (Egress.ina_stats); the controller adds the two arrays.
+// (pipeline.Pipeline.stats). Ingress counts all but results_sent and sent_upstream,
+// which egress counts per packet that leaves (Egress.ina_stats); the controller adds
+// the two arrays. The last three are a leaf's of hierarchical aggregation (upstream.p4),
+// appended so the earlier indices keep their meaning.
 const bit<32> STAT_RECEIVED = 0;
 const bit<32> STAT_AGGREGATED = 1;
 const bit<32> STAT_COMPLETED = 2;
 const bit<32> STAT_RESULTS_SENT = 3;
 const bit<32> STAT_RETRANSMITS_ANSWERED = 4;
 const bit<32> STAT_DUPLICATES_IGNORED = 5;
-const bit<32> NUM_STATS = 6;
+const bit<32> STAT_SENT_UPSTREAM = 6;          // partial sums sent to the upstream switch
+const bit<32> STAT_UPSTREAM_RESENT = 7;        // ... again, for a local retransmission
+const bit<32> STAT_RESULTS_FROM_UPSTREAM = 8;  // RESULTs taken from the upstream switch
+const bit<32> NUM_STATS = 9;
 
 // Indices of the drops counters, in pipeline.DropReason order (one counter each).
 const bit<32> DROP_TRUNCATED = 0;
@@ -122,8 +130,10 @@ const bit<32> NO_DROP = 0xFFFFFFFF;
 
 // What exponents.p4 and values.p4 do with the slot's registers for this packet.
 const bit<2> LANE_OP_NONE = 0;   // nothing: dropped, consumed or duplicate
-const bit<2> LANE_OP_WRITE = 1;  // first contribution: write, no clearing between uses
+const bit<2> LANE_OP_WRITE = 1;  // first contribution: write, no clearing between uses;
+                                 // or the upstream switch's RESULT: write its values
 const bit<2> LANE_OP_ADD = 2;    // later contribution: add lanes, max the exponent
 const bit<2> LANE_OP_READ = 3;   // retransmission of a finished use: read the result
+                                 // (or the partial sum, to send it up again)
 
 #endif  // _INA_CONFIGURATION_P4_

@@ -1,8 +1,10 @@
 /* exponents.p4: Exponents, the slot's block exponent (SwitchML's exponents control).
  *
  * One signed 8-bit exponent per (set, slot). meta.lane_op: WRITE stores the packet's
- * exponent; ADD keeps the max, compared as int<8> (the field and register are bit<8>
- * on the wire and in P4Runtime); READ loads the stored exponent for a unicast answer.
+ * exponent (a first contribution's, or on a leaf the upstream switch's result's); ADD
+ * keeps the max, compared as int<8> (the field and register are bit<8> on the wire and
+ * in P4Runtime); READ loads the stored exponent for a unicast answer (or a partial sum
+ * sent up again).
  * Afterwards hdr.ina.exponent is the slot's exponent, which a result carries.
  */
 #ifndef _INA_EXPONENTS_P4_

@@ -90,9 +90,11 @@ def render_values(lanes: int) -> str:
         " * Values: the slot's running sum, one register array per lane, indexed like every\n"
         " * per-(set, slot) register: set * SWITCH_SLOTS + slot. meta.lane_op says what to do:\n"
         " *   WRITE  first contribution of a use: write the lanes (no clearing between uses);\n"
+        " *          or the upstream switch's RESULT on a leaf: its lanes become the slot's;\n"
         " *   ADD    later contribution: add (bit<32> wraps like int32) and leave the sum in\n"
         " *          the packet, which becomes the result when the counter reaches 0;\n"
-        " *   READ   retransmission of a finished use: read the stored result into the packet.\n"
+        " *   READ   retransmission of a finished use: read the stored result into the packet\n"
+        " *          (on a leaf before the upstream's result: the partial sum, sent up again).\n"
         " * After WRITE the packet already holds the slot's values.\n"
     )
     out = [_BANNER.format(file="values.p4", lanes=lanes, what=what)]

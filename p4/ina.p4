@@ -4,7 +4,9 @@
  * The reference semantics are emulation/softswitch/pipeline.py (Pipeline.process):
  * Ingress runs the same checks in the same order, drops with the same reasons and
  * counts the same statistics. docs/protocol.md explains the algorithm; p4/README.md
- * how to compile and run this program and what each file holds.
+ * how to compile and run this program and what each file holds. A job with an entry
+ * in upstream.p4's table is aggregated in two levels: this switch (the leaf) sends the
+ * partial sum of its local workers up and multicasts the upstream switch's RESULT.
  */
 #include <core.p4>
 #include <v1model.p4>
@@ -15,6 +17,7 @@
 #include "parsers.p4"
 #include "checksums.p4"
 #include "drop_simulator.p4"
+#include "upstream.p4"
 #include "jobs.p4"
 #include "workers.p4"
 #include "seq_check.p4"
@@ -42,8 +45,14 @@ control Ingress(inout headers_t hdr,
     register<bit<32>>(REGISTER_SIZE) seq;
     @id(0x16010002) @name(".Ingress.remaining")
     register<bit<32>>(REGISTER_SIZE) remaining;
+    // 1: the (set, slot) holds the upstream switch's result, 0: only the local partial
+    // sum (upstream.p4). Read with seq and remaining, cleared by a use's first
+    // contribution, set by the upstream switch's RESULT.
+    @id(0x16010003) @name(".Ingress.final")
+    register<bit<1>>(REGISTER_SIZE) final;
 
     IngressDropSimulator() drop_simulator;
+    Upstream() upstream;
     Jobs() jobs;
     Workers() workers;
     SeqCheck() seq_check;
@@ -67,16 +76,31 @@ control Ingress(inout headers_t hdr,
                 if (!hdr.ina.isValid()) {
                     // standard_metadata.parser_error is PacketTooShort (parsers.p4).
                     meta.drop_reason = DROP_TRUNCATED;
-                } else if (hdr.ina.version != PROTOCOL_VERSION
-                           || hdr.ina.ptype != PTYPE_DATA) {
+                } else if (hdr.ina.version != PROTOCOL_VERSION) {
                     meta.drop_reason = DROP_MALFORMED;
+                } else {
+                    // Applied once for DATA and RESULT alike (a table is applied once).
+                    upstream.apply(hdr, meta);
+                    if (hdr.ina.ptype == PTYPE_RESULT && meta.has_upstream == 1) {
+                        meta.from_upstream = 1;  // the upstream switch's answer
+                    } else if (hdr.ina.ptype != PTYPE_DATA) {
+                        meta.drop_reason = DROP_MALFORMED;
+                    }
                 }
             }
             if (meta.drop_reason == NO_DROP) {
                 jobs.apply(hdr, meta);           // DROP_UNKNOWN_JOB, DROP_BAD_RANK
             }
             if (meta.drop_reason == NO_DROP) {
-                workers.apply(hdr, meta);        // DROP_BAD_SOURCE
+                if (meta.from_upstream == 1) {
+                    // Only the upstream switch answers for the job's partial sums.
+                    if (hdr.ipv4.src_addr != meta.upstream_ip
+                            || hdr.udp.src_port != meta.upstream_udp_port) {
+                        meta.drop_reason = DROP_BAD_SOURCE;
+                    }
+                } else {
+                    workers.apply(hdr, meta);    // DROP_BAD_SOURCE
+                }
             }
             if (meta.drop_reason == NO_DROP) {
                 if ((bit<32>)hdr.ina.slot >= meta.slot_count) {
@@ -97,11 +121,13 @@ control Ingress(inout headers_t hdr,
                 meta.index = (bit<32>)hdr.ina.pool_set * SWITCH_SLOTS + meta.slot;
                 seq.read(meta.stored_seq, meta.index);
                 remaining.read(meta.remaining, meta.index);
-                seq_check.apply(hdr, meta);      // DROP_STALE, or meta.answer
+                final.read(meta.is_final, meta.index);
+                seq_check.apply(hdr, meta);      // DROP_STALE, meta.answer, meta.resend_up
             }
 
             // Steps 2 and 3: bitmaps, then a new contribution writes or adds.
-            if (meta.drop_reason == NO_DROP && meta.answer == 0) {
+            if (meta.drop_reason == NO_DROP && meta.answer == 0 && meta.resend_up == 0
+                    && meta.from_upstream == 0) {
                 bitmap.apply(hdr, meta);
                 if (meta.seen == 1) {
                     ina_stats.count(STAT_DUPLICATES_IGNORED);
@@ -110,10 +136,14 @@ control Ingress(inout headers_t hdr,
                     remaining.write(meta.index, meta.remaining);
                     if (meta.first == 1) {
                         seq.write(meta.index, hdr.ina.seq);
+                        final.write(meta.index, 0);
                     }
                     ina_stats.count(STAT_AGGREGATED);
                     if (meta.complete == 1) {
                         ina_stats.count(STAT_COMPLETED);
+                        if (meta.has_upstream == 1) {
+                            meta.send_up = 1;    // the partial sum, instead of multicast
+                        }
                     }
                 }
             }
@@ -121,12 +151,31 @@ control Ingress(inout headers_t hdr,
                 ina_stats.count(STAT_RETRANSMITS_ANSWERED);
                 meta.lane_op = LANE_OP_READ;
             }
+            if (meta.resend_up == 1) {
+                ina_stats.count(STAT_UPSTREAM_RESENT);
+                meta.lane_op = LANE_OP_READ;
+                meta.send_up = 1;
+            }
+            if (meta.drop_reason == NO_DROP && meta.from_upstream == 1) {
+                if (meta.is_final == 1) {
+                    // Another copy (the spine answers every re-sent partial): the first
+                    // was multicast; a worker that lost it is answered by unicast.
+                    ina_stats.count(STAT_DUPLICATES_IGNORED);
+                } else {
+                    // The spine's result becomes the slot's value: written, not added.
+                    ina_stats.count(STAT_RESULTS_FROM_UPSTREAM);
+                    final.write(meta.index, 1);
+                    meta.lane_op = LANE_OP_WRITE;
+                    meta.take_result = 1;
+                }
+            }
             if (meta.lane_op != LANE_OP_NONE) {
                 exponents.apply(hdr, meta);
                 values.apply(hdr, meta);
             }
 
-            // Step 4: multicast a completed slot, answer a retransmission, or consume.
+            // Step 4: multicast a completed slot or the spine's result, answer a
+            // retransmission, send a partial sum up, or consume.
             if (meta.drop_reason == NO_DROP) {
                 next_step.apply(hdr, meta, standard_metadata);
             } else {
@@ -140,7 +189,8 @@ control Ingress(inout headers_t hdr,
 control Egress(inout headers_t hdr,
                inout metadata_t meta,
                inout standard_metadata_t standard_metadata) {
-    // Same indices as Ingress's: egress counts STAT_RESULTS_SENT and DROP_SIM_EGRESS.
+    // Same indices as Ingress's: egress counts STAT_RESULTS_SENT, STAT_SENT_UPSTREAM and
+    // DROP_SIM_EGRESS.
     @id(0x12020001) @name(".Egress.ina_stats")
     counter(NUM_STATS, CounterType.packets) ina_stats;
     @id(0x12020002) @name(".Egress.drops")
@@ -150,17 +200,19 @@ control Egress(inout headers_t hdr,
     EgressDropSimulator() drop_simulator;
 
     apply {
-        if (meta.result == 1) {
+        if (meta.result == 1 || meta.upward == 1) {
             if (meta.multicast == 1) {
                 replicas.apply(hdr, meta, standard_metadata);
             }
             if (meta.no_replica == 1) {
                 mark_to_drop(standard_metadata);
             } else {
-                drop_simulator.apply(meta);      // DROP_SIM_EGRESS, per replica
+                drop_simulator.apply(meta);      // DROP_SIM_EGRESS, per packet that leaves
                 if (meta.drop_reason == DROP_SIM_EGRESS) {
                     drops.count(DROP_SIM_EGRESS);
                     mark_to_drop(standard_metadata);
+                } else if (meta.upward == 1) {
+                    ina_stats.count(STAT_SENT_UPSTREAM);
                 } else {
                     ina_stats.count(STAT_RESULTS_SENT);
                 }

@@ -3,7 +3,7 @@
  * One entry per installed job: its worker count, its range [slot_base, slot_base +
  * slot_count) of the switch pool and the multicast group of its workers. A packet's
  * slot is relative to its job, so a job can neither read nor disturb another's slots.
- * Drops: DROP_UNKNOWN_JOB (table miss), DROP_BAD_RANK (rank >= workers).
+ * Drops: DROP_UNKNOWN_JOB (table miss), DROP_BAD_RANK (rank >= workers, DATA only).
  * Controller: controller/jobs.py writes the entries.
  */
 #ifndef _INA_JOBS_P4_
@@ -39,7 +39,10 @@ control Jobs(in headers_t hdr, inout metadata_t meta) {
 
     apply {
         jobs.apply();
-        if (meta.drop_reason == NO_DROP && (bit<32>)hdr.ina.rank >= meta.num_workers) {
+        // A RESULT from the upstream switch carries the rank of whichever packet made
+        // it there, not one of this job's: only a DATA packet's rank is checked.
+        if (meta.drop_reason == NO_DROP && meta.from_upstream == 0
+                && (bit<32>)hdr.ina.rank >= meta.num_workers) {
             meta.drop_reason = DROP_BAD_RANK;
         }
     }

@@ -25,6 +25,16 @@ struct metadata_t {
     bit<32> slot_count;
     mcast_group_t mgid;
 
+    // From the upstream table (set_upstream): the job's partial sums go to the upstream
+    // switch as rank upstream_rank, to this address, out of upstream_port.
+    bit<1> has_upstream;
+    bit<8> upstream_rank;
+    ipv4_addr_t upstream_ip;
+    l4_port_t upstream_udp_port;
+    mac_addr_t upstream_mac;
+    port_t upstream_port;
+    bit<1> from_upstream; // a RESULT of a job with an upstream entry: the spine's answer
+
     // The packet's slot: absolute slot in the pool (bitmap index) and register index
     // of its (set, slot): pool_set * SWITCH_SLOTS + slot.
     bit<32> slot;
@@ -34,16 +44,21 @@ struct metadata_t {
     // The use the (set, slot) holds, read before the bitmaps (see ina.p4).
     bit<32> stored_seq;
     bit<32> remaining;    // read value, then the value to write back
+    bit<1> is_final;      // the slot holds the upstream switch's result (Ingress.final)
 
     // Decisions.
     bit<1> answer;        // retransmission of a finished use: unicast the result back
+    bit<1> resend_up;     // ... whose result has not come from upstream: send up again
     bit<1> seen;          // this worker's bit was already set: duplicate
     bit<1> first;         // first contribution of a new use: write, not add
     bit<1> complete;      // the counter reached 0: multicast the result
     bit<2> lane_op;       // LANE_OP_*: what exponents.p4 and values.p4 do
+    bit<1> send_up;       // the partial sum goes to the upstream switch (unicast DATA)
+    bit<1> take_result;   // the upstream's first RESULT for the slot: store, multicast
 
     // Carried to egress.
     bit<1> result;        // leaves as a RESULT (multicast or unicast re-send)
+    bit<1> upward;        // leaves as DATA to the upstream switch (a partial sum)
     bit<1> multicast;     // a replica of the job's group: replicas.p4 sets its destination
     bit<1> no_replica;    // replicas table miss: dropped, not counted
     bit<1> flooded;       // ordinary traffic flooded by forwarder.p4: not back out its port

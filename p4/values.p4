@@ -4,9 +4,11 @@
  * Values: the slot's running sum, one register array per lane, indexed like every
  * per-(set, slot) register: set * SWITCH_SLOTS + slot. meta.lane_op says what to do:
  *   WRITE  first contribution of a use: write the lanes (no clearing between uses);
+ *          or the upstream switch's RESULT on a leaf: its lanes become the slot's;
  *   ADD    later contribution: add (bit<32> wraps like int32) and leave the sum in
  *          the packet, which becomes the result when the counter reaches 0;
- *   READ   retransmission of a finished use: read the stored result into the packet.
+ *   READ   retransmission of a finished use: read the stored result into the packet
+ *          (on a leaf before the upstream's result: the partial sum, sent up again).
  * After WRITE the packet already holds the slot's values.
  */
 #ifndef _INA_VALUES_P4_

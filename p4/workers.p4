@@ -3,6 +3,8 @@
  * SwitchML derives the worker from a match on addresses; here the packet names its
  * rank and this table checks that the rank belongs to the sender, so a stray or
  * spoofed packet cannot set another worker's bit. Drop: DROP_BAD_SOURCE (miss).
+ * Applied to DATA packets; a RESULT from the upstream switch (upstream.p4) is checked
+ * against the upstream entry's address in ina.p4 instead.
  * Controller: controller/workers.py, one entry per (job, rank).
  */
 #ifndef _INA_WORKERS_P4_

@@ -9,7 +9,7 @@ alike. What it serves:
   (status OK, every other stream ALREADY_EXISTS), every stream hears of a change of
   primary, two streams may not share an election id (INVALID_ARGUMENT). Only the
   primary may Write or set the pipeline (PERMISSION_DENIED); anyone may Read.
-- Write (CONTINUE_ON_ERROR) and Read of the four tables' entries, multicast group
+- Write (CONTINUE_ON_ERROR) and Read of the five tables' entries, multicast group
   entries (the PRE), register cells (modify and read, index or wildcard) and counters
   (read). Every table write is checked against the P4Info as a P4Runtime server must:
   unknown ids NOT_FOUND, a missing/duplicate/non-exact match field, a priority, a wrong
@@ -23,11 +23,11 @@ alike. What it serves:
   P4Info must name the same objects with the same sizes; committing it resets the
   switch's state, as loading a program into bmv2 does.
 
-Each accepted write is also applied to the :class:`Pipeline`: the jobs, workers and
-replicas tables and the multicast groups are the pipeline's table API; forwarding
-entries are stored and read back but move no packet (on loopback the kernel routes
-non-INA traffic; the Mininet switch will use them). All pipeline access runs through
-``run``, the data-plane thread's executor, so a packet never sees half a write.
+Each accepted write is also applied to the :class:`Pipeline`: the jobs, workers,
+upstream and replicas tables and the multicast groups are the pipeline's table API;
+forwarding entries are stored and read back but move no packet (on loopback the kernel
+routes non-INA traffic; the Mininet switch will use them). All pipeline access runs
+through ``run``, the data-plane thread's executor, so a packet never sees half a write.
 """
 
 from __future__ import annotations
@@ -77,7 +77,7 @@ READ_CHUNK = 512
 _SIM_SCALE = 1 << 31  # configuration.p4: the drop probability register holds p * 2**31
 _LANE_PREFIX = "Ingress.values.lane_"
 _LANE_ID_BASE = 0x16070000
-_EGRESS_STATS = {"results_sent"}
+_EGRESS_STATS = {"results_sent", "sent_upstream"}
 _EGRESS_DROPS = {"sim_egress"}
 
 
@@ -111,7 +111,12 @@ def softswitch_p4info(base: P4Info, lanes: int, slots: int) -> P4Info:
         name = reg.preamble.name
         if name.startswith("Ingress.bitmap."):
             reg.size = slots
-        elif name in ("Ingress.seq", "Ingress.remaining", "Ingress.exponents.exponent"):
+        elif name in (
+            "Ingress.seq",
+            "Ingress.remaining",
+            "Ingress.final",
+            "Ingress.exponents.exponent",
+        ):
             reg.size = 2 * slots
         message.registers.append(reg)
     for lane in range(lanes):
@@ -250,6 +255,14 @@ class _Hooks:
             else:
                 addr = (_ipv4(params["dst_ip"]), params["dst_port"])
                 p.set_replica(*key, addr, params["dst_mac"])
+        elif table == "Ingress.upstream.upstream":
+            if kind == p4runtime_pb2.Update.DELETE:
+                p.delete_upstream(match["job_id"])
+            else:
+                addr = (_ipv4(params["dst_ip"]), params["dst_port"])
+                p.set_upstream(
+                    match["job_id"], params["rank"], addr, params["dst_mac"], params["egress_port"]
+                )
         elif table == "Ingress.forwarder.forward":
             if kind == p4runtime_pb2.Update.DELETE:
                 del p.forward[match["eth_dst"]]
@@ -310,6 +323,8 @@ class _Registers:
             return p.seq, index, width
         if name == "Ingress.remaining":
             return p.counter, index, width
+        if name == "Ingress.final":
+            return p.final, index, width
         if name == "Ingress.exponents.exponent":
             return p.exponent, index, width
         if name.startswith("Ingress.bitmap.bitmap_set"):

@@ -37,6 +37,25 @@ finds its bit cleared by u+1, and SwitchML's bitmaps alone would take it as the 
 contribution of use u+2, silently corrupting that sum. Here it matches the stored seq of
 finished use u (answered by unicast), or meets u+2 in progress or finished (stale). In P4
 it is one more register array. ``docs/protocol.md`` gives the exactly-once argument.
+
+Hierarchical aggregation (SwitchML/CollNet's "reduce near, aggregate across"): a job with
+an entry in the upstream table is aggregated by this switch (the leaf) over its local
+workers, and the completed slot is not multicast but sent as ONE DATA packet (the
+partial sum, rank = the leaf's rank in the upstream switch's job of the same id) to the
+upstream switch (the spine), to which the leaf is an ordinary worker. One more register
+per (set, slot), ``final`` (0/1), says whether the slot holds the spine's result or only
+the local partial; a use's first contribution clears it. Then:
+
+- a RESULT from the upstream address, for a (set, slot) that holds the use of its seq,
+  finished locally (counter 0), is written into the slot (values, exponent; final = 1)
+  and multicast to the local workers (``results_from_upstream``), once: a copy arriving
+  when final is 1 already is ignored (``duplicates_ignored``); any other seq or a slot
+  in progress: ``stale``; a RESULT from elsewhere: ``bad_source``; a RESULT for a job
+  without an upstream entry: ``malformed``, as before;
+- a local worker's retransmission of a finished use is answered by unicast when final
+  is 1; when it is 0 the partial (or the spine's result) may have been lost, and the
+  partial is sent up again (``upstream_resent``), which the spine ignores as a duplicate
+  or answers with its result.
 """
 
 from __future__ import annotations
@@ -74,6 +93,7 @@ __all__ = [
     "JobTableError",
     "Pipeline",
     "SlotState",
+    "Upstream",
 ]
 
 Addr = tuple[str, int]
@@ -150,6 +170,26 @@ class Emit(NamedTuple):
     payload: memoryview
     dests: Sequence[Addr]
     links: Sequence[tuple[int, int]] = ()
+
+
+class Upstream(NamedTuple):
+    """An upstream-table entry: where a leaf sends a job's partial sums (the upstream
+    switch's INA address, its MAC, the egress port toward it; the leaf's rank in the
+    upstream switch's job), and whence the job's results must come."""
+
+    rank: int
+    addr: Addr
+    mac: int = 0
+    port: int = 0
+
+
+@dataclass(frozen=True, slots=True)
+class _Route:
+    """An upstream entry with its :class:`Emit` destination built once, not per packet."""
+
+    entry: Upstream
+    dests: tuple[Addr, ...]
+    links: tuple[tuple[int, int], ...]
 
 
 class SlotState(NamedTuple):
@@ -235,7 +275,13 @@ class Pipeline:
         self.exponent = np.full(2 * slots, EXPONENT_MIN, dtype=np.int8)
         self.seq = np.zeros(2 * slots, dtype=np.uint32)
         self.values = np.zeros((2 * slots, lanes), dtype=np.int32)
+        # 1: the slot holds the upstream switch's result, 0: only the local partial sum.
+        # The data path uses the bytearray (an item write is half a numpy one's cost, on
+        # every first contribution); the register API its numpy view.
+        self._final = bytearray(2 * slots)
+        self.final = np.frombuffer(self._final, dtype=np.uint8)
         self._jobs: dict[int, _Job] = {}
+        self._upstream: dict[int, _Route] = {}  # the upstream table, by job id
         self._workers: dict[int, dict[int, set[Addr]]] = {}  # job id -> rank -> sources
         self._groups: dict[int, tuple[tuple[int, int], ...]] = {}  # mgid -> (port, rid)
         # (job, rid, port) -> (destination, its MAC)
@@ -254,6 +300,9 @@ class Pipeline:
             "results_sent": 0,
             "retransmits_answered": 0,
             "duplicates_ignored": 0,
+            "sent_upstream": 0,
+            "upstream_resent": 0,
+            "results_from_upstream": 0,
         }
         for reason in DropReason:
             self.stats["drop_" + reason.value] = 0
@@ -287,13 +336,15 @@ class Pipeline:
         return base
 
     def remove_job(self, job_id: int) -> None:
-        """Remove what :meth:`add_job` installed (entries, group, replicas); clear slots.
+        """Remove what :meth:`add_job` installed (entries, group, replicas) and the job's
+        upstream entry if it has one; clear its slots.
 
         Raises:
             JobTableError: no such job.
         """
         job = self._job(job_id)
         self.delete_job(job_id)
+        self._upstream.pop(job_id, None)
         for rank, addrs in list(job.sources.items()):
             for addr in sorted(addrs):
                 self.delete_worker(job_id, rank, addr)
@@ -416,6 +467,35 @@ class Pipeline:
             raise JobTableError(f"no replica ({job_id}, {rid}, {port})")
         self._refresh_dests()
 
+    def set_upstream(self, job_id: int, rank: int, addr: Addr, mac: int = 0, port: int = 0) -> None:
+        """Create or replace the upstream entry of ``job_id`` (``set_upstream``): its
+        completed slots go as DATA of rank ``rank`` to ``addr`` (MAC ``mac``, out of
+        switch port ``port``), and only RESULTs from ``addr`` are taken as its results.
+
+        Raises:
+            JobTableError: a job id, rank, MAC or port out of range.
+        """
+        self._check_job_id(job_id)
+        # The widths of set_upstream's parameters (p4/upstream.p4): a rank the upstream
+        # switch's job does not have is its bad_rank, as any worker's.
+        if not 0 <= rank <= 0xFF or not 0 <= mac < 1 << 48 or not 0 <= port < 1 << 9:
+            raise JobTableError(f"upstream rank {rank}, MAC {mac:#x} or port {port} out of range")
+        self._upstream[job_id] = _Route(Upstream(rank, addr, mac, port), (addr,), ((port, mac),))
+
+    def delete_upstream(self, job_id: int) -> None:
+        """Delete the upstream entry of ``job_id``: its slots multicast locally again.
+
+        Raises:
+            JobTableError: no such entry.
+        """
+        if self._upstream.pop(job_id, None) is None:
+            raise JobTableError(f"job {job_id} has no upstream entry")
+
+    def upstream(self, job_id: int) -> Upstream | None:
+        """The upstream entry of ``job_id``, or None."""
+        route = self._upstream.get(job_id)
+        return None if route is None else route.entry
+
     def free_mgid(self) -> int:
         """The lowest multicast group id neither defined nor named by a job."""
         used = set(self._groups) | {j.mgid for j in self._jobs.values()}
@@ -428,6 +508,7 @@ class Pipeline:
         self._workers.clear()
         self._groups.clear()
         self._replicas.clear()
+        self._upstream.clear()
         self.forward.clear()
         self.forward_default = ("drop", 0)
         self._clear(0, self.slots)
@@ -518,6 +599,8 @@ class Pipeline:
             return self._drop(DropReason.TRUNCATED)
         vt, _flags, job_id, rank, exp, lanes, pidx, _, seq = HEADER.unpack_from(data)
         if vt != _DATA_VT:
+            if vt == _RESULT_VT and self._upstream:
+                return self._from_upstream(data, src, job_id, exp, lanes, pidx, seq)
             return self._drop(DropReason.MALFORMED)
         job = self._jobs.get(job_id)
         if job is None:
@@ -542,6 +625,11 @@ class Pipeline:
         if seq == stored and (stored or left):  # a packet of the use held in the slot
             if left == 0:
                 # Before the bitmaps: the sender's next use may have cleared its bit here.
+                if self._upstream and not self._final[i]:
+                    up = self._upstream.get(job_id)
+                    if up is not None:  # no result from upstream yet: ask again
+                        stats["upstream_resent"] += 1
+                        return self._upward(data, i, up)
                 stats["retransmits_answered"] += 1
                 return self._result(data, i, (src,))
         elif left or (stored and (seq - stored) & 0x80000000):
@@ -559,6 +647,7 @@ class Pipeline:
         if left == 0:
             self.counter[i] = left = job.num_workers - 1
             self.seq[i] = seq
+            self._final[i] = 0
             self.values[i] = payload
             self.exponent[i] = exp
         else:
@@ -570,7 +659,67 @@ class Pipeline:
         if left != 0:
             return None
         stats["completed"] += 1
+        if self._upstream:
+            up = self._upstream.get(job_id)
+            if up is not None:
+                return self._upward(data, i, up)
         return self._result(data, i, job.dests, job.links)
+
+    def _from_upstream(
+        self, data: memoryview, src: Addr, job_id: int, exp: int, lanes: int, pidx: int, seq: int
+    ) -> Emit | None:
+        """A RESULT, on a switch with upstream entries: the upstream switch's answer for a
+        slot whose partial sum this switch sent up; store it and multicast it locally."""
+        up = self._upstream.get(job_id)
+        if up is None:
+            return self._drop(DropReason.MALFORMED)  # results never go to a switch, else
+        job = self._jobs.get(job_id)
+        if job is None:
+            return self._drop(DropReason.UNKNOWN_JOB)
+        if src != up.entry.addr:
+            return self._drop(DropReason.BAD_SOURCE)
+        slot = pidx & SLOT_MASK
+        if slot >= job.slot_count:
+            return self._drop(DropReason.BAD_SLOT)
+        if lanes != self.lanes:
+            return self._drop(DropReason.BAD_LANES)
+        if len(data) != self._size:
+            return self._drop(DropReason.BAD_LENGTH)
+        i = (1 if pidx & POOL_SET_BIT else 0) * self.slots + job.slot_base + slot
+        if seq != self.seq[i] or seq == 0 or self.counter[i]:
+            # Not the use the slot holds, finished here: the slot moved on (a late copy),
+            # or the partial of this seq was never sent (its use still runs).
+            return self._drop(DropReason.STALE)
+        if self._final[i]:
+            # Another copy (the spine answers every re-sent partial): the first one was
+            # multicast, and a worker that lost it is answered by unicast from the slot.
+            self.stats["duplicates_ignored"] += 1
+            return None
+        self.values[i] = np.frombuffer(data, dtype=">i4", offset=HEADER_SIZE)
+        self.exponent[i] = exp
+        self._final[i] = 1
+        self.stats["results_from_upstream"] += 1
+        return self._result(data, i, job.dests, job.links)
+
+    def _upward(self, data: memoryview, i: int, up: _Route) -> Emit | None:
+        """Turn the packet into the DATA packet carrying slot ``i``'s partial sum to the
+        upstream switch: the packet's header (seq, pool_index, job) with the leaf's
+        upstream rank, the slot's exponent and values.
+
+        The payload view is the pipeline's one output buffer, as in :meth:`_result`.
+        """
+        out = self._out
+        out[:HEADER_SIZE] = data[:HEADER_SIZE]
+        out[0] = _DATA_VT
+        out[4] = up.entry.rank
+        out[5] = int(self.exponent[i]) & 0xFF
+        self._out_values[:] = self.values[i]
+        drops = self.drops
+        if drops.egress and drops.drop_egress():
+            self.stats["drop_" + DropReason.SIM_EGRESS.value] += 1
+            return None
+        self.stats["sent_upstream"] += 1
+        return Emit(self._out_view, up.dests, up.links)
 
     def _result(
         self,
@@ -615,6 +764,7 @@ class Pipeline:
             self.exponent[lo : lo + count] = EXPONENT_MIN
             self.seq[lo : lo + count] = 0
             self.values[lo : lo + count] = 0
+            self.final[lo : lo + count] = 0
 
     def _range_free(self, base: int, count: int, ignore: int | None = None) -> bool:
         if base < 0 or base + count > self.slots:

@@ -63,10 +63,17 @@ DROP_REASONS = (
     "bad_lanes", "bad_length", "stale", "sim_ingress", "sim_egress",
 )  # fmt: skip
 STRICT_COUNTERS = frozenset(
-    ["duplicates_ignored", "retransmits_answered"] + [f"drop_{r}" for r in DROP_REASONS]
+    ["duplicates_ignored", "retransmits_answered", "upstream_resent", "results_from_upstream"]
+    + [f"drop_{r}" for r in DROP_REASONS]
 )
 """Counters an ``expect_counters`` step holds to zero unless it names them."""
-COUNTERS = STRICT_COUNTERS | {"received", "aggregated", "completed", "results_sent"}
+COUNTERS = STRICT_COUNTERS | {
+    "received",
+    "aggregated",
+    "completed",
+    "results_sent",
+    "sent_upstream",
+}
 """Every counter a vector may name: the protocol's (docs/protocol.md), not a target's."""
 
 SOFT_SLOTS = 64
@@ -105,10 +112,20 @@ def port_identity(port: int) -> PortIdentity:
 
 
 @dataclass(frozen=True)
+class UpstreamPort:
+    """A job's upstream switch, played by a port: the switch sends the job's partial
+    sums there as ``rank`` and takes RESULTs from there (hierarchical aggregation)."""
+
+    port: int
+    rank: int
+
+
+@dataclass(frozen=True)
 class Job:
     job_id: int
     slot_count: int
     workers: tuple[int, ...]  # ports, index = rank
+    upstream: UpstreamPort | None = None
 
 
 @dataclass(frozen=True)
@@ -266,7 +283,7 @@ class _Ctx:
 
 
 def _job(value: Any, at: _Where, ports: tuple[int, ...]) -> Job:
-    job = _obj(value, at, {"job_id", "slot_count", "workers"}, set())
+    job = _obj(value, at, {"job_id", "slot_count", "workers"}, {"upstream"})
     workers = tuple(
         _int(p, at / "workers" / i, 1, len(ports))
         for i, p in enumerate(_list(job["workers"], at / "workers", 1))
@@ -275,10 +292,20 @@ def _job(value: Any, at: _Where, ports: tuple[int, ...]) -> Job:
         raise (at / "workers").error("a port is bound to two ranks")
     if len(workers) > 32:
         raise (at / "workers").error("more than 32 workers")
+    upstream = None
+    if "upstream" in job:
+        here = at / "upstream"
+        up = _obj(job["upstream"], here, {"port", "rank"}, set())
+        upstream = UpstreamPort(
+            _int(up["port"], here / "port", 1, len(ports)), _int(up["rank"], here / "rank", 0, 31)
+        )
+        if upstream.port in workers:
+            raise (here / "port").error("is a worker of the job")
     return Job(
         _int(job["job_id"], at / "job_id", 0, 0xFFFF),
         _int(job["slot_count"], at / "slot_count", 1, SOFT_SLOTS),
         workers,
+        upstream,
     )
 
 
@@ -534,7 +561,11 @@ class SoftSwitchTarget:
         ctl.set_drops(*vector.drops)
         for job in vector.jobs:
             addrs = [WorkerAddress(*self._socks[p].getsockname()) for p in job.workers]
-            ctl.add_job(job.job_id, addrs, job.slot_count)
+            upstream = None
+            if job.upstream is not None:  # the port's socket plays the upstream switch
+                up = WorkerAddress(*self._socks[job.upstream.port].getsockname())
+                upstream = (job.upstream.rank, up)
+            ctl.add_job(job.job_id, addrs, job.slot_count, upstream=upstream)
 
     def send(self, port: int, payload: bytes, to: Forward | None) -> None:
         if to is not None:

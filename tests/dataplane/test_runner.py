@@ -65,6 +65,9 @@ def test_the_small_vector_is_valid_and_passes(tmp_path: Path) -> None:
         ("ports", 0, r"ports: must be an integer in 1\.\.32"),
         ("jobs.0.workers", [1, 3], r"jobs\[0\]\.workers\[1\]: must be an integer in 1\.\.2"),
         ("jobs.0.workers", [1, 1], r"jobs\[0\]\.workers: a port is bound to two ranks"),
+        ("jobs.0.upstream", {"port": 1, "rank": 0}, r"jobs\[0\]\.upstream\.port: is a worker"),
+        ("jobs.0.upstream", {"port": 2, "rank": 32}, r"jobs\[0\]\.upstream\.rank: must be an"),
+        ("jobs.0.upstream", {"port": 2}, r"jobs\[0\]\.upstream: missing rank"),
         ("drops", {"ingress": 0.5, "egress": 0}, r"drops\.ingress: must be 0 or 1"),
         ("targets", ["tofino"], r"targets: must list some of"),
         ("steps", [], r"steps: must be a list of at least 1"),
@@ -164,6 +167,7 @@ def test_every_drop_reason_is_exercised_by_some_vector() -> None:
             seen |= {k for k, v in step.counters.items() if v > 0}
     assert {f"drop_{r}" for r in DROP_REASONS} <= seen
     assert {"duplicates_ignored", "retransmits_answered", "completed"} <= seen
+    assert {"sent_upstream", "upstream_resent", "results_from_upstream"} <= seen
 
 
 def test_vector_files_are_plain_json_objects() -> None:

@@ -74,7 +74,9 @@ JOBS = "Ingress.jobs.jobs"
 WORKERS = "Ingress.workers.workers"
 FORWARD = "Ingress.forwarder.forward"
 REPLICAS = "Egress.replicas.replicas"
+UPSTREAM = "Ingress.upstream.upstream"
 SET_JOB = "Ingress.jobs.set_job"
+SET_UPSTREAM = "Ingress.upstream.set_upstream"
 JOB_PARAMS = {"num_workers": 2, "slot_base": 0, "slot_count": 4, "mgid": 1}
 
 OK = "OK"
@@ -201,6 +203,17 @@ def replica(job_id: int, rank: int, addr: tuple[str, int]) -> Any:
     match = {"job_id": job_id, "egress_rid": rank, "egress_port": 0}
     params: dict[str, Value] = {"dst_mac": 0, "dst_ip": addr[0], "dst_port": addr[1]}
     return table_entry(P4INFO, REPLICAS, match, "Egress.replicas.set_destination", params)
+
+
+def upstream(job_id: int, rank: int, addr: tuple[str, int], mac: int = 0, port: int = 0) -> Any:
+    params: dict[str, Value] = {
+        "rank": rank,
+        "dst_ip": addr[0],
+        "dst_port": addr[1],
+        "dst_mac": mac,
+        "egress_port": port,
+    }
+    return table_entry(P4INFO, UPSTREAM, {"job_id": job_id}, SET_UPSTREAM, params)
 
 
 def table(name: str) -> Any:
@@ -799,12 +812,13 @@ def test_default_entries_read_back(rig: Any) -> None:
         P4INFO.table(e.table_entry.table_id).name: e.table_entry
         for e in read(rig, p4runtime_pb2.TableEntry(is_default_action=True))
     }
-    assert set(found) == {JOBS, WORKERS, FORWARD, REPLICAS}
+    assert set(found) == {JOBS, WORKERS, UPSTREAM, FORWARD, REPLICAS}
     assert all(e.is_default_action and not e.match for e in found.values())
     actions = {name: P4INFO.action(e.action.action.action_id).name for name, e in found.items()}
     assert actions == {
         JOBS: "Ingress.jobs.job_miss",
         WORKERS: "Ingress.workers.worker_miss",
+        UPSTREAM: "Ingress.upstream.upstream_miss",
         FORWARD: "Ingress.forwarder.forward_drop",
         REPLICAS: "Egress.replicas.replica_miss",
     }
@@ -1072,6 +1086,9 @@ def test_counters_count_real_packets(switch: Switch, rig: Any) -> None:
         "results_sent": 0,  # an egress statistic
         "retransmits_answered": 0,
         "duplicates_ignored": 0,
+        "sent_upstream": 0,  # an egress statistic
+        "upstream_resent": 0,
+        "results_from_upstream": 0,
     }
     assert counter(rig, "Egress.ina_stats", SWITCH_STATS.index("results_sent")) == 1
     assert counter(rig, "Egress.ina_stats", SWITCH_STATS.index("received")) == 0
@@ -1119,6 +1136,101 @@ def test_deleting_the_group_stops_the_results(switch: Switch, rig: Any) -> None:
         assert receive_result(sock)[0].slot == 1
 
 
+# --------------------------------------------------------------------- the upstream table
+
+
+def test_upstream_entries_insert_modify_delete_and_read_back(rig: Any) -> None:
+    spine = ("10.0.9.1", 20033)
+    assert codes(rig, insert(upstream(7, 1, spine, 0x020000000009, 3))) == [OK]
+    assert codes(rig, insert(upstream(7, 2, spine))) == [ALREADY_EXISTS]
+    assert codes(rig, modify(upstream(8, 1, spine))) == [NOT_FOUND]
+    assert [e.table_entry for e in read(rig, table(UPSTREAM))] == [
+        upstream(7, 1, spine, 0x020000000009, 3)
+    ]
+    assert codes(rig, modify(upstream(7, 4, ("10.0.9.2", 9)))) == [OK]
+    (found,) = read(rig, table(UPSTREAM))
+    assert found.table_entry == upstream(7, 4, ("10.0.9.2", 9))
+    assert [p.value for p in found.table_entry.action.action.params] == [
+        b"\x04",
+        bytes([10, 0, 9, 2]),
+        b"\x09",
+        b"\x00",
+        b"\x00",
+    ]  # canonical bytestrings
+    assert codes(rig, delete(upstream(7, 0, spine))) == [OK]
+    assert codes(rig, delete(upstream(7, 0, spine))) == [NOT_FOUND]
+    assert read(rig, table(UPSTREAM)) == []
+
+
+def test_malformed_upstream_entries_are_refused(rig: Any) -> None:
+    spine = ("10.0.9.1", 20033)
+    wide_rank = upstream(7, 0, spine)
+    wide_rank.action.action.params[0].value = b"\x01\x00"  # 256 in bit<8>
+    wide_port = upstream(7, 0, spine)
+    wide_port.action.action.params[4].value = b"\x02\x00"  # 512 in bit<9>
+    missing = upstream(7, 0, spine)
+    del missing.action.action.params[2]
+    miss = upstream(7, 0, spine)
+    miss.action.action.ClearField("params")
+    miss.action.action.action_id = action_id("Ingress.upstream.upstream_miss")
+    default = _default(UPSTREAM, SET_UPSTREAM)
+    assert codes(
+        rig,
+        update(INSERT, wide_rank),
+        update(INSERT, wide_port),
+        update(INSERT, missing),
+        update(INSERT, miss),
+        update(MODIFY, default),
+    ) == [OUT_OF_RANGE, OUT_OF_RANGE, INVALID_ARGUMENT, PERMISSION_DENIED, PERMISSION_DENIED]
+    assert read(rig, table(UPSTREAM)) == []
+
+
+def test_upstream_writes_drive_the_data_path(switch: Switch, rig: Any) -> None:
+    to = switch.server.data_addr
+    with bound_udp_sockets(3, TIMEOUT) as (*socks, spine):
+        install_job(rig, 9, [s.getsockname() for s in socks], mgid=3)
+        assert codes(rig, insert(upstream(9, 5, spine.getsockname()))) == [OK]
+        for rank, sock in enumerate(socks):
+            send_data(sock, to, 9, rank, 0, 1)
+        data, src = spine.recvfrom(4096)
+        assert src == to  # the partial comes from the switch's own socket
+        header = unpack_header(data)
+        assert (header.ptype, header.job_id, header.rank, header.seq) == (PacketType.DATA, 9, 5, 1)
+        assert np.frombuffer(data, ">i4", offset=HEADER_SIZE).tolist() == [
+            3 * v for v in range(LANES)
+        ]
+        eventually(rig, "Egress.ina_stats", SWITCH_STATS.index("sent_upstream"), 1)
+        # The spine's answer: stored (final) and multicast to both workers.
+        reply = pack_header(Header(PacketType.RESULT, 9, 0, 0, 0, 1, LANES, 3))
+        spine.sendto(reply + (np.arange(LANES) * 100).astype(">i4").tobytes(), to)
+        for sock in socks:
+            header, values = receive_result(sock)
+            assert (header.ptype, header.seq, header.exponent) == (PacketType.RESULT, 1, 3)
+            assert values == [100 * v for v in range(LANES)]
+        assert counter(rig, "Ingress.ina_stats", SWITCH_STATS.index("results_from_upstream")) == 1
+        assert registers(rig, "Ingress.final", 0) == {0: 1}
+        assert registers(rig, "Ingress.values.lane_01", 0) == {0: 100}
+        # Without the entry the job is flat again: a RESULT is malformed, slots multicast.
+        assert codes(rig, delete(upstream(9, 5, spine.getsockname()))) == [OK]
+        spine.sendto(reply + bytes(4 * LANES), to)
+        eventually(rig, "Ingress.drops", SWITCH_DROPS.index("malformed"), 1)
+        for rank, sock in enumerate(socks):
+            send_data(sock, to, 9, rank, 1, 2)
+        for sock in socks:
+            assert receive_result(sock)[0].slot == 1
+
+
+def test_the_final_register_is_read_and_written(rig: Any) -> None:
+    name = "Ingress.final"
+    assert registers(rig, name) == {i: 0 for i in range(2 * SLOTS)}
+    assert codes(rig, modify(register_entry(P4INFO, name, 5, 1))) == [OK]
+    assert registers(rig, name, 5) == {5: 1}
+    wide = register_entry(P4INFO, name, 5, 1)
+    wide.data.bitstring = b"\x02"  # bit<1>
+    assert codes(rig, update(MODIFY, wide)) == [OUT_OF_RANGE]
+    assert registers(rig, name, 5) == {5: 1}
+
+
 # --------------------------------------------------------------------- pipeline config
 
 
@@ -1142,6 +1254,7 @@ def test_get_pipeline_returns_the_sized_p4info(client: P4RuntimeClient) -> None:
     assert {r.size for r in lanes} == {2 * SLOTS}
     assert p4info.register("Ingress.bitmap.bitmap_set0").size == SLOTS
     assert p4info.register("Ingress.seq").size == 2 * SLOTS
+    assert p4info.register("Ingress.final").size == 2 * SLOTS
 
 
 def test_verify_refuses_another_p4info(rig: Any) -> None:

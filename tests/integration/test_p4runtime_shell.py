@@ -34,6 +34,7 @@ from emulation.softswitch.server import SwitchServer
 from hostlib.protocol import (
     HEADER_SIZE,
     SWITCH_DROPS,
+    SWITCH_STATS,
     Header,
     PacketType,
     pack_header,
@@ -214,7 +215,7 @@ def test_shell_session_installs_a_job(switch: SwitchServer, canonical: bool) -> 
             }
         ]
         assert result["groups"] == {str(MGID): [[0, 0]]}
-        assert result["ina_stats"] == [[0, 1], [1, 0], [2, 0], [3, 0], [4, 0], [5, 0]]
+        assert result["ina_stats"] == [[0, 1]] + [[i, 0] for i in range(1, len(SWITCH_STATS))]
         assert result["unknown_job"] == [[unknown_job, 1]]
 
         # The shell's writes landed: the controller library reads them back ...

@@ -23,8 +23,10 @@ from controller.switch import (
     JobNotFoundError,
     NoFreeSlotsError,
     SwitchController,
+    UpstreamNotFoundError,
     WorkerAddress,
 )
+from controller.upstream import UpstreamEntry
 from emulation.cli import main as inalab
 from emulation.softswitch import SoftSwitchProcess
 from hostlib import InaSession, JobSpec
@@ -176,6 +178,46 @@ def test_a_failed_install_leaves_nothing_behind(ctl: SwitchController) -> None:
     ctl.replicas.delete(ReplicaEntry(40, 1, 0, "00:00:00:00:00:00", "127.0.0.2", 9))
 
 
+def test_an_upstream_entry_is_set_replaced_and_removed_with_its_job(
+    ctl: SwitchController,
+) -> None:
+    spine = WorkerAddress("127.0.0.9", 20033, "02:00:00:00:00:09", 3)
+    # Before the job: the tables are independent, the job turns on with its upstream.
+    entry = ctl.set_upstream(60, 1, spine)
+    assert entry == UpstreamEntry(60, 1, "127.0.0.9", 20033, "02:00:00:00:00:09", 3)
+    assert ctl.upstream.read() == [entry]
+    moved = ctl.set_upstream(60, 2, WorkerAddress("127.0.0.8", 9000))  # a modify
+    assert ctl.upstream.read() == [UpstreamEntry(60, 2, "127.0.0.8", 9000, "00:00:00:00:00:00", 0)]
+    ctl.add_job(60, [WorkerAddress("127.0.0.1", 7060)], 4)
+    assert ctl.job(60).upstream == moved
+    removed = ctl.remove_job(60)
+    assert removed.upstream == moved and ctl.upstream.read() == []
+    with pytest.raises(UpstreamNotFoundError):
+        ctl.remove_upstream(60)
+    with pytest.raises(ValueError, match="upstream rank 32"):
+        ctl.set_upstream(60, 32, spine)
+    assert ctl.upstream.read() == []
+
+
+def test_add_job_with_an_upstream_writes_it_before_the_job_or_not_at_all(
+    ctl: SwitchController,
+) -> None:
+    spine = WorkerAddress("127.0.0.9", 20033)
+    job = ctl.add_job(61, [WorkerAddress("127.0.0.1", 7061)], 4, upstream=(1, spine))
+    assert job.upstream == UpstreamEntry(61, 1, "127.0.0.9", 20033, "00:00:00:00:00:00", 0)
+    assert ctl.job(61).upstream == job.upstream
+    removed = ctl.remove_upstream(61)  # the job goes on, flat
+    assert removed == job.upstream and ctl.job(61).upstream is None
+    # Someone else's entry for job 62: the install fails and leaves nothing of its own.
+    other = ctl.set_upstream(62, 0, spine)
+    with pytest.raises(AlreadyExistsError):
+        ctl.add_job(62, [WorkerAddress("127.0.0.1", 7062)], 4, upstream=(1, spine))
+    assert [j.job_id for j in ctl.jobs.read()] == [61]
+    assert [w.job_id for w in ctl.workers.read()] == [61]
+    assert ctl.upstream.read() == [other]
+    ctl.remove_upstream(62)
+
+
 def test_drop_simulator_round_trips(ctl: SwitchController) -> None:
     ctl.set_drops(0.25, 1.0)
     assert ctl.drop_simulator.get() == (0.25, 1.0)
@@ -224,6 +266,36 @@ def test_inalab_ctl_end_to_end(
     assert code == 0 and "removed" in out
     code, out = _ctl(capsys, manifest, "show-bitmap", "--job", "50", "--slot", "0")
     assert code == 1 and "no job 50" in out
+
+
+def test_inalab_ctl_sets_and_removes_an_upstream(
+    switch: SoftSwitchProcess, ctl: SwitchController, capsys: pytest.CaptureFixture[str]
+) -> None:
+    manifest = switch.ready_path
+    ctl.add_job(70, [WorkerAddress("127.0.0.1", 7070)], SLOTS)
+    code, out = _ctl(capsys, manifest, "--election-id", "0:20", "set-upstream", "--job", "70",
+                     "--rank", "2", "--mac", "02:00:00:00:00:0a", "--port", "4",
+                     "127.0.0.5:20033")  # fmt: skip
+    assert code == 0, out
+    assert "job 70: partial sums go to 127.0.0.5:20033 as rank 2" in out
+    code, out = _ctl(capsys, manifest, "jobs")
+    assert "upstream rank 2 at 127.0.0.5:20033" in out
+    code, out = _ctl(capsys, manifest, "jobs", "--json")
+    (doc,) = json.loads(out)
+    assert doc["upstream"] == {
+        "rank": 2, "ip": "127.0.0.5", "udp_port": 20033, "mac": "02:00:00:00:00:0a",
+        "egress_port": 4,
+    }  # fmt: skip
+    code, out = _ctl(capsys, manifest, "show-bitmap", "--job", "70", "--slot", "0", "--json")
+    assert [s["final"] for s in json.loads(out)["sets"]] == [0, 0]
+    code, out = _ctl(capsys, manifest, "--election-id", "0:20", "remove-upstream", "--job", "70")
+    assert code == 0 and "upstream 127.0.0.5:20033 removed" in out
+    code, out = _ctl(capsys, manifest, "--election-id", "0:20", "remove-upstream", "--job", "70")
+    assert code == 1 and "no upstream entry" in out
+    with pytest.raises(SystemExit) as usage:
+        _ctl(capsys, manifest, "set-upstream", "--job", "70", "--rank", "0",
+             "--mac", "nope", "127.0.0.5:20033")  # fmt: skip
+    assert usage.value.code == 2 and "'nope' is not a MAC address" in capsys.readouterr().err
 
 
 def test_inalab_ctl_reports_bad_manifests(

@@ -705,3 +705,112 @@ def test_every_source_is_included_from_ina_p4(sources: dict[str, str]) -> None:
             reached.add(name)
             todo += re.findall(r'#include\s+"([\w.]+)"', sources[name])
     assert reached == set(sources)
+
+
+# ---------------------------------------------------------------------------- (6) layout
+
+# The id group (0xPPGGNNNN: GG) of each file, as p4/README.md and the P4Info header list
+# them; ina.p4 has one per pipeline control.
+ID_GROUPS = {
+    "jobs.p4": 0x03,
+    "workers.p4": 0x04,
+    "bitmap.p4": 0x05,
+    "exponents.p4": 0x06,
+    "values.p4": 0x07,
+    "drop_simulator.p4": 0x08,
+    "forwarder.p4": 0x09,
+    "replicas.p4": 0x0A,
+    "upstream.p4": 0x0B,
+}
+
+# Files that hold two controls (or a parser and a control) because they are a pair.
+PAIRS = {"ina.p4", "parsers.p4", "checksums.p4", "drop_simulator.p4"}
+
+
+def group_problems(decls: list[Decl]) -> list[str]:
+    """Declarations whose id's group byte is not their file's."""
+    problems = []
+    for d in decls:
+        if "id" not in d.annotations:
+            continue  # annotation_problems reports it
+        ident = int(d.annotations["id"], 0)
+        if d.file == "ina.p4":
+            want = 0x01 if annotated_name(d).startswith("Ingress.") else 0x02
+        else:
+            want = ID_GROUPS.get(d.file, -1)
+        if (ident >> 16) & 0xFF != want:
+            problems.append(f"{d.file}: {d.kind} {d.ident} id {ident:#010x} not in group {want}")
+    return problems
+
+
+def test_ids_are_grouped_by_file(decls: list[Decl]) -> None:
+    assert group_problems(decls) == []
+    assert {d.file for d in decls} - {"ina.p4"} <= set(ID_GROUPS)
+
+
+def test_group_check_finds_an_id_in_another_files_group() -> None:
+    text = '@id(0x02030001) @name(".Ingress.upstream.upstream") table upstream { }\n'
+    assert group_problems(declarations({"upstream.p4": text})) == [
+        "upstream.p4: table upstream id 0x02030001 not in group 11"
+    ]
+
+
+def test_one_control_per_file_except_pairs(sources: dict[str, str]) -> None:
+    for file, text in sources.items():
+        blocks = re.findall(r"^\s*(?:control|parser)\s+(\w+)\s*\(", text, flags=re.M)
+        assert len(blocks) <= (2 if file in PAIRS else 1), (file, blocks)
+
+
+def _counted(sources: dict[str, str], control: str, counter: str) -> set[str]:
+    """Constant indices ``control`` counts in ``counter`` (``ina_stats.count(STAT_X)``)."""
+    text = sources["ina.p4"]
+    start = re.search(rf"\bcontrol\s+{control}\s*\(", text)
+    assert start is not None, control
+    body = _block(text, start.end())
+    return set(re.findall(rf"\b{counter}\.count\((\w+)\)", body))
+
+
+def test_ingress_and_egress_count_what_the_soft_switch_server_says() -> None:
+    from emulation.softswitch import p4runtime
+
+    sources = p4_sources()
+    egress = {s.removeprefix("STAT_").lower() for s in _counted(sources, "Egress", "ina_stats")}
+    ingress = {s.removeprefix("STAT_").lower() for s in _counted(sources, "Ingress", "ina_stats")}
+    assert egress == p4runtime._EGRESS_STATS == {"results_sent", "sent_upstream"}
+    assert ingress == set(SWITCH_STATS) - egress
+    assert _counted(sources, "Egress", "drops") == {"DROP_SIM_EGRESS"}
+
+
+def test_the_upstream_table_and_final_register(sources: dict[str, str], info: Message) -> None:
+    upstream = _by_name(info, "table")["Ingress.upstream.upstream"]
+    assert [get(f, "name") for f in get_all(upstream, "match_fields")] == ["job_id"]
+    params = get_all(_by_name(info, "action")["Ingress.upstream.set_upstream"], "params")
+    assert [(get(p, "name"), int(get(p, "bitwidth"))) for p in params] == [
+        ("rank", 8),
+        ("dst_ip", 32),
+        ("dst_port", 16),
+        ("dst_mac", 48),
+        ("egress_port", 9),
+    ]
+    # The destination parameters mean what the replicas' do.
+    replica = get_all(_by_name(info, "action")["Egress.replicas.set_destination"], "params")
+    widths = {get(p, "name"): get(p, "bitwidth") for p in replica}
+    assert all(
+        widths[get(p, "name")] == get(p, "bitwidth") for p in params if get(p, "name") in widths
+    )
+    # final: cleared by a use's first contribution, set by the upstream's result.
+    ina = sources["ina.p4"]
+    assert "final.write(meta.index, 0);" in ina and "final.write(meta.index, 1);" in ina
+    assert "final.read(meta.is_final, meta.index);" in ina
+
+
+def test_softswitch_p4info_sizes_every_per_slot_register(decls: list[Decl]) -> None:
+    from controller.p4info import P4Info
+    from emulation.softswitch.p4runtime import softswitch_p4info
+
+    sized = softswitch_p4info(P4Info.load(), 2, 8)
+    for d in decls:
+        if d.kind == "register" and d.file != "values.p4":
+            want = {"REGISTER_SIZE": 16, "BITMAP_SIZE": 8}.get(d.args.strip())
+            if want is not None:
+                assert sized.register(annotated_name(d)).size == want, d.ident

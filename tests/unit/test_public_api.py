@@ -62,6 +62,7 @@ PINNED = {
         "JobTableError",
         "Pipeline",
         "SlotState",
+        "Upstream",
     },
 }
 
