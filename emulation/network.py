@@ -9,39 +9,50 @@ Once started, :meth:`Emulation.configure` drives every switch through the contro
 - forwarding: each switch gets an entry per host MAC toward the port on a shortest
   path; there is no flooding (a fat tree has loops), so every host gets static ARP
   entries for every other host and for the switches' INA address;
-- jobs: each job of the topology is installed on its aggregating switch, rank r being
-  the job's r-th worker host at its IP and :data:`WORKER_UDP_PORT`.
+- jobs: each job of the topology is installed on the switches of its aggregation tree
+  (:func:`~emulation.topology.aggregation_tree`): flat on one switch, or hierarchical,
+  leaves sending partial sums upward; rank k of a host binds
+  :data:`WORKER_UDP_PORT` + k.
 
-Switch kinds are injected by name (:data:`SWITCH_CLASSES`); ``bmv2`` needs
-``simple_switch_grpc`` and p4c, and is refused here with that reason when missing.
-Delay and loss cannot come from netem on this kernel: a topology asking for them is
-refused (inalab's own per-port emulation is not there yet) rather than silently run
-without them. Cleanup is Mininet's ``stop`` for what it built and each switch
-process's recorded PID: never ``mn -c``, never a name pattern.
+Links: ``bw`` is HTB (Mininet's TCLink); this kernel has no netem, so ``delay`` and
+``loss`` are applied by the soft switches' ports (:func:`link_specs`) and ``queue`` is a
+pfifo under HTB's class. The MTU is raised to :data:`JUMBO_MTU` when the widest INA
+packet needs it. After start, ``run_dir/manifest.json`` names every switch's P4Runtime
+endpoint, INA address, log and pcap, and every host's address and namespace.
+
+Switch kinds are injected by name (:data:`SWITCH_CLASSES`). Cleanup is Mininet's
+``stop`` for what it built and each switch process's recorded PID: never ``mn -c``,
+never a name pattern.
 """
 
 from __future__ import annotations
 
+import json
 import logging
 from collections import deque
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from controller.forwarder import HostRoute
 from controller.switch import SwitchController, WorkerAddress
+from emulation.bmv2 import Bmv2Unavailable, bmv2_switch_class, check_bmv2_switch, find_bmv2
 from emulation.softswitch.process import SoftSwitchProcess
-from emulation.topology import Topology
+from emulation.topology import AggregationTree, Switch, Topology, TopologyJob, aggregation_tree
+from hostlib.protocol import INA_UDP_PORT, packet_size
 
 __all__ = [
+    "JUMBO_MTU",
+    "MANIFEST_SCHEMA",
     "SWITCH_CLASSES",
     "WORKER_UDP_PORT",
     "Emulation",
     "EmulationError",
     "emulate",
     "ina_address",
+    "link_specs",
 ]
 
 log = logging.getLogger(__name__)
@@ -55,7 +66,15 @@ def ina_address(index: int) -> tuple[str, str]:
 
 
 WORKER_UDP_PORT = 47000
-"""The UDP port each worker binds on its host (hosts have their own addresses)."""
+"""The UDP port rank 0 of a host binds (rank k: + k) for the topology's own jobs."""
+
+JUMBO_MTU = 9000
+"""Interface MTU when an INA packet does not fit 1500 bytes (lanes above 363)."""
+
+MANIFEST_SCHEMA = "inalab.emulation/1"
+"""The ``schema`` value of ``manifest.json``; bumped on incompatible change."""
+
+Addr = tuple[str, int]
 
 
 class EmulationError(RuntimeError):
@@ -75,12 +94,25 @@ def _soft_switch_class() -> type:
             lanes: int = 64,
             slots: int = 1024,
             forward_only: bool = False,
+            links: dict[int, str] | None = None,
+            pcap: bool = False,
+            seed: int = 0,
             **params: Any,
         ) -> None:
             super().__init__(name, **params)
             self.run_dir, self.lanes, self.slots = Path(run_dir), lanes, slots
-            self.forward_only = forward_only
+            self.forward_only, self.links, self.pcap, self.seed = forward_only, links, pcap, seed
             self.process: SoftSwitchProcess | None = None
+
+        def _args(self) -> tuple[str, ...]:
+            args: list[str] = ["--forward-only"] if self.forward_only else []
+            for port, spec in sorted((self.links or {}).items()):
+                args += ["--link", f"{port}:{spec}"]
+            if self.links:
+                args += ["--link-stats", str(self.run_dir / f"{self.name}.links.json")]
+            if self.pcap:
+                args += ["--pcap", str(self.run_dir / f"{self.name}.pcap")]
+            return tuple(args)
 
         def start(self, controllers: list[Any]) -> None:
             interfaces = {
@@ -88,8 +120,7 @@ def _soft_switch_class() -> type:
             }
             self.process = SoftSwitchProcess(
                 self.run_dir, name=self.name, lanes=self.lanes, slots=self.slots,
-                interfaces=interfaces,
-                extra_args=("--forward-only",) if self.forward_only else (),
+                seed=self.seed, interfaces=interfaces, extra_args=self._args(),
             ).start()  # fmt: skip
 
         def stop(self, deleteIntfs: bool = True) -> None:
@@ -103,7 +134,7 @@ def _soft_switch_class() -> type:
     return SoftMininetSwitch
 
 
-SWITCH_CLASSES = {"soft": _soft_switch_class}
+SWITCH_CLASSES = {"soft": _soft_switch_class, "bmv2": bmv2_switch_class}
 """Switch kind -> a function returning its Mininet class (imports Mininet lazily)."""
 
 
@@ -115,6 +146,9 @@ class Emulation:
     net: Any
     run_dir: Path
     controllers: dict[str, SwitchController]
+    slot_count: int = 256
+    installed: dict[int, list[str]] = field(default_factory=dict)
+    """Job id -> the switches it is installed on (what :meth:`remove_job` undoes)."""
 
     def host(self, name: str) -> Any:
         return self.net.get(name)
@@ -124,11 +158,13 @@ class Emulation:
         names = [s.name for s in self.topology.switches]
         return ina_address(names.index(switch) + 1)
 
-    def configure(self) -> None:
-        """Forwarding entries, static ARP, and every job on its aggregating switch."""
+    def configure(self, install_jobs: bool = True) -> None:
+        """Forwarding entries, static ARP and, with ``install_jobs``, every job of the
+        topology (rank r of a host with k ranks at UDP port WORKER_UDP_PORT + r)."""
         topo = self.topology
         aggregators = [s for s in topo.switches if s.role == "aggregate"]
         hops = {s.name: _first_hops(topo, s.name) for s in topo.switches}
+        self._hops = hops
         for s in topo.switches:
             ctl = self.controllers[s.name]
             for h in topo.hosts:
@@ -153,20 +189,149 @@ class Emulation:
             for other in topo.hosts:
                 if other.name != h.name:
                     node.cmd(f"ip neigh replace {other.address} lladdr {other.mac} dev {intf}")
+        if install_jobs:
+            for job in topo.jobs:
+                ranks = [
+                    (name, (topo.host(name).address, WORKER_UDP_PORT + k))
+                    for name in job.workers
+                    for k in range(topo.host(name).ranks)
+                ]
+                self.install_job(job, ranks)
+
+    def install_job(
+        self, job: TopologyJob, workers: Sequence[tuple[str, Addr]]
+    ) -> list[tuple[Addr, int]]:
+        """Install ``job`` for ``workers`` (host name, UDP address), in rank order; return
+        each worker's destination (its aggregating switch's INA address) and the rank
+        its packets carry there.
+
+        With hierarchical aggregation (:func:`~emulation.topology.aggregation_tree`)
+        each aggregating switch gets the job for its members (hosts' workers, then child
+        switches), and every switch below the root an upstream entry toward its parent,
+        as that parent's worker at its own INA address and port 20033.
+
+        Raises:
+            EmulationError: a worker is not on one of the job's hosts, or an install
+                failed (what was installed is removed again).
+        """
+        tree = aggregation_tree(self.topology, job)
+        hops = self._hops
+        per_switch: dict[str, list[WorkerAddress]] = {s: [] for s in tree.members}
+        answers: list[tuple[Addr, int]] = []
+        for host_name, (ip, port) in workers:
+            if host_name not in tree.host_switch:
+                raise EmulationError(f"job {job.job_id}: {host_name} is not one of its hosts")
+            s = tree.host_switch[host_name]
+            mac = self.topology.host(host_name).mac
+            answers.append(((self.ina_address(s)[0], INA_UDP_PORT), len(per_switch[s])))
+            per_switch[s].append(WorkerAddress(ip, port, mac, _port_toward(hops[s], s, host_name)))
+        order = [s.name for s in self.topology.switches]
+        for s, members in tree.members.items():
+            for child in members:
+                if child in tree.parent:
+                    ip, mac = self.ina_address(child)
+                    port = _port_toward(hops[s], s, child)
+                    per_switch[s].append(WorkerAddress(ip, INA_UDP_PORT, mac, port))
+        done: list[str] = []
+        try:
+            # The root first, then down: a child's partial sums find their job ready.
+            for s in sorted(per_switch, key=lambda n: (_depth(tree, n), order.index(n))):
+                ctl = self.controllers[s]
+                ctl.add_job(job.job_id, per_switch[s], slot_count=self.slot_count)
+                done.append(s)
+                if s in tree.parent:
+                    up = tree.parent[s]
+                    ip, mac = self.ina_address(up)
+                    rank = tree.members[up].index(s)
+                    port = _port_toward(hops[s], s, up)
+                    ctl.set_upstream(job.job_id, rank, WorkerAddress(ip, INA_UDP_PORT, mac, port))
+                    ctl.check_upstream(job.job_id, self.controllers[up])
+        except Exception as exc:
+            for s in reversed(done):
+                self.controllers[s].remove_job(job.job_id)
+            raise EmulationError(f"job {job.job_id}: install on {s} failed: {exc}") from exc
+        self.installed[job.job_id] = done
+        return answers
+
+    def installed_switches(self, job: TopologyJob) -> list[str]:
+        """The switches of ``job``'s aggregation tree, in topology order."""
+        members = aggregation_tree(self.topology, job).members
+        return [s.name for s in self.topology.switches if s.name in members]
+
+    def remove_job(self, job_id: int) -> None:
+        """Remove a job :meth:`install_job` installed, from every switch it is on."""
+        for s in reversed(self.installed.pop(job_id, [])):
+            self.controllers[s].remove_job(job_id)
+
+    def counters(self, switches: Sequence[str] | None = None) -> dict[str, dict[str, int]]:
+        """Each switch's INA statistics (default: every switch)."""
+        names = switches if switches is not None else list(self.controllers)
+        return {s: dict(self.controllers[s].counters()) for s in names}
+
+    def manifest(self) -> dict[str, Any]:
+        """What a controller or a worker needs to reach this network (``manifest.json``)."""
+        topo = self.topology
+        switches: dict[str, Any] = {}
+        for s in topo.switches:
+            node = self.net.get(s.name)
+            info = dict(node.process.ready_info)
+            ip, mac = self.ina_address(s.name)
+            info.update(
+                kind=s.kind, role=s.role, lanes=s.lanes,
+                log=str(node.process.log_path),
+                ina_address={"ip": ip, "mac": mac, "udp_port": INA_UDP_PORT},
+            )  # fmt: skip
+            argv = node.process.argv
+            for key, suffix in (("pcap", ".pcap"), ("link_stats", ".links.json")):
+                if f"--{key.replace('_', '-')}" in argv:  # the soft switch's files
+                    info[key] = str(self.run_dir / f"{s.name}{suffix}")
+            switches[s.name] = info
+        hosts = {}
+        for h in topo.hosts:
+            node = self.host(h.name)
+            hosts[h.name] = {
+                "ip": h.address, "mac": h.mac, "interface": node.defaultIntf().name,
+                "pid": node.pid, "netns": f"/proc/{node.pid}/ns/net", "ranks": h.ranks,
+                "worker_udp_ports": [WORKER_UDP_PORT + k for k in range(h.ranks)],
+            }  # fmt: skip
+        jobs = []
         for job in topo.jobs:
-            ctl = self.controllers[job.switch]
-            workers = []
-            for name in job.workers:
-                h = topo.host(name)
-                port = _port_toward(hops[job.switch], job.switch, name)
-                workers.append(WorkerAddress(h.address, WORKER_UDP_PORT, h.mac, port))
-            ctl.add_job(job.job_id, workers, slot_count=min(256, ctl.slots_per_set))
+            tree = aggregation_tree(topo, job)
+            jobs.append({
+                "id": job.job_id, "switch": job.switch, "workers": list(job.workers),
+                "installed_on": self.installed.get(job.job_id, []),
+                "host_switch": tree.host_switch, "parent": tree.parent,
+            })  # fmt: skip
+        return {
+            "schema": MANIFEST_SCHEMA,
+            "topology": topo.name,
+            "run_dir": str(self.run_dir),
+            "slot_count": self.slot_count,
+            "switches": switches,
+            "hosts": hosts,
+            "jobs": jobs,
+        }
+
+    def write_manifest(self) -> Path:
+        """Write :meth:`manifest` to ``run_dir/manifest.json`` atomically; return its path."""
+        path = self.run_dir / "manifest.json"
+        tmp = path.with_suffix(".json.tmp")
+        tmp.write_text(json.dumps(self.manifest(), indent=2) + "\n")
+        tmp.replace(path)
+        return path
 
     def close(self) -> None:
         for ctl in self.controllers.values():
             ctl.close()
         self.controllers.clear()
         self.net.stop()
+
+
+def _depth(tree: AggregationTree, switch: str) -> int:
+    depth = 0
+    while switch in tree.parent:
+        switch, depth = tree.parent[switch], depth + 1
+    return depth
 
 
 def _first_hops(topo: Topology, switch: str) -> dict[str, int]:
@@ -202,30 +367,102 @@ def _port_toward(hops: dict[str, int], switch: str, node: str) -> int:
     return hops[node]
 
 
-def _check_supported(topo: Topology) -> None:
-    for link in topo.links:
-        if link.queue is not None:
-            raise EmulationError(
-                f"link {link.a}-{link.b} sets a queue: Mininet applies it with netem, which "
-                "this kernel does not have; remove it (HTB's default queue applies)"
-            )
-        if link.delay or link.loss:
-            raise EmulationError(
-                f"link {link.a}-{link.b} asks for delay {link.delay} ms / loss {link.loss}: "
-                "this kernel has no netem and inalab's own per-port delay and loss are not "
-                "implemented yet; remove them from the topology"
-            )
+def _check_supported(topo: Topology, slots: int) -> None:
     for s in topo.switches:
         if s.kind not in SWITCH_CLASSES:
             raise EmulationError(
                 f"switch {s.name}: kind {s.kind!r} is not available here "
                 f"(have: {', '.join(SWITCH_CLASSES)})"
             )
+        if s.kind == "bmv2":
+            try:
+                find_bmv2()
+                check_bmv2_switch(s.lanes, slots, s.role == "forward")
+            except (Bmv2Unavailable, ValueError) as exc:
+                raise EmulationError(f"switch {s.name}: {exc}") from None
+    for link in topo.links:
+        if link.delay or link.loss:
+            ends = [e for e in (link.a, link.b) if isinstance(topo.node(e), Switch)]
+            if not any(topo.switch(e).kind == "soft" for e in ends):
+                raise EmulationError(
+                    f"link {link.a}-{link.b} asks for delay or loss, which only the soft "
+                    "switch applies (no netem here): put a soft switch at one end"
+                )
+
+
+def link_specs(topo: Topology) -> dict[str, dict[int, str]]:
+    """Per soft switch: ``--link`` specs (``delay=..ms,loss=..[,ingress]``) per port.
+
+    Each direction of a link is emulated once: on egress by the switch it leaves, and
+    for a host's link (no switch of ours at the host's end) on ingress at the switch
+    too. A link between two switches is applied by each on its own egress; if only one
+    end is a soft switch, that one applies both directions.
+    """
+    out: dict[str, dict[int, str]] = {}
+    for link in topo.links:
+        if not (link.delay or link.loss):
+            continue
+        spec = f"delay={link.delay:g}ms,loss={link.loss:g}"
+        ends = [(link.a, link.a_port), (link.b, link.b_port)]
+        soft = [
+            (n, p) for n, p in ends
+            if p is not None and isinstance(topo.node(n), Switch) and topo.switch(n).kind == "soft"
+        ]  # fmt: skip
+        for name, port in soft:
+            both = len(soft) == 1
+            out.setdefault(name, {})[port] = spec + (",ingress" if both else "")
+    return out
+
+
+def _mtu_for(topo: Topology) -> int | None:
+    """An MTU that carries the widest INA packet (``None``: the default 1500 does)."""
+    widest = max((s.lanes for s in topo.switches), default=0)
+    need = 20 + 8 + packet_size(widest)
+    return JUMBO_MTU if need > 1500 else None
+
+
+def _shape_extras(net: Any, topo: Topology, mtu: int | None) -> None:
+    """What Mininet's TCLink cannot do here: a jumbo MTU and the shaper's queue length
+    (Mininet sets ``max_queue_size`` through netem; a pfifo under HTB's class does it)."""
+    for link in topo.links:
+        pair = net.linksBetween(net.get(link.a), net.get(link.b))[0]
+        for intf in (pair.intf1, pair.intf2):
+            if mtu is not None:
+                _check(intf.cmd(f"ip link set dev {intf.name} mtu {mtu}"), intf.name)
+            if link.queue is not None:
+                parent = "parent 5:1 handle 10:" if link.bw is not None else "root"
+                out = intf.cmd(
+                    f"tc qdisc replace dev {intf.name} {parent} pfifo limit {link.queue}"
+                )
+                _check(out, intf.name)
+
+
+def _check(output: str, where: str) -> None:
+    if output.strip():
+        raise EmulationError(f"{where}: {output.strip()}")
 
 
 @contextmanager
-def emulate(topo: Topology, run_dir: Path, slots: int = 1024) -> Iterator[Emulation]:
+def emulate(
+    topo: Topology,
+    run_dir: Path,
+    slots: int = 1024,
+    install_jobs: bool = True,
+    pcap: bool = False,
+    seed: int = 0,
+    slot_count: int = 256,
+) -> Iterator[Emulation]:
     """Build, start and configure ``topo`` in Mininet; stop and remove it on exit.
+
+    Args:
+        topo: the network.
+        run_dir: where switch logs, pcaps, link statistics and ``manifest.json`` go.
+        slots: each switch's slot pool (per set).
+        install_jobs: install the topology's jobs for workers at the fixed ports
+            (``inalab emulate ... bench`` installs its own, per algorithm).
+        pcap: each soft switch records its ports' frames into ``run_dir/NAME.pcap``.
+        seed: seeds the switches' loss emulation (switch i uses ``seed + i``).
+        slot_count: slots each job takes on each switch (its window).
 
     Raises:
         EmulationError: the topology asks for what cannot be emulated here.
@@ -234,32 +471,35 @@ def emulate(topo: Topology, run_dir: Path, slots: int = 1024) -> Iterator[Emulat
     from mininet.net import Mininet
     from mininet.node import Host
 
-    _check_supported(topo)
+    _check_supported(topo, slots)
     run_dir = Path(run_dir)
     run_dir.mkdir(parents=True, exist_ok=True)
     net = Mininet(topo=None, switch=None, host=Host, controller=None, link=TCLink, build=False)
     started = False
-    emulation = Emulation(topo, net, run_dir, {})
+    emulation = Emulation(topo, net, run_dir, {}, min(slot_count, slots))
+    links = link_specs(topo)
     try:
         for h in topo.hosts:
             net.addHost(h.name, ip=h.ip, mac=h.mac)
         for i, s in enumerate(topo.switches, 1):
             cls = SWITCH_CLASSES[s.kind]()
             net.addSwitch(s.name, cls=cls, dpid=f"{i:016x}", run_dir=run_dir,
-                          lanes=s.lanes, slots=slots,
-                          forward_only=s.role == "forward")  # fmt: skip
+                          lanes=s.lanes, slots=slots, forward_only=s.role == "forward",
+                          links=links.get(s.name), pcap=pcap, seed=seed + i)  # fmt: skip
         for link in topo.links:
             params: dict[str, Any] = {"port1": link.a_port, "port2": link.b_port}
             if link.bw is not None:
                 params["bw"] = link.bw
             net.addLink(link.a, link.b, **params)
         net.build()
+        _shape_extras(net, topo, _mtu_for(topo))
         net.start()
         started = True
         for s in topo.switches:
             node = net.get(s.name)
             emulation.controllers[s.name] = node.process.controller()
-        emulation.configure()
+        emulation.configure(install_jobs)
+        emulation.write_manifest()
         yield emulation
     finally:
         if started:

@@ -32,13 +32,16 @@ from hostlib.protocol import MAX_WORKERS
 __all__ = [
     "SWITCH_KINDS",
     "SWITCH_ROLES",
+    "AggregationTree",
     "Host",
     "Link",
     "Switch",
     "Topology",
     "TopologyError",
     "TopologyJob",
+    "aggregation_tree",
     "load_topology",
+    "parse_delay",
     "parse_topology",
 ]
 
@@ -171,6 +174,79 @@ class Topology:
         raise KeyError(f"host {host} has no link")  # parse_topology never lets this happen
 
 
+@dataclass(frozen=True)
+class AggregationTree:
+    """How one job aggregates: which switch each worker host sends to, and where each
+    aggregating switch sends its partial sums (hierarchical aggregation).
+
+    Attributes:
+        root: the job's switch, where the last sum completes.
+        host_switch: worker host -> the aggregating switch it sends to (the first
+            ``aggregate`` switch on its shortest path to ``root``).
+        parent: aggregating switch other than ``root`` -> the next ``aggregate`` switch
+            on its path to ``root``, where it is one worker.
+        members: aggregating switch -> its workers in rank order: its hosts (in the
+            job's order) then its child switches (in topology order).
+    """
+
+    root: str
+    host_switch: dict[str, str]
+    parent: dict[str, str]
+    members: dict[str, tuple[str, ...]]
+
+    @property
+    def hierarchical(self) -> bool:
+        return bool(self.parent)
+
+
+def aggregation_tree(topo: Topology, job: TopologyJob) -> AggregationTree:
+    """Every ``aggregate`` switch on a worker's shortest path to the job's switch takes
+    part: it sums its hosts' (and child switches') contributions and sends one partial
+    sum on. With ``forward`` switches on the way, the job's switch aggregates alone.
+    Ties between shortest paths go by link order (a breadth-first search from the
+    root), so the tree is a pure function of the topology.
+    """
+    toward_root: dict[str, str] = {}  # node -> next node on its path to the root
+    neighbours: dict[str, list[str]] = {}
+    for link in topo.links:
+        neighbours.setdefault(link.a, []).append(link.b)
+        neighbours.setdefault(link.b, []).append(link.a)
+    frontier, seen = [job.switch], {job.switch}
+    while frontier:
+        nxt = []
+        for node in frontier:
+            for other in neighbours.get(node, []):
+                if other not in seen:
+                    seen.add(other)
+                    toward_root[other] = node
+                    nxt.append(other)
+        frontier = nxt
+
+    def next_aggregator(node: str) -> str:
+        while node != job.switch:
+            node = toward_root[node]
+            if topo.switch(node).role == "aggregate":
+                return node
+        return node
+
+    host_switch = {h: next_aggregator(h) for h in job.workers}
+    parent: dict[str, str] = {}
+    pending = sorted(set(host_switch.values()) - {job.switch})
+    while pending:
+        s = pending.pop()
+        if s not in parent:
+            parent[s] = next_aggregator(s)
+            if parent[s] != job.switch:
+                pending.append(parent[s])
+    order = [s.name for s in topo.switches]
+    members = {
+        s: tuple(h for h in job.workers if host_switch[h] == s)
+        + tuple(sorted((c for c, p in parent.items() if p == s), key=order.index))
+        for s in {job.switch, *host_switch.values(), *parent}
+    }
+    return AggregationTree(job.switch, host_switch, parent, members)
+
+
 # --------------------------------------------------------------------- loading
 
 
@@ -281,6 +357,15 @@ def _number(
         bound = "" if hi is None else (f" and below {hi}" if open_hi else f" and at most {hi}")
         raise at.error(f"expected at least {lo}{bound}, got {value!r}")
     return v
+
+
+def parse_delay(text: str) -> float:
+    """A delay in ms from text such as ``2ms``, ``250us``, ``0.1s`` or ``3`` (ms).
+
+    Raises:
+        TopologyError: not a delay.
+    """
+    return _delay(text, _At("delay"))
 
 
 def _delay(value: Any, at: _At) -> float:

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
 import sys
 from collections.abc import Callable, Iterator
@@ -27,11 +28,12 @@ SIZE = 5000  # int32 elements: 79 packets per rank at 64 lanes
 
 
 def _interfaces() -> set[str]:
-    return set(os.listdir("/sys/class/net"))
+    """Mininet's interfaces (``<node>-eth<N>``); other tests may add veths meanwhile."""
+    return {n for n in os.listdir("/sys/class/net") if "-eth" in n}
 
 
-def _our_processes() -> set[int]:
-    """PIDs of soft switch and hostrun processes (to prove none outlives a test)."""
+def _our_processes(run_dir: Path) -> set[int]:
+    """PIDs of Mininet host shells, workers, and this run's switches (by run dir)."""
     out = set()
     for pid in os.listdir("/proc"):
         if not pid.isdigit():
@@ -40,29 +42,33 @@ def _our_processes() -> set[int]:
             cmd = Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ")
         except OSError:
             continue
-        if b"emulation.softswitch.cli" in cmd or b"emulation.hostrun" in cmd:
+        if cmd.startswith(b"mnexec") or b"emulation.hostrun" in cmd or str(run_dir).encode() in cmd:
             out.add(int(pid))
     return out
 
 
 @pytest.fixture
-def clean() -> Iterator[None]:
+def clean(tmp_path: Path) -> Iterator[None]:
     """The test leaves no interface and no switch or worker process behind."""
-    before_if, before_pids = _interfaces(), _our_processes()
+    before_if, before_pids = _interfaces(), _our_processes(tmp_path)
     yield
-    assert _interfaces() == before_if
-    assert _our_processes() <= before_pids
+    assert _interfaces() - before_if == set()
+    assert _our_processes(tmp_path) - before_pids == set()
 
 
 def _run(
-    em: Any, workers: tuple[str, ...], algo: str, extra: Callable[[str], list[str]]
+    em: Any,
+    workers: tuple[str, ...],
+    algo: str,
+    extra: Callable[[str], list[str]],
+    size: int = SIZE,
 ) -> list[dict[str, Any]]:
     """One hostrun per worker host, all at once; their JSON reports in rank order."""
     procs = []
     for rank, name in enumerate(workers):
         host = em.topology.host(name)
         argv = [sys.executable, "-m", "emulation.hostrun", algo, "--rank", str(rank),
-                "--workers", str(len(workers)), "--size", str(SIZE), "--seed", "7",
+                "--workers", str(len(workers)), "--size", str(size), "--seed", "7",
                 "--bind", host.address, "--port", str(WORKER_UDP_PORT), *extra(name)]  # fmt: skip
         procs.append(em.host(name).popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                                          cwd=str(REPO)))  # fmt: skip
@@ -112,13 +118,52 @@ def test_leaf_spine_aggregates_at_the_spine_through_forwarding_leaves(
             assert em.controllers[leaf].counters()["received"] == 0  # forwarded, not INA
 
 
-def test_links_asking_for_netem_are_refused_before_anything_is_built(
-    tmp_path: Path, clean: None
-) -> None:
+def test_link_loss_is_applied_and_ina_stays_exact(tmp_path: Path, clean: None) -> None:
+    # 10% loss each way on h1's link, applied by the soft switch's port (no netem here).
+    loss = 0.1
+    doc = {
+        "switches": {"s1": {}},
+        "hosts": {"h1": {}, "h2": {}, "h3": {}},
+        "links": [{"a": "h1", "b": "s1", "loss": loss}, ["h2", "s1"], ["h3", "s1"]],
+        "jobs": [{"id": 1, "workers": ["h1", "h2", "h3"], "switch": "s1"}],
+    }
+    topo = parse_topology(doc)
+    with emulate(topo, tmp_path, slots=64) as em:
+        ip, _ = em.ina_address("s1")
+        reports = _run(em, ("h1", "h2", "h3"), "ina", lambda _: ["--switch", ip, "--slots", "16"],
+                       size=40 * SIZE)  # fmt: skip
+        assert [r["wrong"] for r in reports] == [0] * 3  # bit-exact despite the loss
+    stats = json.loads((tmp_path / "s1.links.json").read_text())["ports"]
+    assert set(stats) == {"1"}  # only h1's port emulates a link
+    for direction in ("ingress", "egress"):
+        c = stats["1"][direction]
+        n, lost = c["offered"], c["lost"]
+        assert c["delivered"] + lost + c["queue_dropped"] + c["in_flight"] == n
+        sigma = (n * loss * (1 - loss)) ** 0.5
+        assert n > 100 and abs(lost - n * loss) <= 4 * sigma, (direction, c)
+
+
+def test_link_delay_is_applied_to_pings(tmp_path: Path, clean: None) -> None:
     doc = {
         "switches": {"s1": {}},
         "hosts": {"h1": {}, "h2": {}},
-        "links": [{"a": "h1", "b": "s1", "loss": 0.01}, ["h2", "s1"]],
+        "links": [{"a": "h1", "b": "s1", "delay": "15ms"}, ["h2", "s1"]],
     }
-    with pytest.raises(EmulationError, match="no netem"), emulate(parse_topology(doc), tmp_path):
+    with emulate(parse_topology(doc), tmp_path) as em:
+        out = em.host("h1").cmd("ping -c 5 -i 0.2 -W 2 10.0.0.2")
+    # rtt min/avg/max/mdev = a/b/c/d ms: the request and the reply each wait 15 ms.
+    rtt_min = float(out.split("=")[-1].split("/")[0])
+    assert 30.0 <= rtt_min < 80.0, out
+
+
+def test_a_bmv2_switch_without_bmv2_is_refused_before_anything_is_built(
+    tmp_path: Path, clean: None
+) -> None:
+    if shutil.which("simple_switch_grpc"):
+        pytest.skip("bmv2 is installed: tests/integration/test_bmv2_mininet.py runs it")
+    doc = {"switches": {"s1": {"kind": "bmv2"}}, "hosts": {"h1": {}}, "links": [["h1", "s1"]]}
+    with (
+        pytest.raises(EmulationError, match="simple_switch_grpc"),
+        emulate(parse_topology(doc), tmp_path),
+    ):
         pass

@@ -11,6 +11,7 @@ from emulation.topology import (
     Host,
     Topology,
     TopologyError,
+    aggregation_tree,
     load_topology,
     parse_topology,
 )
@@ -34,6 +35,8 @@ def test_shipped_topologies_load() -> None:
         "star4.yaml": (4, 1, 4),
         "star8.yaml": (8, 1, 8),
         "leaf_spine.yaml": (8, 3, 10),
+        "leaf_spine_hier.yaml": (8, 3, 10),
+        "collnet2x2.yaml": (2, 1, 2),
         "fat_tree_k4.yaml": (16, 20, 48),
         "tutorials_triangle.json": (3, 3, 6),
     }
@@ -52,6 +55,38 @@ def test_fat_tree_is_a_fat_tree() -> None:
             assert sum(isinstance(t.node(n), Host) for n in t.ports(s.name).values()) == 2
     assert [s.name for s in t.switches if s.role == "aggregate"] == ["c1"]
     assert t.jobs[0].workers == tuple(f"h{i}" for i in range(1, 17))
+
+
+def test_aggregation_tree_flat_through_forwarding_leaves() -> None:
+    t = load_topology(TOPOLOGIES / "leaf_spine.yaml")
+    tree = aggregation_tree(t, t.jobs[0])
+    assert not tree.hierarchical and tree.root == "spine"
+    assert set(tree.host_switch.values()) == {"spine"}
+    assert tree.members == {"spine": t.jobs[0].workers}
+
+
+def test_aggregation_tree_hierarchical_with_aggregating_leaves() -> None:
+    t = load_topology(TOPOLOGIES / "leaf_spine_hier.yaml")
+    tree = aggregation_tree(t, t.jobs[0])
+    assert tree.hierarchical
+    assert tree.parent == {"leaf1": "spine", "leaf2": "spine"}
+    assert tree.members == {
+        "leaf1": ("h1", "h2", "h3", "h4"),
+        "leaf2": ("h5", "h6", "h7", "h8"),
+        "spine": ("leaf1", "leaf2"),
+    }
+
+
+def test_aggregation_tree_mixes_hosts_and_switches_at_one_level() -> None:
+    # h1 on the root itself, h2 behind an aggregating s2: s1 sums h1 and s2.
+    t = parse_topology(
+        small(
+            switches={"s1": {}, "s2": {}}, jobs=[{"id": 1, "workers": ["h2", "h1"], "switch": "s1"}]
+        )
+    )
+    tree = aggregation_tree(t, t.jobs[0])
+    assert tree.host_switch == {"h1": "s1", "h2": "s2"}
+    assert tree.members == {"s1": ("h1", "s2"), "s2": ("h2",)}
 
 
 def test_defaults_ports_and_addresses() -> None:

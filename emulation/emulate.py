@@ -1,0 +1,341 @@
+"""``inalab emulate TOPOLOGY [ACTION]``: a topology in Mininet, then a bench, a CLI, or a wait.
+
+Builds the network of a topology file (``topologies/``) with inalab's switches, starts
+and configures them through the controller, and writes ``RUN_DIR/manifest.json``
+(P4Runtime endpoints, INA addresses, hosts and their namespaces). Then:
+
+- ``bench``: ``inalab bench``'s sweep with the ranks inside the Mininet hosts, across the
+  emulated links: INA (flat or hierarchical, as the topology's aggregating switches
+  say), CollNet (hosts with several ``ranks``) and Gloo's ring, the same tables, JSON
+  and plot;
+- ``up`` (default): keep the network up until Ctrl-C (or ``--seconds``), for your own
+  controller (``inalab ctl --manifest RUN_DIR/manifest.json --name s1``) and workers;
+- ``--cli``: Mininet's CLI once the network is up (after the bench, if one runs).
+
+Needs root (network namespaces) and Mininet's ``mnexec`` (``apt-get install mininet``).
+Everything this run created is removed on exit, whatever the exit.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import os
+import shutil
+import signal
+import sys
+import tempfile
+import time
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from emulation.argtypes import int_in, positive_float, probability
+
+if TYPE_CHECKING:
+    from emulation.bench.config import BenchConfig
+    from emulation.bench.fabric import Addr, InaSwitch
+    from emulation.bench.workers import Placement
+    from emulation.network import Emulation
+    from emulation.topology import Topology, TopologyJob
+
+__all__ = ["EmulatedFabric", "add_arguments", "apply_overrides", "run"]
+
+PROG = "inalab emulate"
+
+GLOO_PORT = 29500
+"""Gloo's rendezvous port at rank 0's host (a fresh namespace: nothing else holds it);
+each algorithm run takes the next one, so a lingering socket never gets in the way."""
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    """Declare ``inalab emulate``'s options and its ``bench`` and ``up`` actions."""
+    from emulation.bench.cli import add_arguments as bench_arguments
+
+    add = parser.add_argument
+    add("topology", type=Path, help="topology file (topologies/*.yaml or a topology.json)")
+    add("--run-dir", type=Path, help="logs, pcaps, manifest.json (default: a new temp dir)")
+    add("--bw", type=positive_float, metavar="MBIT", help="set every link's bandwidth")
+    add("--delay", type=_delay, metavar="DELAY", help="set every link's one-way delay")
+    add("--link-loss", type=probability(allow_one=False), metavar="P",
+        help="set every link's loss probability (each way)")  # fmt: skip
+    add("--switch-slots", type=int_in(1, 1 << 15), default=1024,
+        help="each switch's slot pool per set (default 1024)")  # fmt: skip
+    add("--pcap", action="store_true", help="switches record their ports into RUN_DIR/NAME.pcap")
+    add("--job", type=int, help="the topology job the bench uses (default: its first)")
+    add("--cli", action="store_true", help="open Mininet's CLI once the network is up")
+    sub = parser.add_subparsers(dest="action", metavar="ACTION")
+    bench = sub.add_parser("bench", help="allreduce sweep in the hosts (inalab bench's flags)")
+    bench_arguments(bench, emulated=True)
+    up = sub.add_parser("up", help="keep the network up until Ctrl-C (the default)")
+    up.add_argument("--seconds", type=float, help="stop after this long instead")
+
+
+def _delay(text: str) -> float:
+    from emulation.topology import TopologyError, parse_delay
+
+    try:
+        return parse_delay(text)
+    except TopologyError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+
+
+def apply_overrides(
+    topo: Topology,
+    bw: float | None = None,
+    delay: float | None = None,
+    loss: float | None = None,
+    lanes: int | None = None,
+) -> Topology:
+    """``topo`` with every link's bw/delay/loss and every soft switch's lanes replaced
+    where given (a pure function: the topology object stays data)."""
+    changes: dict[str, Any] = {}
+    if bw is not None:
+        changes["bw"] = bw
+    if delay is not None:
+        changes["delay"] = delay
+    if loss is not None:
+        changes["loss"] = loss
+    links = tuple(dataclasses.replace(link, **changes) for link in topo.links)
+    switches = tuple(
+        dataclasses.replace(s, lanes=lanes) if lanes is not None and s.kind == "soft" else s
+        for s in topo.switches
+    )
+    return dataclasses.replace(topo, links=links, switches=switches, _index={})
+
+
+def run(args: argparse.Namespace) -> int:
+    """Bring the network up, run the action, tear it down; 0 on success, 1 if a run
+    failed or gave wrong results, 2 on bad arguments or a machine that cannot emulate."""
+    from emulation.network import EmulationError
+    from emulation.topology import TopologyError, load_topology
+
+    try:
+        topo = load_topology(args.topology)
+        lanes = getattr(args, "lanes", None)
+        topo = apply_overrides(topo, args.bw, args.delay, args.link_loss, lanes)
+        job = _job(topo, args.job) if args.action == "bench" else None
+        _check_machine()
+    except (TopologyError, _Refused) as exc:
+        print(f"{PROG}: error: {exc}", file=sys.stderr)
+        return 2
+    run_dir = args.run_dir or Path(tempfile.mkdtemp(prefix="inalab-emulate-"))
+    run_dir.mkdir(parents=True, exist_ok=True)
+    try:
+        return _run(args, topo, job, run_dir)
+    except EmulationError as exc:
+        print(f"{PROG}: failed: {exc}", file=sys.stderr)
+        return 1
+    finally:
+        print(f"# run dir: {run_dir}")
+
+
+class _Refused(Exception):
+    """This machine or these flags cannot run the emulation."""
+
+
+def _check_machine() -> None:
+    if os.geteuid() != 0:
+        raise _Refused("needs root: Mininet creates network namespaces and veth pairs")
+    if shutil.which("mnexec") is None:
+        raise _Refused("mnexec not found: apt-get install -y mininet")
+
+
+def _job(topo: Topology, job_id: int | None) -> TopologyJob:
+    if not topo.jobs:
+        raise _Refused(f"topology {topo.name} has no jobs section: nothing to benchmark")
+    if job_id is None:
+        return topo.jobs[0]
+    for job in topo.jobs:
+        if job.job_id == job_id:
+            return job
+    raise _Refused(f"topology {topo.name} has no job {job_id}")
+
+
+def _run(args: argparse.Namespace, topo: Topology, job: TopologyJob | None, run_dir: Path) -> int:
+    from emulation.network import emulate
+
+    bench = args.action == "bench"
+    slots = args.slots if bench else 256
+    print(f"# {PROG}: {topo.name}: {len(topo.hosts)} hosts, {len(topo.switches)} switches,"
+          f" {len(topo.links)} links; starting", flush=True)  # fmt: skip
+    pool = max(args.switch_slots, slots)
+    seed = getattr(args, "seed", 0)
+    with emulate(topo, run_dir, pool, not bench, args.pcap, seed, slots) as em:
+        print(f"# manifest: {run_dir / 'manifest.json'}", flush=True)
+        status = 0
+        if bench:
+            assert job is not None
+            status = _bench(args, em, job, run_dir)
+        elif not args.cli:
+            _wait(getattr(args, "seconds", None))
+        if args.cli:
+            from mininet.cli import CLI
+
+            CLI(em.net)
+        _report_links(em, run_dir)
+        return status
+
+
+def _bench(args: argparse.Namespace, em: Emulation, job: TopologyJob, run_dir: Path) -> int:
+    from emulation.bench.cli import UsageError, config_from_args, run_bench
+    from emulation.bench.sweep import BenchError
+
+    fabric = EmulatedFabric(em, job, args.loss)
+    try:
+        cfg = config_from_args(args, workers=fabric.workers, ranks_per_host=1)
+        fabric.check(cfg)
+    except (UsageError, ValueError) as exc:
+        print(f"{PROG}: error: {exc}", file=sys.stderr)
+        return 2
+    meta = {
+        "emulation": {
+            "topology": em.topology.name,
+            "job": job.job_id,
+            "hosts": list(job.workers),
+            "links": [dataclasses.asdict(link) for link in em.topology.links],
+            "hierarchical": fabric.hierarchical,
+            "manifest": str(run_dir / "manifest.json"),
+        },
+        "loss_applies_to": "switch drop simulator (INA only); link loss in emulation.links",
+    }
+    try:
+        return run_bench(args, cfg, run_dir, fabric, meta)
+    except BenchError as exc:
+        print(f"{PROG}: failed: {exc}", file=sys.stderr)
+        return 1
+
+
+def _wait(seconds: float | None) -> None:
+    """Sleep until SIGINT/SIGTERM or ``seconds`` (the network stays up meanwhile)."""
+    stop = False
+
+    def _on_signal(signum: int, frame: object) -> None:
+        nonlocal stop
+        stop = True
+
+    old = signal.signal(signal.SIGTERM, _on_signal)
+    deadline = None if seconds is None else time.monotonic() + seconds
+    print("# up: Ctrl-C stops and removes the network", flush=True)
+    try:
+        while not stop and (deadline is None or time.monotonic() < deadline):
+            time.sleep(0.2)
+    except KeyboardInterrupt:
+        pass
+    finally:
+        signal.signal(signal.SIGTERM, old)
+
+
+def _report_links(em: Emulation, run_dir: Path) -> None:
+    files = sorted(run_dir.glob("*.links.json"))
+    if files:
+        print(f"# link emulation statistics: {', '.join(str(f) for f in files)}")
+
+
+class EmulatedFabric:
+    """Ranks in the Mininet hosts of one topology job; INA through its switches.
+
+    Rank order: the job's hosts in order, each host's ``ranks`` ranks in turn; rank k
+    of a host is its local rank k (0: the CollNet head).
+    """
+
+    def __init__(self, em: Emulation, job: TopologyJob, drop_probability: float = 0.0) -> None:
+        from emulation.topology import aggregation_tree
+
+        self.em, self.job, self.drop_probability = em, job, drop_probability
+        topo = em.topology
+        self.ranks = [(h, k) for h in job.workers for k in range(topo.host(h).ranks)]
+        self.workers = len(self.ranks)
+        self.hierarchical = aggregation_tree(topo, job).hierarchical
+        self.description = f"{topo.name} (Mininet hosts)"
+
+    def check(self, cfg: BenchConfig) -> None:
+        """The bench's lanes must be the switches' (``--lanes`` sets them at start).
+
+        Raises:
+            ValueError: they differ.
+        """
+        widths = {self.em.topology.switch(s).lanes for s in self.em.installed_switches(self.job)}
+        if widths != {cfg.lanes}:
+            raise ValueError(f"--lanes {cfg.lanes} but the job's switches have {sorted(widths)}")
+
+    def placements(self, workers: int) -> list[Placement]:
+        from emulation.bench.workers import Placement
+
+        if workers != self.workers:
+            raise ValueError(f"job {self.job.job_id} has {self.workers} ranks, not {workers}")
+        out = []
+        for host_name, k in self.ranks:
+            node = self.em.host(host_name)
+            out.append(
+                Placement(
+                    netns=f"/proc/{node.pid}/ns/net",
+                    bind_ip=self.em.topology.host(host_name).address,
+                    ifname=node.defaultIntf().name,
+                    host=self.job.workers.index(host_name),
+                    local_rank=k,
+                )
+            )
+        return out
+
+    def gloo_init(self, attempt: int) -> str:
+        first = self.em.topology.host(self.job.workers[0]).address
+        return f"tcp://{first}:{GLOO_PORT + attempt}"
+
+    @contextmanager
+    def ina_switch(self, cfg: BenchConfig, run_dir: Path) -> Iterator[InaSwitch]:
+        switches = self.em.installed_switches(self.job)
+        for s in switches:
+            self.em.controllers[s].set_drops(self.drop_probability, self.drop_probability)
+        try:
+            before = self.em.counters(switches)
+            for name in switches:
+                before[name]["cpu_ms"] = _cpu_ms(self.em.net.get(name).process.pid)
+            yield _EmulatedSwitch(self.em, self.job, switches, before)
+        finally:
+            for s in switches:
+                self.em.controllers[s].set_drops(0.0, 0.0)
+
+
+def _cpu_ms(pid: int) -> int:
+    """User + system CPU time of a process in ms (Linux ``/proc/PID/stat``)."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    ticks = int(fields[11]) + int(fields[12])  # utime, stime (fields 14 and 15)
+    return ticks * 1000 // os.sysconf("SC_CLK_TCK")
+
+
+class _EmulatedSwitch:
+    """The job's switches for one algorithm's run; they outlive it, so its statistics
+    are the change since ``before``."""
+
+    def __init__(
+        self,
+        em: Emulation,
+        job: TopologyJob,
+        switches: list[str],
+        before: dict[str, dict[str, int]],
+    ) -> None:
+        self.em, self.job, self.switches, self.before = em, job, switches, before
+
+    @property
+    def log_path(self) -> Path | None:
+        return None  # one log per switch, in the run directory
+
+    def install(
+        self, job_id: int, addrs: Sequence[Addr], hosts: Sequence[Placement]
+    ) -> list[tuple[Addr, int]]:
+        job = dataclasses.replace(self.job, job_id=job_id)
+        names = [self.job.workers[p.host] for p in hosts]
+        return self.em.install_job(job, list(zip(names, addrs, strict=True)))
+
+    def counters(self) -> dict[str, Any]:
+        """Each switch's statistics over the run, and ``cpu_ms``, the CPU time its process
+        used (near the run's wall time: the switch saturated a core)."""
+        after = self.em.counters(self.switches)
+        for name in self.switches:
+            after[name]["cpu_ms"] = _cpu_ms(self.em.net.get(name).process.pid)
+        return {s: {k: v - self.before[s].get(k, 0) for k, v in after[s].items()} for s in after}
+
+    def remove(self, job_id: int) -> None:
+        self.em.remove_job(job_id)

@@ -1,0 +1,164 @@
+"""``inalab emulate``: the command users run, end to end in Mininet (root).
+
+Each test runs the real CLI in a subprocess and checks what it prints and writes (the
+bench's JSON, the run manifest, the switches' statistics), and that nothing it created
+outlives it.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+pytestmark = [pytest.mark.root, pytest.mark.mininet]
+
+REPO = Path(__file__).resolve().parents[2]
+TOPOLOGIES = REPO / "topologies"
+TINY = ("-b", "4K", "-e", "64K", "-f", "16", "-n", "2", "-w", "1", "--lanes", "256")
+
+
+def _interfaces() -> set[str]:
+    """Mininet's interfaces (``<node>-eth<N>``); other tests may add veths meanwhile."""
+    return {n for n in os.listdir("/sys/class/net") if "-eth" in n}
+
+
+def _leftovers(run_dir: Path) -> set[int]:
+    """PIDs of Mininet host shells and of switch processes of this run (by run dir)."""
+    out = set()
+    for pid in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            cmd = Path(f"/proc/{pid}/cmdline").read_bytes()
+        except OSError:
+            continue
+        if cmd.startswith(b"mnexec") or str(run_dir).encode() in cmd:
+            out.add(int(pid))
+    return out
+
+
+@pytest.fixture
+def clean(tmp_path: Path) -> Iterator[None]:
+    """The run leaves no interface and no switch or host process behind."""
+    before_if, before_pids = _interfaces(), _leftovers(tmp_path)
+    yield
+    assert _interfaces() - before_if == set()
+    assert _leftovers(tmp_path) - before_pids == set()
+
+
+def _inalab(*args: str, timeout: float = 600, **kw: Any) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "emulation.cli", *args],
+        capture_output=True, text=True, timeout=timeout, cwd=REPO, **kw,
+    )  # fmt: skip
+
+
+def _ok(proc: subprocess.CompletedProcess[str]) -> None:
+    assert proc.returncode == 0, f"stdout:\n{proc.stdout[-3000:]}\nstderr:\n{proc.stderr[-3000:]}"
+
+
+def test_bench_on_star4_runs_ina_and_gloo_in_the_hosts(tmp_path: Path, clean: None) -> None:
+    out, png = tmp_path / "star4.json", tmp_path / "star4.png"
+    proc = _inalab("emulate", str(TOPOLOGIES / "star4.yaml"), "--run-dir",
+                   str(tmp_path / "run"), "bench", *TINY, "-d", "int32", "--json", str(out),
+                   "--plot", str(png))  # fmt: skip
+    _ok(proc)
+    doc = json.loads(out.read_text())
+    assert [(r["algo"], r["size_bytes"]) for r in doc["rows"]] == [
+        (a, s) for a in ("ina", "gloo") for s in (4096, 65536)
+    ]
+    assert all(r["wrong"] == 0 for r in doc["rows"])
+    meta = doc["metadata"]
+    assert meta["workers"] == 4 and meta["emulation"]["topology"] == "star4"
+    counters = meta["switch_counters"]["ina"]["s1"]
+    # 2 sizes x 3 calls x ceil(count / 256) packets per call, each completed once.
+    assert counters["completed"] == 3 * (4 + 64) and counters["drop_bad_source"] == 0
+    assert "star4 (Mininet hosts)" in proc.stdout
+    assert png.read_bytes()[:4] == b"\x89PNG"
+    manifest = json.loads((tmp_path / "run" / "manifest.json").read_text())
+    assert manifest["schema"] == "inalab.emulation/1"
+    assert set(manifest["switches"]) == {"s1"} and len(manifest["hosts"]) == 4
+    assert manifest["switches"]["s1"]["ina_address"]["ip"] == "10.255.255.1"
+    assert (tmp_path / "run" / "s1.log").exists()
+
+
+def test_collnet_on_two_hosts_of_two_ranks(tmp_path: Path, clean: None) -> None:
+    out = tmp_path / "collnet.json"
+    proc = _inalab("emulate", str(TOPOLOGIES / "collnet2x2.yaml"), "--run-dir",
+                   str(tmp_path / "run"), "bench", *TINY, "-d", "int32",
+                   "--algos", "ina,collnet,gloo", "--json", str(out))  # fmt: skip
+    _ok(proc)
+    doc = json.loads(out.read_text())
+    assert {r["algo"] for r in doc["rows"]} == {"ina", "collnet", "gloo"}
+    assert all(r["wrong"] == 0 for r in doc["rows"])
+    ina = doc["metadata"]["switch_counters"]
+    # Flat INA: 4 workers; CollNet: the 2 heads only, so half the contributions.
+    assert ina["ina"]["s1"]["aggregated"] == 2 * ina["collnet"]["s1"]["aggregated"]
+
+
+def test_hierarchical_leaf_spine(tmp_path: Path, clean: None) -> None:
+    out = tmp_path / "hier.json"
+    proc = _inalab("emulate", str(TOPOLOGIES / "leaf_spine_hier.yaml"), "--run-dir",
+                   str(tmp_path / "run"), "bench", *TINY, "-d", "int32", "--algos", "ina",
+                   "--json", str(out))  # fmt: skip
+    _ok(proc)
+    doc = json.loads(out.read_text())
+    assert all(r["wrong"] == 0 for r in doc["rows"])
+    assert doc["metadata"]["emulation"]["hierarchical"] is True
+    c = doc["metadata"]["switch_counters"]["ina"]
+    packets = 3 * (4 + 64)
+    # Each leaf sums its 4 hosts and sends one partial per slot use; the spine sums 2.
+    for leaf in ("leaf1", "leaf2"):
+        assert c[leaf]["aggregated"] == 4 * packets
+        # sent_upstream also counts partials re-sent for retransmitting hosts.
+        assert c[leaf]["sent_upstream"] - c[leaf]["upstream_resent"] == packets
+        assert c[leaf]["results_from_upstream"] == packets
+    assert c["spine"]["aggregated"] == 2 * packets
+    assert c["spine"]["completed"] == packets
+
+
+def test_up_serves_a_manifest_for_inalab_ctl_until_terminated(tmp_path: Path, clean: None) -> None:
+    run = tmp_path / "run"
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "emulation.cli", "emulate", str(TOPOLOGIES / "star4.yaml"),
+         "--run-dir", str(run), "up"],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=REPO,
+    )  # fmt: skip
+    try:
+        manifest = run / "manifest.json"
+        deadline = time.monotonic() + 120
+        while not manifest.exists():
+            assert proc.poll() is None, proc.communicate()
+            assert time.monotonic() < deadline, "no manifest"
+            time.sleep(0.2)
+        ctl = _inalab("ctl", "--manifest", str(manifest), "--name", "s1", "jobs", timeout=60)
+        _ok(ctl)
+        assert "job 1" in ctl.stdout or "1" in ctl.stdout.split()
+        # The topology's job is installed for rank 0 of each host at the fixed port.
+        assert "10.0.0.4:47000" in ctl.stdout
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        _, err = proc.communicate(timeout=120)
+    assert proc.returncode == 0, err[-3000:]
+
+
+def test_cli_reads_mininet_commands_from_stdin(tmp_path: Path, clean: None) -> None:
+    proc = _inalab("emulate", str(TOPOLOGIES / "star4.yaml"), "--run-dir", str(tmp_path),
+                   "--cli", input="h1 ping -c 1 -W 5 10.0.0.2\n")  # fmt: skip
+    _ok(proc)
+    assert "1 received" in proc.stdout + proc.stderr  # Mininet prints to stderr
+
+
+def test_refuses_a_topology_with_errors_before_building(tmp_path: Path, clean: None) -> None:
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("switches: {s1: {}}\nhosts: {h1: {}}\nlinks: [[h1, s9]]\n")
+    proc = _inalab("emulate", str(bad), "up", "--seconds", "0")
+    assert proc.returncode == 2
+    assert "links[0]" in proc.stderr and "s9" in proc.stderr
