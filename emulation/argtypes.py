@@ -7,9 +7,34 @@ usage error (exit 2, no traceback).
 from __future__ import annotations
 
 import argparse
+import re
 from collections.abc import Callable
 
-__all__ = ["int_in", "positive_float", "probability"]
+__all__ = ["delay", "int_in", "parse_delay_ms", "positive_float", "probability"]
+
+_DELAY = re.compile(r"^\s*([0-9]*\.?[0-9]+(?:[eE][-+]?[0-9]+)?)\s*(us|ms|s)?\s*$")
+_DELAY_MS = {"us": 1e-3, "ms": 1.0, "s": 1e3, None: 1.0}  # a bare number is ms
+
+
+def parse_delay_ms(text: str) -> float:
+    """A delay in ms from ``250us``, ``2ms``, ``0.1s`` or a bare number (ms): the units of
+    a topology file's ``delay``, ``inalab switch --link`` and ``inalab emulate --delay``.
+
+    Raises:
+        ValueError: not a non-negative number with an optional us/ms/s unit.
+    """
+    m = _DELAY.match(text)
+    if not m:
+        raise ValueError(f"delay {text!r} is not a number with us, ms or s (e.g. 2ms)")
+    return float(m.group(1)) * _DELAY_MS[m.group(2)]
+
+
+def delay(text: str) -> float:
+    """:func:`parse_delay_ms` for argparse."""
+    try:
+        return parse_delay_ms(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
 
 
 def int_in(lo: int, hi: int | None = None) -> Callable[[str], int]:

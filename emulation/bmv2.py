@@ -36,15 +36,14 @@ import subprocess
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from types import TracebackType
-from typing import IO, Any
+from typing import Any
 
 import grpc
 from p4.v1 import p4runtime_pb2, p4runtime_pb2_grpc
 
 from controller.p4info import DEFAULT_P4INFO_PATH, P4Info
 from controller.switch import SwitchController
-from emulation.softswitch.process import SwitchStartError
+from emulation.softswitch.process import RecordedProcess, SwitchStartError
 from hostlib.protocol import LANES_PER_PACKET, SWITCH_SLOTS
 
 __all__ = [
@@ -303,8 +302,11 @@ def _p4runtime_answers(address: str) -> bool:
 # --------------------------------------------------------------------- the process
 
 
-class Bmv2Process:
+class Bmv2Process(RecordedProcess):
     """One ``simple_switch_grpc`` with its ports, PID and log (``run_dir/NAME.log``).
+
+    Stopping, waiting and the PID are :class:`RecordedProcess`'s (``-SIGTERM`` is
+    bmv2's normal exit status).
 
     Args:
         run_dir: directory for ``NAME.log``, ``build/`` (compiles) and ``pcaps/``
@@ -329,6 +331,8 @@ class Bmv2Process:
         Bmv2Unavailable: ``tools`` not given and one needed is not on PATH.
     """
 
+    what = "bmv2"
+
     def __init__(
         self,
         run_dir: Path,
@@ -347,6 +351,7 @@ class Bmv2Process:
         start_timeout: float = 30.0,
         tools: Bmv2Tools | None = None,
     ) -> None:
+        super().__init__()
         self.interfaces = dict(sorted((interfaces or {}).items()))
         _check_ports(self.interfaces, cpu_port, grpc_port, thrift_port)
         if not 0 <= device_id < 1 << 64:
@@ -368,10 +373,7 @@ class Bmv2Process:
         """The command :meth:`start` ran (empty before)."""
         self._ports: tuple[int, int] | None = None
         self._pipeline: tuple[P4Info, bytes] | None = None
-        self._proc: subprocess.Popen[bytes] | None = None
-        self._log_file: IO[bytes] | None = None
         self._ready: dict[str, Any] | None = None
-        self.returncode: int | None = None
 
     def build_argv(self, grpc_port: int, thrift_port: int) -> list[str]:
         """The command line for these ports (pure: it starts nothing; :attr:`argv` is the
@@ -434,55 +436,7 @@ class Bmv2Process:
         logger.info("bmv2 pid %d ready: %s", self._proc.pid, self.interfaces)
         return self
 
-    def stop(self, timeout: float = 5.0) -> int | None:
-        """SIGTERM the recorded PID, wait, SIGKILL if it lingers; idempotent.
-
-        Returns:
-            the exit status (``-SIGTERM`` is bmv2's normal end), or None if never started.
-        """
-        proc = self._proc
-        if proc is not None and proc.returncode is None:
-            proc.terminate()
-            try:
-                proc.wait(timeout)
-            except subprocess.TimeoutExpired:
-                logger.warning("bmv2 pid %d ignored SIGTERM; killing it", proc.pid)
-                proc.kill()
-                proc.wait()
-        if proc is not None:
-            self.returncode = proc.returncode
-        if self._log_file is not None:
-            self._log_file.close()
-            self._log_file = None
-        return self.returncode
-
-    def is_running(self) -> bool:
-        """Whether the recorded process has not exited."""
-        return self._proc is not None and self._proc.poll() is None
-
-    def __enter__(self) -> Bmv2Process:
-        return self if self._proc is not None else self.start()
-
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        self.stop()
-
     # ----------------------------------------------------------------- what it realised
-    @property
-    def pid(self) -> int:
-        """PID of the switch process.
-
-        Raises:
-            RuntimeError: never started.
-        """
-        if self._proc is None:
-            raise RuntimeError("bmv2 process not started")
-        return self._proc.pid
-
     @property
     def device_id(self) -> int:
         """The switch's P4Runtime device id."""

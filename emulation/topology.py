@@ -27,6 +27,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from emulation.argtypes import parse_delay_ms
 from hostlib.protocol import MAX_WORKERS
 
 __all__ = [
@@ -41,7 +42,6 @@ __all__ = [
     "TopologyJob",
     "aggregation_tree",
     "load_topology",
-    "parse_delay",
     "parse_topology",
 ]
 
@@ -51,8 +51,6 @@ SWITCH_KINDS = ("soft", "bmv2")
 SWITCH_ROLES = ("aggregate", "forward")
 """``aggregate``: runs INA for the jobs that name it; ``forward``: forwards only."""
 
-_DELAY = re.compile(r"^\s*([0-9]*\.?[0-9]+)\s*(us|ms|s)?\s*$")
-_UNITS = {"us": 1e-3, "ms": 1.0, "s": 1e3, None: 1.0}
 _PORT = re.compile(r"^(?P<node>.+)-p(?P<port>[0-9]+)$")
 
 
@@ -359,21 +357,12 @@ def _number(
     return v
 
 
-def parse_delay(text: str) -> float:
-    """A delay in ms from text such as ``2ms``, ``250us``, ``0.1s`` or ``3`` (ms).
-
-    Raises:
-        TopologyError: not a delay.
-    """
-    return _delay(text, _At("delay"))
-
-
 def _delay(value: Any, at: _At) -> float:
     if isinstance(value, str):
-        m = _DELAY.match(value)
-        if not m:
-            raise at.error(f"expected a delay such as 2ms or 250us, got {value!r}")
-        return float(m.group(1)) * _UNITS[m.group(2)]
+        try:
+            return parse_delay_ms(value)
+        except ValueError:
+            raise at.error(f"expected a delay such as 2ms or 250us, got {value!r}") from None
     return _number(value, at, 0.0)
 
 

@@ -17,12 +17,13 @@ from __future__ import annotations
 
 import argparse
 import random
-import re
 import time
 from collections import deque
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any, TypeVar
+
+from emulation.argtypes import parse_delay_ms
 
 __all__ = [
     "DEFAULT_QUEUE",
@@ -43,9 +44,6 @@ DIRECTIONS = ("egress", "ingress")
 """The two directions of a port, as named in counters and in the link stats file."""
 
 F = TypeVar("F", bound=bytes | memoryview)
-
-_DELAY = re.compile(r"^\s*([0-9]*\.?[0-9]+(?:[eE][-+]?[0-9]+)?)\s*(us|ms|s)?\s*$")
-_DELAY_UNITS = {"us": 1e-6, "ms": 1e-3, "s": 1.0, None: 1e-3}  # a bare number is ms
 
 
 @dataclass(frozen=True)
@@ -80,15 +78,10 @@ class LinkSpec:
 def parse_delay(text: str) -> float:
     """Parse a delay such as ``250us``, ``2ms``, ``0.1s`` or ``2`` (ms) into seconds.
 
-    The units are those of a topology file's ``delay`` (``emulation/topology.py``).
-
     Raises:
         ValueError: not a non-negative number with an optional us/ms/s unit.
     """
-    m = _DELAY.match(text)
-    if not m:
-        raise ValueError(f"delay {text!r} is not a number with us, ms or s (e.g. 2ms)")
-    return float(m.group(1)) * _DELAY_UNITS[m.group(2)]
+    return parse_delay_ms(text) / 1e3
 
 
 def parse_link(text: str) -> tuple[int, LinkSpec]:

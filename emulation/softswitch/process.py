@@ -15,7 +15,7 @@ import sys
 import time
 from pathlib import Path
 from types import TracebackType
-from typing import IO, Any
+from typing import IO, Any, Self
 
 import grpc
 from p4.v1 import p4runtime_pb2, p4runtime_pb2_grpc
@@ -24,7 +24,7 @@ from controller.switch import SwitchController
 from emulation.softswitch.pipeline import Addr
 from hostlib.protocol import LANES_PER_PACKET, SWITCH_SLOTS
 
-__all__ = ["SoftSwitchProcess", "SwitchStartError"]
+__all__ = ["RecordedProcess", "SoftSwitchProcess", "SwitchStartError"]
 
 log = logging.getLogger(__name__)
 
@@ -40,7 +40,88 @@ class SwitchStartError(RuntimeError):
         self.log_path = log_path
 
 
-class SoftSwitchProcess:
+class RecordedProcess:
+    """A child process this run started, known by its recorded PID: stopped by SIGTERM,
+    then SIGKILL, never found by name; its output goes to a log file.
+
+    Subclasses set ``_proc`` and ``_log_file`` in :meth:`start`; ``what`` names the
+    process in messages.
+    """
+
+    what = "switch"
+
+    def __init__(self) -> None:
+        self._proc: subprocess.Popen[bytes] | None = None
+        self._log_file: IO[bytes] | None = None
+        self.returncode: int | None = None
+
+    def start(self) -> Self:
+        raise NotImplementedError
+
+    def stop(self, timeout: float = 5.0) -> int | None:
+        """SIGTERM the recorded PID, wait, SIGKILL if it lingers; idempotent.
+
+        Returns:
+            the exit status (negative: killed by that signal), or None if never started.
+        """
+        proc = self._proc
+        if proc is not None and proc.returncode is None:
+            proc.terminate()
+            try:
+                proc.wait(timeout)
+            except subprocess.TimeoutExpired:
+                log.warning("%s pid %d ignored SIGTERM; killing it", self.what, proc.pid)
+                proc.kill()
+                proc.wait()
+        if proc is not None:
+            self.returncode = proc.returncode
+        if self._log_file is not None:
+            self._log_file.close()
+            self._log_file = None
+        return self.returncode
+
+    def wait(self, timeout: float | None = None) -> int:
+        """Wait for the process to exit by itself (a signal sent by someone else, a crash).
+
+        Raises:
+            RuntimeError: never started.
+            subprocess.TimeoutExpired: still running after ``timeout`` seconds.
+        """
+        proc = self._require_proc()
+        self.returncode = proc.wait(timeout)
+        return self.returncode
+
+    def is_running(self) -> bool:
+        """Whether the recorded process has not exited."""
+        return self._proc is not None and self._proc.poll() is None
+
+    def __enter__(self) -> Self:
+        return self if self._proc is not None else self.start()
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.stop()
+
+    @property
+    def pid(self) -> int:
+        """PID of the process.
+
+        Raises:
+            RuntimeError: never started.
+        """
+        return self._require_proc().pid
+
+    def _require_proc(self) -> subprocess.Popen[bytes]:
+        if self._proc is None:
+            raise RuntimeError(f"{self.what} process not started")
+        return self._proc
+
+
+class SoftSwitchProcess(RecordedProcess):
     """One ``inalab switch`` subprocess with its addresses, PID and log.
 
     It runs ``python -m emulation.softswitch.cli`` (the same options and code as
@@ -90,10 +171,8 @@ class SoftSwitchProcess:
         ]  # fmt: skip
         for port, iface in (interfaces or {}).items():
             self.argv += ["--interface", f"{port}@{iface}"]
-        self._proc: subprocess.Popen[bytes] | None = None
-        self._log_file: IO[bytes] | None = None
+        super().__init__()
         self._ready: dict[str, Any] | None = None
-        self.returncode: int | None = None
 
     # ----------------------------------------------------------------- lifecycle
     def start(self) -> SoftSwitchProcess:
@@ -125,60 +204,7 @@ class SoftSwitchProcess:
             raise
         return self
 
-    def stop(self, timeout: float = 5.0) -> int | None:
-        """SIGTERM the recorded PID, wait, SIGKILL if it lingers; idempotent.
-
-        Returns:
-            the exit status (negative: killed by that signal), or None if never started.
-        """
-        proc = self._proc
-        if proc is not None and proc.returncode is None:
-            proc.terminate()
-            try:
-                proc.wait(timeout)
-            except subprocess.TimeoutExpired:
-                log.warning("switch pid %d ignored SIGTERM; killing it", proc.pid)
-                proc.kill()
-                proc.wait()
-        if proc is not None:
-            self.returncode = proc.returncode
-        if self._log_file is not None:
-            self._log_file.close()
-            self._log_file = None
-        return self.returncode
-
-    def wait(self, timeout: float | None = None) -> int:
-        """Wait for the process to exit by itself (a signal sent by someone else, a crash).
-
-        Raises:
-            RuntimeError: never started.
-            subprocess.TimeoutExpired: still running after ``timeout`` seconds.
-        """
-        proc = self._require_proc()
-        self.returncode = proc.wait(timeout)
-        return self.returncode
-
-    def __enter__(self) -> SoftSwitchProcess:
-        return self if self._proc is not None else self.start()
-
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        self.stop()
-
     # ----------------------------------------------------------------- what it realised
-    @property
-    def pid(self) -> int:
-        """PID of the switch process.
-
-        Raises:
-            RuntimeError: never started.
-        """
-        return self._require_proc().pid
-
     @property
     def data_addr(self) -> Addr:
         """The UDP ``(ip, port)`` workers send to (from the ready file)."""
@@ -220,11 +246,6 @@ class SoftSwitchProcess:
             timeout=timeout,
         )
 
-    def is_running(self) -> bool:
-        """Whether the recorded process has not exited."""
-        return self._proc is not None and self._proc.poll() is None
-
-    # ----------------------------------------------------------------- readiness
     def _wait_ready(self, proc: subprocess.Popen[bytes]) -> None:
         deadline = time.monotonic() + self.start_timeout
         while True:
@@ -261,11 +282,6 @@ class SoftSwitchProcess:
         finally:
             channel.close()
         return True
-
-    def _require_proc(self) -> subprocess.Popen[bytes]:
-        if self._proc is None:
-            raise RuntimeError("switch process not started")
-        return self._proc
 
     def _require_ready(self) -> dict[str, Any]:
         if self._ready is None:
