@@ -31,7 +31,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from emulation.argtypes import int_in, positive_float, probability
+from emulation.argtypes import delay, int_in, positive_float, probability
 
 if TYPE_CHECKING:
     from emulation.bench.config import BenchConfig
@@ -57,7 +57,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     add("topology", type=Path, help="topology file (topologies/*.yaml or a topology.json)")
     add("--run-dir", type=Path, help="logs, pcaps, manifest.json (default: a new temp dir)")
     add("--bw", type=positive_float, metavar="MBIT", help="set every link's bandwidth")
-    add("--delay", type=_delay, metavar="DELAY", help="set every link's one-way delay")
+    add("--delay", type=delay, metavar="DELAY", help="set every link's one-way delay")
     add("--link-loss", type=probability(allow_one=False), metavar="P",
         help="set every link's loss probability (each way)")  # fmt: skip
     add("--switch-slots", type=int_in(1, 1 << 15), default=1024,
@@ -70,15 +70,6 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     bench_arguments(bench, emulated=True)
     up = sub.add_parser("up", help="keep the network up until Ctrl-C (the default)")
     up.add_argument("--seconds", type=float, help="stop after this long instead")
-
-
-def _delay(text: str) -> float:
-    from emulation.topology import TopologyError, parse_delay
-
-    try:
-        return parse_delay(text)
-    except TopologyError as exc:
-        raise argparse.ArgumentTypeError(str(exc)) from None
 
 
 def apply_overrides(
@@ -109,6 +100,7 @@ def run(args: argparse.Namespace) -> int:
     """Bring the network up, run the action, tear it down; 0 on success, 1 if a run
     failed or gave wrong results, 2 on bad arguments or a machine that cannot emulate."""
     from emulation.network import EmulationError
+    from emulation.softswitch.process import SwitchStartError
     from emulation.topology import TopologyError, load_topology
 
     try:
@@ -121,10 +113,14 @@ def run(args: argparse.Namespace) -> int:
         print(f"{PROG}: error: {exc}", file=sys.stderr)
         return 2
     run_dir = args.run_dir or Path(tempfile.mkdtemp(prefix="inalab-emulate-"))
-    run_dir.mkdir(parents=True, exist_ok=True)
+    try:
+        run_dir.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        print(f"{PROG}: error: run directory {run_dir}: {exc.strerror}", file=sys.stderr)
+        return 2
     try:
         return _run(args, topo, job, run_dir)
-    except EmulationError as exc:
+    except (EmulationError, SwitchStartError) as exc:
         print(f"{PROG}: failed: {exc}", file=sys.stderr)
         return 1
     finally:

@@ -490,7 +490,13 @@ def emulate(
             params: dict[str, Any] = {"port1": link.a_port, "port2": link.b_port}
             if link.bw is not None:
                 params["bw"] = link.bw
-            net.addLink(link.a, link.b, **params)
+            try:
+                net.addLink(link.a, link.b, **params)
+            except Exception as exc:  # Mininet raises bare Exception for ip link errors
+                raise EmulationError(
+                    f"link {link.a}-{link.b}: {exc} (is another emulation of a topology with "
+                    "these node names running?)"
+                ) from exc
         net.build()
         _shape_extras(net, topo, _mtu_for(topo))
         net.start()

@@ -27,6 +27,7 @@ from emulation.bench.config import (
     DEFAULT_ALGORITHMS,
     DEFAULT_BENCH_LANES,
     DEFAULT_BENCH_SLOTS,
+    DEFAULT_EMULATED_SLOTS,
     ELEMENT_BYTES,
     BenchConfig,
     align_down,
@@ -102,11 +103,12 @@ def add_arguments(parser: argparse.ArgumentParser, emulated: bool = False) -> No
         default=DEFAULT_BENCH_LANES,
         help=f"int32 lanes per INA packet (default {DEFAULT_BENCH_LANES})",
     )
+    slots = DEFAULT_EMULATED_SLOTS if emulated else DEFAULT_BENCH_SLOTS
     add(
         "--slots",
         type=int_in(1, MAX_SLOT + 1),
-        default=DEFAULT_BENCH_SLOTS,
-        help=f"INA job slots, the outstanding window (default {DEFAULT_BENCH_SLOTS})",
+        default=slots,
+        help=f"INA job slots, the outstanding window (default {slots})",
     )
     add("--seed", type=int, default=0, help="seed of inputs and the drop simulator")
     add("--timeout", type=positive_float, default=10.0, help="host no-progress deadline (s)")

@@ -17,6 +17,7 @@ __all__ = [
     "DEFAULT_ALGORITHMS",
     "DEFAULT_BENCH_LANES",
     "DEFAULT_BENCH_SLOTS",
+    "DEFAULT_EMULATED_SLOTS",
     "ELEMENT_BYTES",
     "INA_ALGORITHMS",
     "BenchConfig",
@@ -36,6 +37,13 @@ DEFAULT_BENCH_SLOTS = 32
 """The INA job's slots (its window of outstanding packets per worker) in bench runs. The
 loopback bandwidth-delay product is tiny; a larger window only lengthens the queues of
 processes sharing the CPU and turns queueing delay into spurious retransmissions."""
+
+DEFAULT_EMULATED_SLOTS = 8
+"""The INA window in ``inalab emulate ... bench``: 8 packets of 8 KiB are 5 ms of a
+100 Mbit/s link. The window is the queue a worker keeps in its shaped link, and a
+longer queue turns into RTT variance and spurious retransmissions (measured, star4,
+16 MiB: at 100 Mbit/s 1.47 s with 8 slots, 2.79 s with 32; at 1 Gbit/s 0.77 s with 8,
+1.02 s with 32, where the switch is the bottleneck)."""
 
 ALGORITHMS = ("ina", "collnet", "gloo")
 """Allreduce implementations the bench knows, in the order they run: flat INA (every rank

@@ -162,3 +162,11 @@ def test_refuses_a_topology_with_errors_before_building(tmp_path: Path, clean: N
     proc = _inalab("emulate", str(bad), "up", "--seconds", "0")
     assert proc.returncode == 2
     assert "links[0]" in proc.stderr and "s9" in proc.stderr
+
+
+def test_a_run_dir_that_is_a_file_is_refused(tmp_path: Path, clean: None) -> None:
+    taken = tmp_path / "taken"
+    taken.write_text("")
+    proc = _inalab("emulate", str(TOPOLOGIES / "star4.yaml"), "--run-dir", str(taken), "up")
+    assert proc.returncode == 2
+    assert "run directory" in proc.stderr and "Traceback" not in proc.stderr
