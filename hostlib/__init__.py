@@ -13,7 +13,10 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:
     from hostlib.collnet import CollNetAllreduce, CollNetError, LocalGroup, ina_inter
     from hostlib.ina import InaAllreduce, InaError, InaTimeoutError, JobSpec, RetryPolicy
+    from hostlib.p2p import P2pError, P2pTimeoutError, PeerSpec
+    from hostlib.ring import RingAllreduce
     from hostlib.session import InaSession
+    from hostlib.tree import TreeAllreduce
 
 __all__ = [
     "CollNetAllreduce",
@@ -24,13 +27,20 @@ __all__ = [
     "InaTimeoutError",
     "JobSpec",
     "LocalGroup",
+    "P2pError",
+    "P2pTimeoutError",
+    "PeerSpec",
     "RetryPolicy",
+    "RingAllreduce",
+    "TreeAllreduce",
     "ina_inter",
 ]
 
 _HOME = (
     {name: "hostlib.ina" for name in __all__}
     | {"InaSession": "hostlib.session"}
+    | dict.fromkeys(("P2pError", "P2pTimeoutError", "PeerSpec"), "hostlib.p2p")
+    | {"RingAllreduce": "hostlib.ring", "TreeAllreduce": "hostlib.tree"}
     | dict.fromkeys(
         ("CollNetAllreduce", "CollNetError", "LocalGroup", "ina_inter"), "hostlib.collnet"
     )

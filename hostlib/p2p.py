@@ -1,0 +1,580 @@
+"""Reliable point-to-point messages between workers, for the host-based collectives.
+
+Layer: hostlib, beside ``hostlib.ina``. Ring and tree allreduce (``hostlib.ring``,
+``hostlib.tree``) run over the same :class:`~hostlib.transport.base.Transport` and the
+same packet size as INA, so the three compare on equal terms. This module owns:
+
+* :class:`PeerSpec`: a worker's rank and every rank's address;
+* :class:`P2pEndpoint`: the sans-I/O reliable channels of one worker's session (per-peer
+  sequence numbers, selective + cumulative acks, a send window, retransmission with the
+  adaptive timeout of :class:`~hostlib.ina.RetryPolicy`, duplicate suppression);
+* :class:`CollectiveCall`: one call of a collective as a state machine with the driving
+  interface of :class:`~hostlib.ina.InaAllreduce` (``start``, ``on_datagram``,
+  ``on_timer``, ``next_wakeup``, ``done``), so ``hostlib.transport.memory.FakeNetwork``
+  runs it in virtual time with loss, duplication and reordering;
+* :class:`PeerCollective`: the session driver over a real transport.
+
+Wire header (16 bytes, big-endian fields; the payload is little-endian int32 or float32,
+since only hosts read it)::
+
+    0      vt:8       0xA1 DATA, 0xA2 ACK. The high nibble P2P_VERSION (0xA) is where
+                      INA has its protocol version (1): an INA parser rejects these as an
+                      unknown version, and INA datagrams never reach a peer's port.
+    1      flags:8    FLAG_RESEND on a retransmitted DATA (statistics and pcaps only)
+    2      src:8      sender's rank
+    3      dst:8      receiver's rank: the driver (or a router on the fake network)
+                      sends to the address of this rank
+    4..7   seq:32     DATA: packet number on the src->dst channel, from 1, continuing
+                      across the calls of a session. ACK: the number acknowledged
+    8..11  aux:32     DATA: tag, the message's place in the call (the collective's step
+                      and chunk). ACK: cumulative, every number <= aux has arrived
+    12..13 call:16    the session's call number mod 2**16: a packet of another call is
+                      never taken for this one (ACK: echoes the DATA's)
+    14..15 count:16   DATA: 4-byte elements in the payload (<= lanes); ACK: 0
+
+A message's payload is copied when it is queued, so the sender may overwrite its buffer
+at once (the ring's all-gather does). Packets of the *next* call (a faster peer) are
+acknowledged and kept until that call starts; a call never runs two ahead, since an
+allreduce cannot complete without every rank's input.
+"""
+
+from __future__ import annotations
+
+import heapq
+import math
+import struct
+import time
+from collections import deque
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from hostlib.ina import Addr, InaError, InaTimeoutError, RetryPolicy, _Rtt
+from hostlib.protocol import DEFAULT_SLOTS_PER_JOB, FLAG_RESEND, LANES_PER_PACKET, MAX_LANES
+from hostlib.session import _as_numpy
+from hostlib.transport.base import Transport
+
+__all__ = [
+    "P2P_ACK",
+    "P2P_DATA",
+    "P2P_HEADER",
+    "P2P_VERSION",
+    "CollectiveCall",
+    "P2pEndpoint",
+    "P2pError",
+    "P2pStats",
+    "P2pTimeoutError",
+    "PeerCollective",
+    "PeerSpec",
+]
+
+P2P_VERSION = 0xA
+"""High nibble of byte 0 of every p2p datagram (INA's is ``PROTOCOL_VERSION`` = 1)."""
+P2P_DATA = (P2P_VERSION << 4) | 1
+P2P_ACK = (P2P_VERSION << 4) | 2
+P2P_HEADER = struct.Struct("!BBBBIIHH")
+"""vt, flags, src, dst, seq, aux (tag | cumulative ack), call, count: 16 bytes."""
+
+_HSIZE = P2P_HEADER.size
+_SEQ_MAX = 0xFFFFFFFF  # a channel carries at most 2**32-1 packets per session (no wrap)
+_MAX_RANKS = 256  # src/dst are 8-bit
+_RECV_BYTES = 65536
+
+Handler = Callable[[int, int, memoryview, float], None]
+"""``handler(src_rank, tag, payload, now)``: one new message of the current call."""
+
+
+class P2pError(InaError):
+    """A point-to-point collective could not complete (or peers disagree on the call)."""
+
+
+class P2pTimeoutError(P2pError, InaTimeoutError):
+    """A peer stopped answering for longer than the policy's deadline."""
+
+
+@dataclass(frozen=True)
+class PeerSpec:
+    """This worker's place among its peers.
+
+    Args:
+        rank: this worker's rank.
+        addrs: every rank's transport address, in rank order.
+        lanes: 4-byte elements per packet (INA's ``lanes``, for an equal packet size).
+        window: unacknowledged packets in flight per peer.
+
+    Raises:
+        ValueError: a field out of range.
+    """
+
+    rank: int
+    addrs: tuple[Addr, ...]
+    lanes: int = LANES_PER_PACKET
+    window: int = DEFAULT_SLOTS_PER_JOB
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "addrs", tuple(tuple(a) for a in self.addrs))
+        if not 1 <= len(self.addrs) <= _MAX_RANKS:
+            raise ValueError(f"{len(self.addrs)} ranks outside 1..{_MAX_RANKS}")
+        if len(set(self.addrs)) != len(self.addrs):
+            raise ValueError("two ranks share an address")
+        checks = (
+            ("rank", self.rank, 0, len(self.addrs) - 1),
+            ("lanes", self.lanes, 1, MAX_LANES),
+            ("window", self.window, 1, 1 << 20),
+        )
+        for name, value, lo, hi in checks:
+            if not lo <= value <= hi:
+                raise ValueError(f"{name}={value} outside {lo}..{hi}")
+
+    @property
+    def world_size(self) -> int:
+        return len(self.addrs)
+
+
+@dataclass
+class P2pStats:
+    sent: int = 0
+    retransmitted: int = 0
+    duplicates: int = 0
+    foreign: int = 0
+
+
+@dataclass
+class _Pending:
+    packet: bytearray
+    sent_at: float
+    rto: float
+    deadline: float
+    resent: bool = False
+
+
+class _Channel:
+    """Both directions of the link to one peer."""
+
+    def __init__(self) -> None:
+        self.next_seq = 1
+        self.inflight: dict[int, _Pending] = {}  # insertion order = seq order
+        self.queue: deque[tuple[int, bytearray]] = deque()  # waiting for the window
+        self.cum = 0  # every seq <= cum has arrived
+        self.above: set[int] = set()  # arrived seqs > cum
+
+
+class P2pEndpoint:
+    """One worker's reliable channels to all peers, kept across the calls of a session.
+
+    Sans-I/O: datagrams go in through :meth:`on_datagram`, packets to send come out of
+    :meth:`take_outbox` (each addressed by its ``dst`` byte), time is passed in.
+
+    Args:
+        spec: rank, addresses, packet size and window.
+        policy: retransmission timing (the timeout adapts to the measured round trip).
+    """
+
+    def __init__(self, spec: PeerSpec, policy: RetryPolicy | None = None) -> None:
+        self.spec = spec
+        self.policy = policy or RetryPolicy()
+        self.rtt = _Rtt(self.policy.timeout)
+        self.stats = P2pStats()
+        self.call = 0  # number of the current (or last) call; the first is 1
+        self.last_progress = 0.0  # last new data or new ack
+        self.last_rx = -math.inf  # last datagram of any kind from a peer
+        self._peers = [_Channel() for _ in spec.addrs]
+        self._timers: list[tuple[float, int, int]] = []
+        self._outbox: list[bytes | bytearray] = []
+        self._handler: Handler | None = None
+        self._stash: list[tuple[int, int, bytes]] = []  # messages of the next call
+
+    # ------------------------------------------------------------------ calls
+    def begin_call(self, handler: Handler, now: float) -> list[tuple[int, int, bytes]]:
+        """Start the next call; return the messages of it that arrived early."""
+        self.call += 1
+        self._handler = handler
+        self.last_progress = now
+        early, self._stash = self._stash, []
+        return early
+
+    def end_call(self) -> None:
+        self._handler = None
+
+    @property
+    def unacked(self) -> bool:
+        """Whether any sent or queued packet still waits for its ack."""
+        return any(ch.inflight or ch.queue for ch in self._peers)
+
+    def waiting_for(self) -> dict[int, int]:
+        """Unacknowledged packets per peer rank (for error messages)."""
+        return {
+            r: len(ch.inflight) + len(ch.queue)
+            for r, ch in enumerate(self._peers)
+            if ch.inflight or ch.queue
+        }
+
+    # ------------------------------------------------------------------ sending
+    def send(self, dst: int, tag: int, payload: np.ndarray, now: float) -> None:
+        """Queue one message (at most ``spec.lanes`` int32/float32 elements) for ``dst``.
+
+        Raises:
+            ValueError: a bad destination, tag or payload size.
+            P2pError: the channel ran out of sequence numbers.
+        """
+        if not 0 <= dst < self.spec.world_size or dst == self.spec.rank:
+            raise ValueError(f"no peer rank {dst}")
+        if payload.size > self.spec.lanes or not 0 <= tag <= 0xFFFFFFFF:
+            raise ValueError(f"payload of {payload.size} elements or tag {tag} out of range")
+        ch = self._peers[dst]
+        seq = ch.next_seq
+        if seq > _SEQ_MAX:
+            raise P2pError(f"channel to rank {dst} ran out of sequence numbers")
+        ch.next_seq += 1
+        packet = bytearray(_HSIZE + 4 * payload.size)
+        P2P_HEADER.pack_into(
+            packet, 0, P2P_DATA, 0, self.spec.rank, dst, seq, tag, self.call & 0xFFFF, payload.size
+        )
+        packet[_HSIZE:] = payload.astype(payload.dtype.newbyteorder("<"), copy=False).tobytes()
+        if len(ch.inflight) < self.spec.window:
+            self._transmit(dst, seq, packet, now)
+        else:
+            ch.queue.append((seq, packet))
+
+    def _transmit(self, dst: int, seq: int, packet: bytearray, now: float) -> None:
+        rto = self.rtt.rto
+        self._peers[dst].inflight[seq] = _Pending(packet, now, rto, now + rto)
+        heapq.heappush(self._timers, (now + rto, dst, seq))
+        self._outbox.append(packet)
+        self.stats.sent += 1
+
+    def take_outbox(self) -> list[bytes | bytearray]:
+        out, self._outbox = self._outbox, []
+        return out
+
+    @property
+    def has_output(self) -> bool:
+        return bool(self._outbox)
+
+    # ------------------------------------------------------------------ receiving
+    def on_datagram(self, data: memoryview, now: float) -> None:
+        """Take one datagram: an ack frees window, new data goes to the call's handler."""
+        if len(data) < _HSIZE:
+            self.stats.foreign += 1
+            return
+        vt, _flags, src, dst, seq, aux, call, count = P2P_HEADER.unpack_from(data)
+        n = self.spec.world_size
+        if dst != self.spec.rank or src >= n or src == dst:
+            self.stats.foreign += 1
+        elif vt == P2P_ACK:
+            self.last_rx = now
+            self._on_ack(src, seq, aux, now)
+        elif vt == P2P_DATA and len(data) == _HSIZE + 4 * count:
+            self.last_rx = now
+            self._on_data(src, seq, aux, call, data[_HSIZE:], now)
+        else:
+            self.stats.foreign += 1
+
+    def _on_data(
+        self, src: int, seq: int, tag: int, call: int, payload: memoryview, now: float
+    ) -> None:
+        ch = self._peers[src]
+        if seq <= ch.cum or seq in ch.above:
+            self.stats.duplicates += 1  # our ack was lost or late: acknowledge again
+        else:
+            ahead = (call - self.call) & 0xFFFF
+            if ahead == 0 and self._handler is not None:
+                self._handler(src, tag, payload, now)
+            elif ahead == 1:
+                self._stash.append((src, tag, bytes(payload)))
+            else:  # cannot happen between correct peers: do not acknowledge it
+                self.stats.foreign += 1
+                return
+            self.last_progress = now
+            if seq == ch.cum + 1:
+                ch.cum = seq
+                while ch.cum + 1 in ch.above:
+                    ch.cum += 1
+                    ch.above.discard(ch.cum)
+            else:
+                ch.above.add(seq)
+        self._outbox.append(P2P_HEADER.pack(P2P_ACK, 0, self.spec.rank, src, seq, ch.cum, call, 0))
+
+    def _on_ack(self, src: int, seq: int, cum: int, now: float) -> None:
+        ch = self._peers[src]
+        pending = ch.inflight.pop(seq, None)
+        if pending is not None:
+            self._acked(pending, now)
+        while ch.inflight:
+            first = next(iter(ch.inflight))
+            if first > cum:
+                break
+            self._acked(ch.inflight.pop(first), now)
+        while ch.queue and len(ch.inflight) < self.spec.window:
+            qseq, packet = ch.queue.popleft()
+            self._transmit(src, qseq, packet, now)
+
+    def _acked(self, pending: _Pending, now: float) -> None:
+        self.last_progress = now
+        if not pending.resent:  # Karn's rule: a retransmitted packet's ack is ambiguous
+            self.rtt.update(now - pending.sent_at, self.policy)
+
+    # ------------------------------------------------------------------ timers
+    def next_timer(self) -> float:
+        return self._timers[0][0] if self._timers else math.inf
+
+    def on_timer(self, now: float) -> None:
+        """Retransmit every packet whose timeout expired (into the outbox)."""
+        timers, policy = self._timers, self.policy
+        backed_off = False
+        while timers and timers[0][0] <= now:
+            deadline, dst, seq = heapq.heappop(timers)
+            pending = self._peers[dst].inflight.get(seq)
+            if pending is None or pending.deadline != deadline:
+                continue  # acknowledged, or re-armed since
+            if not backed_off:  # RFC 6298 5.5, once per expiry: new packets wait longer too
+                self.rtt.rto = min(self.rtt.rto * policy.backoff, policy.max_timeout)
+                backed_off = True
+            pending.rto = min(pending.rto * policy.backoff, policy.max_timeout)
+            pending.deadline = now + pending.rto
+            pending.resent = True
+            pending.packet[1] |= FLAG_RESEND
+            heapq.heappush(timers, (pending.deadline, dst, seq))
+            self._outbox.append(pending.packet)
+            self.stats.sent += 1
+            self.stats.retransmitted += 1
+
+
+class CollectiveCall:
+    """One call of a host-based collective on one worker, as a state machine.
+
+    Subclasses plan the messages in :meth:`_begin` and react to each new one in
+    :meth:`_on_message`, counting down ``_remaining`` (messages still expected). The call
+    is done when nothing is expected, every sent packet is acknowledged, and no datagram
+    arrived for ``linger`` seconds (a peer whose last ack we lost retransmits within its
+    timeout; a session instead answers such late packets in its next call or in close).
+
+    Args:
+        endpoint: the worker's session channels.
+        data: 1-D int32 or float32 array (not modified).
+        linger: quiet time before :attr:`done` (0 in a session).
+
+    Raises:
+        TypeError: data is not int32/float32.
+        ValueError: data is not 1-D.
+    """
+
+    def __init__(self, endpoint: P2pEndpoint, data: np.ndarray, linger: float = 0.0) -> None:
+        if data.dtype not in (np.float32, np.int32):
+            raise TypeError(f"allreduce supports float32 and int32, not {data.dtype}")
+        if data.ndim != 1:
+            raise ValueError("allreduce takes a 1-D array")
+        self.endpoint = endpoint
+        self.spec = endpoint.spec
+        self.data = data
+        self.out = data.copy()
+        self.linger = linger
+        self._wire_dtype = data.dtype.newbyteorder("<")
+        self._remaining = 0
+        self._done = False
+
+    # ------------------------------------------------------------------ for subclasses
+    def _begin(self, now: float) -> None:
+        raise NotImplementedError
+
+    def _on_message(self, src: int, tag: int, payload: memoryview, now: float) -> None:
+        raise NotImplementedError
+
+    def _received(self, payload: memoryview, lo: int, hi: int) -> np.ndarray:
+        """``payload`` as elements, checked to fill ``out[lo:hi]``."""
+        if len(payload) != 4 * (hi - lo):
+            raise P2pError(
+                f"rank {self.spec.rank} call {self.endpoint.call}: a message of "
+                f"{len(payload) // 4} elements where {hi - lo} were expected "
+                "(do all ranks call with the same sizes?)"
+            )
+        self._remaining -= 1
+        return np.frombuffer(payload, dtype=self._wire_dtype)
+
+    def _bad_tag(self, src: int, tag: int) -> P2pError:
+        return P2pError(
+            f"rank {self.spec.rank} call {self.endpoint.call}: unexpected message {tag} "
+            f"from rank {src} (do all ranks call with the same sizes and algorithm?)"
+        )
+
+    # ------------------------------------------------------------------ driving
+    @property
+    def done(self) -> bool:
+        return self._done
+
+    def start(self, now: float) -> list[bytes | bytearray]:
+        """Begin the call; return the first packets to send."""
+        early = self.endpoint.begin_call(self._on_message, now)
+        self._begin(now)
+        for src, tag, payload in early:
+            self._on_message(src, tag, memoryview(payload), now)
+        self._check(now)
+        return self.endpoint.take_outbox()
+
+    def on_datagram(self, data: memoryview, now: float) -> None:
+        """Take one datagram; what it causes to send comes out of the next on_timer."""
+        self.endpoint.on_datagram(data, now)
+        self._check(now)
+
+    def next_wakeup(self) -> float:
+        """When :meth:`on_timer` has work next."""
+        ep = self.endpoint
+        if ep.has_output:
+            return -math.inf
+        wake = min(ep.next_timer(), ep.last_progress + ep.policy.deadline)
+        if self._remaining == 0 and not ep.unacked:
+            wake = min(wake, ep.last_rx + self.linger)
+        return wake
+
+    def on_timer(self, now: float) -> list[bytes | bytearray]:
+        """Packets to send at ``now``: acks, forwarded chunks, retransmissions.
+
+        Raises:
+            P2pTimeoutError: no new data or ack for longer than the policy's deadline.
+        """
+        ep = self.endpoint
+        ep.on_timer(now)
+        self._check(now)
+        waiting = not self._done and (self._remaining or ep.unacked)
+        if waiting and now >= ep.last_progress + ep.policy.deadline:
+            raise P2pTimeoutError(self._timeout_message(now))
+        return ep.take_outbox()
+
+    def _check(self, now: float) -> None:
+        ep = self.endpoint
+        if self._done or self._remaining or ep.unacked:
+            return
+        if now >= ep.last_rx + self.linger:
+            self._done = True
+            ep.end_call()
+
+    def _timeout_message(self, now: float) -> str:
+        ep = self.endpoint
+        return (
+            f"rank {self.spec.rank} call {ep.call}: no progress for "
+            f"{now - ep.last_progress:.3f} s (deadline {ep.policy.deadline} s); "
+            f"{self._remaining} messages still expected, unacknowledged packets per peer "
+            f"{ep.waiting_for()}, {ep.stats.retransmitted} retransmissions"
+        )
+
+    def result(self) -> np.ndarray:
+        """The reduced array (the input's dtype and size).
+
+        Raises:
+            P2pError: the call has not completed.
+        """
+        if not self._done:
+            raise P2pError("allreduce has not completed")
+        return self.out
+
+
+class PeerCollective:
+    """A worker's session of a host-based allreduce over a real transport.
+
+    Every rank must make the same sequence of calls with the same sizes and dtypes.
+
+    Args:
+        spec: this worker's rank and every rank's address.
+        transport: a bound transport at ``spec.addrs[spec.rank]``.
+        policy: retransmission timing and the no-progress deadline.
+    """
+
+    _call_type: type[CollectiveCall] = CollectiveCall
+
+    def __init__(
+        self, spec: PeerSpec, transport: Transport, policy: RetryPolicy | None = None
+    ) -> None:
+        self.spec = spec
+        self.transport = transport
+        self.endpoint = P2pEndpoint(spec, policy)
+        self._ranks = {addr: rank for rank, addr in enumerate(spec.addrs)}
+        self._buf = bytearray(_RECV_BYTES)
+        self._broken: str | None = None
+
+    @property
+    def retransmissions(self) -> int:
+        return self.endpoint.stats.retransmitted
+
+    def allreduce(self, x: Any, inplace: bool = False) -> Any:
+        """Sum ``x`` over all ranks; every rank gets the same bytes.
+
+        Args:
+            x: a float32 or int32 numpy array or torch CPU tensor, any shape.
+            inplace: write the result into ``x`` (and return it).
+
+        Returns:
+            The sum, of ``x``'s type, dtype and shape. int32 sums wrap; float32 sums are
+            added in float32, within ``(n-1) * 2**-24 * sum|x|`` per element (first order).
+
+        Raises:
+            TypeError: unsupported type or dtype, or a non-CPU tensor.
+            P2pTimeoutError: a peer stopped answering for ``policy.deadline``.
+            P2pError: peers disagree on the call, or the session broke earlier.
+        """
+        if self._broken:
+            raise P2pError(f"session unusable after an earlier failure: {self._broken}")
+        array, wrap = _as_numpy(x)
+        flat = np.ascontiguousarray(array).reshape(-1)
+        call = self._call_type(self.endpoint, flat)
+        try:
+            self._drive(call)
+        except P2pError as exc:
+            self._broken = str(exc)
+            raise
+        result = call.result().reshape(array.shape)
+        if inplace:
+            array[...] = result
+            return x
+        return wrap(result)
+
+    def _drive(self, call: CollectiveCall) -> None:
+        recv, view = self.transport.recv_into, memoryview(self._buf)
+        self._send_all(call.start(time.perf_counter()))
+        while not call.done:
+            n, src = recv(self._buf, max(call.next_wakeup() - time.perf_counter(), 0.0))
+            now = time.perf_counter()
+            if n and src in self._ranks:
+                call.on_datagram(view[:n], now)
+            elif n:
+                self.endpoint.stats.foreign += 1
+            self._send_all(call.on_timer(now))
+
+    def _send_all(self, packets: list[bytes | bytearray]) -> None:
+        send, addrs = self.transport.send, self.spec.addrs
+        for packet in packets:
+            send(memoryview(packet), addrs[packet[3]])
+
+    def close(self, linger: float | None = None) -> None:
+        """Keep answering peers until nothing is unacknowledged and ``linger`` seconds
+        (default: twice the policy's longest timeout) pass without a datagram, then close
+        the transport. A peer whose last ack from us was lost needs this to finish.
+        """
+        ep = self.endpoint
+        quiet = 2 * ep.policy.max_timeout if linger is None else linger
+        start = time.perf_counter()
+        view = memoryview(self._buf)
+        try:
+            while True:
+                now = time.perf_counter()
+                last = max(ep.last_rx, start)
+                if not ep.unacked and now >= last + quiet:
+                    break
+                if ep.unacked and now >= max(ep.last_progress, start) + ep.policy.deadline:
+                    break  # the peer is gone: nothing more to do for it
+                wake = min(ep.next_timer(), last + quiet) - now
+                n, src = self.transport.recv_into(self._buf, max(wake, 0.0))
+                now = time.perf_counter()
+                if n and src in self._ranks:
+                    ep.on_datagram(view[:n], now)
+                ep.on_timer(now)
+                self._send_all(ep.take_outbox())
+        finally:
+            self.transport.close()
+
+    def __enter__(self) -> PeerCollective:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
