@@ -1,3 +1,21 @@
-"""Per-collective choice of INA, ring or tree (filled by the dynamiccl issue)."""
+"""The decision layer: which algorithm (INA, ring or tree) runs each collective.
 
-__all__: list[str] = []
+``dynamiccl.model`` predicts times (alpha-beta, NCCL's form, plus what the topology
+adds), ``dynamiccl.policy`` chooses (a pure function and an online learner),
+``dynamiccl.fit`` calibrates a profile from measurements, ``dynamiccl.tuner`` exports
+decisions as an NCCL tuner rule file and ``dynamiccl.cli`` is ``inalab decide``. The
+names below are the ones a training job needs; nothing here imports torch or numpy.
+"""
+
+from dynamiccl.model import DEFAULT_PROFILE, Profile, TopologySummary, summarize_topology
+from dynamiccl.policy import Decision, Policy, choose
+
+__all__ = [
+    "DEFAULT_PROFILE",
+    "Decision",
+    "Policy",
+    "Profile",
+    "TopologySummary",
+    "choose",
+    "summarize_topology",
+]

@@ -21,6 +21,10 @@ SUBCOMMANDS: dict[str, tuple[str, str]] = {
     ),
     "bench": ("emulation.bench.cli", "allreduce benchmark, INA vs Gloo, nccl-tests style"),
     "ctl": ("controller.cli", "inspect and configure a switch over P4Runtime"),
+    "decide": (
+        "dynamiccl.cli",
+        "predict INA, ring and tree times for a collective and choose one",
+    ),
     "emulate": (
         "emulation.emulate",
         "a topology in Mininet (root): bench INA, CollNet and Gloo in its hosts, or keep it up",

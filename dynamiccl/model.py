@@ -1,0 +1,603 @@
+"""The cost model of the decision layer: predicted seconds of one collective per algorithm.
+
+Pure arithmetic on a :class:`Profile` (calibrated alpha/beta numbers, JSON on disk) and a
+:class:`TopologySummary` (what the network adds: link bandwidth, delay, contention at
+switch-to-switch links, loss, whether the switch can aggregate). Nothing here measures,
+imports torch or touches a socket.
+
+The form is NCCL's (``src/graph/tuning.cc``): ``time = steps * alpha + bytes * beta``
+with, for an allreduce of ``S`` bytes over ``n`` workers,
+
+- ``ring``: ``2(n-1)`` steps, each ``alpha + (S/n) * beta`` (reduce-scatter then
+  allgather; every worker moves ``2(n-1)S/n`` bytes each way);
+- ``tree``: ``2 * ceil(log2 n)`` steps (up then down a binary tree, pipelined) and
+  ``TREE_BYTE_FACTOR * S`` bytes: NCCL's double binary tree makes each rank an inner node
+  (two children) in one tree and a leaf in the other, each tree carries half the data,
+  so a rank's link carries ``3S/2 + S/2 = 2S`` each way; NCCL writes the same as
+  ``algBw = busBw * 0.5`` for Tree;
+- ``ina``: one step (up to the switch and back) and ``S`` bytes each way, independent of
+  ``n``, but never faster than the switch absorbs contributions (``fan_in * S /
+  switch_rate``, ``fan_in`` the most contributions one aggregating switch sums), than the
+  window allows (``slots`` packets of ``packet_bytes`` per round trip ``alpha``), and
+  unavailable (infinite cost) without slots, with more than :data:`MAX_WORKERS` workers,
+  or when no switch can aggregate for the job.
+
+The network is a floor under the software: the per-byte time is the larger of the
+profile's ``beta`` (what the hosts and switch manage, e.g. on loopback) and the wire's
+(the slowest worker link, multiplied by how many streams of the algorithm share the
+worst switch-to-switch link); each step also pays the round trip between a worker and
+the job's switch (``2 * delay``). Loss ``p`` (the profile's and the worst path's) makes
+every byte cost ``1/(1-p)`` and each lost packet of a window stall for a timeout.
+"""
+
+from __future__ import annotations
+
+import itertools
+import json
+import math
+from collections.abc import Mapping
+from dataclasses import asdict, dataclass, field, fields, replace
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from hostlib.protocol import MAX_WORKERS
+
+if TYPE_CHECKING:
+    from emulation.topology import Topology
+
+__all__ = [
+    "ALGORITHMS",
+    "COLLECTIVES",
+    "DEFAULT_PROFILE",
+    "PROFILE_SCHEMA",
+    "TREE_BYTE_FACTOR",
+    "AlgoParams",
+    "Estimate",
+    "Profile",
+    "ProfileError",
+    "TopologySummary",
+    "byte_coefficient",
+    "estimate",
+    "estimate_all",
+    "steps",
+    "summarize_topology",
+]
+
+ALGORITHMS = ("ina", "ring", "tree")
+"""The algorithms the model knows, in the order they are reported."""
+
+COLLECTIVES = ("allreduce",)
+"""Collectives the model covers: the one INA accelerates (the switch only sums)."""
+
+TREE_BYTE_FACTOR = 2.0
+"""Bytes a tree rank moves each way per byte of the message (see the module docstring)."""
+
+PROFILE_SCHEMA = 1
+"""Version of the profile JSON; :meth:`Profile.load` refuses any other."""
+
+
+class ProfileError(ValueError):
+    """A profile that cannot be read or has invalid numbers; the message says where."""
+
+
+@dataclass(frozen=True)
+class AlgoParams:
+    """One algorithm's calibrated constants.
+
+    Attributes:
+        alpha: seconds per step (software and protocol latency of one exchange).
+        beta: seconds per byte each worker moves (1 / the achieved bytes/s).
+    """
+
+    alpha: float
+    beta: float
+
+    def __post_init__(self) -> None:
+        for name in ("alpha", "beta"):
+            value = getattr(self, name)
+            if not (isinstance(value, int | float) and math.isfinite(value) and value >= 0):
+                raise ProfileError(f"{name} must be a finite number >= 0, got {value!r}")
+
+    @property
+    def bandwidth(self) -> float:
+        """Bytes per second, 1/beta (infinite when beta is 0)."""
+        return math.inf if self.beta == 0 else 1.0 / self.beta
+
+
+@dataclass(frozen=True)
+class Profile:
+    """The model's parameters: per-algorithm alpha/beta and the INA switch's limits.
+
+    Attributes:
+        ina, ring, tree: each algorithm's :class:`AlgoParams`.
+        switch_rate: contribution bytes per second one aggregating switch absorbs.
+        loss: packet loss probability the calibration did not see (added to the path's).
+        timeout: seconds a lost packet stalls its window slot (one retransmission timeout).
+        packet_bytes: payload bytes per packet (how many packets a message is).
+        window: packets a worker keeps in flight (how many losses overlap).
+        source: where the numbers come from, shown with every decision.
+    """
+
+    ina: AlgoParams
+    ring: AlgoParams
+    tree: AlgoParams
+    switch_rate: float
+    loss: float = 0.0
+    timeout: float = 0.02
+    packet_bytes: int = 8192
+    window: int = 32
+    source: str = "unspecified"
+
+    def __post_init__(self) -> None:
+        if not (math.isfinite(self.switch_rate) and self.switch_rate > 0):
+            raise ProfileError(f"switch_rate must be positive, got {self.switch_rate!r}")
+        if not 0.0 <= self.loss < 1.0:
+            raise ProfileError(f"loss must be in [0, 1), got {self.loss!r}")
+        if not (math.isfinite(self.timeout) and self.timeout >= 0):
+            raise ProfileError(f"timeout must be >= 0, got {self.timeout!r}")
+        for name in ("packet_bytes", "window"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise ProfileError(f"{name} must be a positive integer, got {value!r}")
+
+    def params(self, algorithm: str) -> AlgoParams:
+        """The constants of ``algorithm``.
+
+        Raises:
+            ValueError: not one of :data:`ALGORITHMS`.
+        """
+        _check_algorithm(algorithm)
+        params: AlgoParams = getattr(self, algorithm)
+        return params
+
+    def with_params(self, algorithm: str, params: AlgoParams) -> Profile:
+        """A copy with ``algorithm``'s constants replaced."""
+        _check_algorithm(algorithm)
+        ina, ring, tree = (params if a == algorithm else self.params(a) for a in ALGORITHMS)
+        return replace(self, ina=ina, ring=ring, tree=tree)
+
+    def to_dict(self) -> dict[str, Any]:
+        """The JSON document :meth:`save` writes."""
+        doc = asdict(self)
+        algos = {a: doc.pop(a) for a in ALGORITHMS}
+        return {"schema": PROFILE_SCHEMA, "algorithms": algos, **doc}
+
+    @classmethod
+    def from_dict(cls, doc: Any, where: str = "profile") -> Profile:
+        """Build a profile from :meth:`to_dict`'s document.
+
+        Raises:
+            ProfileError: wrong schema version, missing or unknown keys, bad numbers.
+        """
+        if not isinstance(doc, Mapping):
+            raise ProfileError(f"{where}: expected a JSON object, got {type(doc).__name__}")
+        if doc.get("schema") != PROFILE_SCHEMA:
+            raise ProfileError(
+                f"{where}: schema {doc.get('schema')!r} is not {PROFILE_SCHEMA} "
+                "(a profile written by another inalab version?)"
+            )
+        scalars = {f.name for f in fields(cls)} - set(ALGORITHMS)
+        unknown = sorted(set(doc) - scalars - {"schema", "algorithms"})
+        if unknown:
+            raise ProfileError(f"{where}: unknown key(s) {', '.join(unknown)}")
+        algos = doc.get("algorithms")
+        if not isinstance(algos, Mapping) or set(algos) != set(ALGORITHMS):
+            raise ProfileError(f"{where}: 'algorithms' must map each of {', '.join(ALGORITHMS)}")
+        if "switch_rate" not in doc:
+            raise ProfileError(f"{where}: missing key 'switch_rate'")
+        ina, ring, tree = (_algo_params(algos[a], f"{where}: algorithms.{a}") for a in ALGORITHMS)
+        try:
+            return cls(ina, ring, tree, **{k: doc[k] for k in scalars if k in doc})
+        except (ProfileError, TypeError) as exc:
+            raise ProfileError(f"{where}: {exc}") from None
+
+    def save(self, path: str | Path) -> None:
+        """Write the profile as JSON (see :meth:`to_dict`).
+
+        Raises:
+            OSError: the file cannot be written.
+        """
+        Path(path).write_text(json.dumps(self.to_dict(), indent=2) + "\n", encoding="utf-8")
+
+    @classmethod
+    def load(cls, path: str | Path) -> Profile:
+        """Read a profile written by :meth:`save`.
+
+        Raises:
+            ProfileError: the file cannot be read, is not JSON or not a valid profile.
+        """
+        file = Path(path)
+        try:
+            text = file.read_text(encoding="utf-8")
+        except OSError as exc:
+            raise ProfileError(f"cannot read profile {file}: {exc.strerror}") from None
+        try:
+            doc = json.loads(text)
+        except ValueError as exc:
+            raise ProfileError(f"{file}: not JSON: {exc}") from None
+        return cls.from_dict(doc, where=str(file))
+
+
+def _algo_params(doc: Any, where: str) -> AlgoParams:
+    if not isinstance(doc, Mapping) or set(doc) != {"alpha", "beta"}:
+        raise ProfileError(f"{where}: expected {{'alpha': seconds, 'beta': seconds/byte}}")
+    try:
+        return AlgoParams(alpha=doc["alpha"], beta=doc["beta"])
+    except ProfileError as exc:
+        raise ProfileError(f"{where}: {exc}") from None
+
+
+def _check_algorithm(algorithm: str) -> None:
+    if algorithm not in ALGORITHMS:
+        raise ValueError(f"unknown algorithm {algorithm!r} (known: {', '.join(ALGORITHMS)})")
+
+
+DEFAULT_PROFILE = Profile(
+    ina=AlgoParams(alpha=1.8e-3, beta=53e-9),
+    ring=AlgoParams(alpha=1.0e-3, beta=1.7e-9),
+    tree=AlgoParams(alpha=1.0e-3, beta=1.7e-9),
+    switch_rate=75e6,
+    loss=0.0,
+    timeout=0.02,
+    packet_bytes=8192,
+    window=32,
+    source="defaults (inalab bench on loopback, 4 workers, a 2-core VM; not this machine's)",
+)
+"""Numbers for ``inalab decide`` without ``--profile``: inalab's own loopback set-up (the
+Python soft switch and Gloo over loopback TCP), so out of the box decisions describe
+this testbed, not a GPU cluster. Calibrate (``inalab calibrate``) for anything else.
+
+- ina and ring: :func:`dynamiccl.fit.fit_profile` on ``inalab bench -b 1K -e 16M -f 4
+  -n 5 -w 1 --workers 4`` (float32, 2048 lanes, 32 slots; Gloo's allreduce as ring),
+  rounded. INA: 1.8 ms a call, 53 ns/byte (the soft switch, one Python process, is the
+  bottleneck: ~2 ms at 1 KiB, 1.04 s at 16 MiB). Gloo: 1.0 ms per ring step (~6-8 ms
+  at 1 KiB over ``2(n-1) = 6`` steps), 1.7 ns/byte (49 ms at 16 MiB over ``1.5 S``).
+  The README's star4 run at 1 Gbit/s (64 MiB: INA 3.45 s = 51 ns/byte) agrees on INA;
+- tree: not measured for these defaults (the sweep had no tree); NCCL gives Tree and
+  Ring the same Simple base latency (8.4 us), so tree takes ring's constants and
+  differs by the model's form only;
+- switch_rate: 4 contributions per 53 ns/byte = ~75 MB/s (the fit's rule: the switch
+  is INA's bottleneck, so more workers slow INA down in proportion);
+- timeout: hostlib's ``RetryPolicy.timeout`` (20 ms); packet_bytes and window: the
+  bench defaults (2048 int32 lanes = 8 KiB, 32 slots).
+
+On loopback alone the ring wins at every size (TCP on loopback is fast, the soft switch
+is not); behind a shaped topology (``--topology``) the wire becomes the floor and INA's
+single step and ``S`` bytes (against the ring's ``2(n-1)`` steps and ``2(n-1)S/n``)
+win small messages and, on slow links, large ones.
+"""
+
+
+@dataclass(frozen=True)
+class TopologySummary:
+    """What the network adds to the model for one job (see :func:`summarize_topology`).
+
+    Attributes:
+        link_bandwidth: bytes/s of the slowest worker link, None for unshaped.
+        delay: seconds one way between a worker and the job's switch (the worst worker).
+        hops: switches on the worst worker's path to the job's switch (1 = directly).
+        oversubscription: the worst switch-to-switch link's demand over capacity: the
+            access bandwidth of the worker hosts beneath it over its own (>= 1; 1 when
+            non-blocking or with one switch).
+        contention: how many streams of the slowest worker link's rate each algorithm
+            puts on its worst link, relative to that link's capacity (>= 1): ``ina``
+            counts every contribution routed to an aggregating switch (a forwarding
+            leaf passes all of its hosts' streams up; an aggregating leaf sends one),
+            ``ring`` and ``tree`` cross a switch-to-switch link with one stream each way
+            when ranks follow the topology's order.
+        loss: the worst worker path's loss probability (each direction).
+        switch_reachable: some switch can aggregate for the job.
+        fan_in: the most contributions one aggregating switch sums (None: the workers).
+        slots: the job's free switch slots, None when unknown (assumed enough).
+    """
+
+    link_bandwidth: float | None = None
+    delay: float = 0.0
+    hops: int = 1
+    oversubscription: float = 1.0
+    contention: Mapping[str, float] = field(default_factory=dict)
+    loss: float = 0.0
+    switch_reachable: bool = True
+    fan_in: int | None = None
+    slots: int | None = None
+
+    def contention_of(self, algorithm: str) -> float:
+        return max(1.0, float(self.contention.get(algorithm, 1.0)))
+
+
+@dataclass(frozen=True)
+class Estimate:
+    """One algorithm's predicted time and its parts.
+
+    Attributes:
+        algorithm: the algorithm.
+        seconds: the total (``math.inf``: not available, ``bound`` says why).
+        latency: steps times (alpha + round trip).
+        transfer: bytes times the per-byte time, inflated for loss.
+        stalls: expected retransmission timeouts.
+        bound: what sets the per-byte time: ``software`` (the profile's beta), ``wire``,
+            ``switch`` (aggregation rate), ``window`` (too few slots), or why the
+            algorithm is unavailable.
+    """
+
+    algorithm: str
+    seconds: float
+    latency: float = 0.0
+    transfer: float = 0.0
+    stalls: float = 0.0
+    bound: str = "software"
+
+    @property
+    def available(self) -> bool:
+        return math.isfinite(self.seconds)
+
+
+def steps(algorithm: str, workers: int) -> int:
+    """Latency steps of an allreduce over ``workers`` (the alpha multiplier).
+
+    Raises:
+        ValueError: unknown algorithm or fewer than 1 worker.
+    """
+    _check_algorithm(algorithm)
+    _check_workers(workers)
+    if workers == 1:
+        return 0 if algorithm != "ina" else 1
+    if algorithm == "ring":
+        return 2 * (workers - 1)
+    if algorithm == "tree":
+        return 2 * math.ceil(math.log2(workers))
+    return 1
+
+
+def byte_coefficient(algorithm: str, workers: int) -> float:
+    """Bytes a worker moves each way per byte of the message (the beta multiplier).
+
+    Raises:
+        ValueError: unknown algorithm or fewer than 1 worker.
+    """
+    _check_algorithm(algorithm)
+    _check_workers(workers)
+    if workers == 1:
+        return 0.0 if algorithm != "ina" else 1.0
+    if algorithm == "ring":
+        return 2.0 * (workers - 1) / workers
+    if algorithm == "tree":
+        return TREE_BYTE_FACTOR
+    return 1.0
+
+
+def _check_workers(workers: int) -> None:
+    if isinstance(workers, bool) or not isinstance(workers, int) or workers < 1:
+        raise ValueError(f"workers must be a positive integer, got {workers!r}")
+
+
+def _ina_unavailable(workers: int, topo: TopologySummary, ina_available: bool) -> str | None:
+    if not ina_available:
+        return "unavailable: INA disabled for this job"
+    if not topo.switch_reachable:
+        return "unavailable: no switch can aggregate for the job"
+    if topo.slots is not None and topo.slots <= 0:
+        return "unavailable: no free switch slots"
+    if workers > MAX_WORKERS:
+        return f"unavailable: {workers} workers, the switch's bitmap holds {MAX_WORKERS}"
+    return None
+
+
+def estimate(
+    algorithm: str,
+    size_bytes: int,
+    workers: int,
+    profile: Profile,
+    topology: TopologySummary | None = None,
+    *,
+    ina_available: bool = True,
+) -> Estimate:
+    """Predicted time of one allreduce of ``size_bytes`` with ``algorithm``.
+
+    Args:
+        algorithm: one of :data:`ALGORITHMS`.
+        size_bytes: the message, bytes (> 0).
+        workers: ranks taking part (>= 1).
+        profile: the calibrated constants.
+        topology: what the network adds; None for the calibration set-up itself.
+        ina_available: False when the job may not use the switch (INA is then infinite).
+
+    Raises:
+        ValueError: unknown algorithm, non-positive size or workers.
+    """
+    _check_algorithm(algorithm)
+    _check_workers(workers)
+    if isinstance(size_bytes, bool) or not isinstance(size_bytes, int) or size_bytes <= 0:
+        raise ValueError(f"size must be a positive number of bytes, got {size_bytes!r}")
+    topo = topology if topology is not None else TopologySummary()
+    params = profile.params(algorithm)
+    if algorithm == "ina":
+        why = _ina_unavailable(workers, topo, ina_available)
+        if why is not None:
+            return Estimate(algorithm, math.inf, bound=why)
+    nsteps = steps(algorithm, workers)
+    coeff = byte_coefficient(algorithm, workers)
+    latency = nsteps * (params.alpha + 2.0 * topo.delay)
+    # The slowest of the per-byte limits sets the pace: these are throughputs, not sums.
+    limits = {"software": params.beta}
+    if topo.link_bandwidth is not None:
+        limits["wire"] = topo.contention_of(algorithm) / topo.link_bandwidth
+    if algorithm == "ina":
+        fan_in = topo.fan_in if topo.fan_in is not None else workers
+        limits["switch"] = fan_in / profile.switch_rate
+        if topo.slots is not None:
+            rtt = params.alpha + 2.0 * topo.delay
+            limits["window"] = rtt / (min(topo.slots, profile.window) * profile.packet_bytes)
+    bound = max(limits, key=lambda k: limits[k])
+    moved = coeff * size_bytes
+    loss = 1.0 - (1.0 - profile.loss) * (1.0 - topo.loss)
+    transfer = moved * limits[bound] / (1.0 - loss)
+    packets = math.ceil(moved / profile.packet_bytes) if moved else 0
+    # A lost packet stalls its slot for a timeout; a window's losses overlap.
+    stalls = packets * loss * profile.timeout / profile.window
+    return Estimate(algorithm, latency + transfer + stalls, latency, transfer, stalls, bound)
+
+
+def estimate_all(
+    size_bytes: int,
+    workers: int,
+    profile: Profile,
+    topology: TopologySummary | None = None,
+    *,
+    ina_available: bool = True,
+) -> dict[str, Estimate]:
+    """:func:`estimate` for every algorithm, in :data:`ALGORITHMS` order."""
+    return {
+        a: estimate(a, size_bytes, workers, profile, topology, ina_available=ina_available)
+        for a in ALGORITHMS
+    }
+
+
+# --------------------------------------------------------------------- topology
+
+
+def summarize_topology(
+    topology: Topology, job_id: int | None = None, *, slots: int | None = None
+) -> TopologySummary:
+    """The model's view of one job's network.
+
+    The job is ``job_id``, or the topology's first job; a topology without jobs is read
+    as one job of all its hosts on its first aggregating switch (none: INA unreachable).
+
+    Raises:
+        KeyError: no job ``job_id`` in the topology.
+    """
+    from emulation.topology import TopologyJob, aggregation_tree
+
+    if job_id is not None:
+        matching = [j for j in topology.jobs if j.job_id == job_id]
+        if not matching:
+            known = ", ".join(str(j.job_id) for j in topology.jobs) or "none"
+            raise KeyError(f"topology {topology.name} has no job {job_id} (jobs: {known})")
+        job: TopologyJob | None = matching[0]
+    elif topology.jobs:
+        job = topology.jobs[0]
+    else:
+        aggregators = [s.name for s in topology.switches if s.role == "aggregate"]
+        hosts = tuple(h.name for h in topology.hosts)
+        job = TopologyJob(0, hosts, aggregators[0]) if aggregators else None
+    if job is None:
+        workers = tuple(h.name for h in topology.hosts)
+        root = topology.switches[0].name
+        reachable = False
+    else:
+        workers, root, reachable = job.workers, job.switch, True
+    graph = _Graph(topology)
+    paths = {w: graph.path(w, root) for w in workers}
+    access = [topology.attachment(w)[2].bw for w in workers]
+    slowest = None if None in access else min(a for a in access if a is not None)
+    rate = None if slowest is None else slowest * 1e6 / 8  # Mbit/s -> bytes/s
+    contention = {"ring": graph.single_stream_factor(paths, slowest)}
+    contention["tree"] = contention["ring"]
+    fan_in = None
+    if job is not None:
+        tree = aggregation_tree(topology, job)
+        streams = [graph.path(m, s) for s, members in tree.members.items() for m in members]
+        contention["ina"] = graph.stream_factor(streams, slowest)
+        fan_in = max(len(m) for m in tree.members.values())
+    return TopologySummary(
+        link_bandwidth=rate,
+        delay=max((graph.delay(p) for p in paths.values()), default=0.0) / 1e3,
+        hops=max((sum(n in graph.switches for n in p) for p in paths.values()), default=1),
+        oversubscription=graph.oversubscription(workers, root),
+        contention=contention,
+        loss=max((graph.loss(p) for p in paths.values()), default=0.0),
+        switch_reachable=reachable,
+        fan_in=fan_in,
+        slots=slots,
+    )
+
+
+class _Graph:
+    """Shortest paths and per-link sums over a topology's links (breadth-first, in link
+    order, so the result is a pure function of the file)."""
+
+    def __init__(self, topology: Topology) -> None:
+        self.switches = {s.name for s in topology.switches}
+        self.hosts = {h.name for h in topology.hosts}
+        self.links = {frozenset((link.a, link.b)): link for link in topology.links}
+        self.neighbours: dict[str, list[str]] = {}
+        for link in topology.links:
+            self.neighbours.setdefault(link.a, []).append(link.b)
+            self.neighbours.setdefault(link.b, []).append(link.a)
+
+    def path(self, src: str, dst: str) -> list[str]:
+        back: dict[str, str] = {}
+        frontier, seen = [src], {src}
+        while frontier and dst not in seen:
+            nxt = []
+            for node in frontier:
+                for other in self.neighbours.get(node, []):
+                    if other not in seen:
+                        seen.add(other)
+                        back[other] = node
+                        nxt.append(other)
+            frontier = nxt
+        if dst not in seen:
+            return [src]  # disconnected: parse_topology allows it, the model ignores it
+        out = [dst]
+        while out[-1] != src:
+            out.append(back[out[-1]])
+        return out[::-1]
+
+    def _hops(self, path: list[str]) -> list[frozenset[str]]:
+        return [frozenset(pair) for pair in itertools.pairwise(path)]
+
+    def delay(self, path: list[str]) -> float:
+        return sum(self.links[h].delay for h in self._hops(path))
+
+    def loss(self, path: list[str]) -> float:
+        keep = 1.0
+        for h in self._hops(path):
+            keep *= 1.0 - self.links[h].loss
+        return 1.0 - keep
+
+    def stream_factor(self, streams: list[list[str]], rate: float | None) -> float:
+        """Worst link's (streams on it x ``rate``) / its capacity, for streams toward
+        the switch (each also comes back: the same count the other way)."""
+        if rate is None:
+            return 1.0
+        count: dict[frozenset[str], int] = {}
+        for path in streams:
+            for h in self._hops(path):
+                count[h] = count.get(h, 0) + 1
+        worst = 1.0
+        for h, n in count.items():
+            bw = self.links[h].bw
+            if bw is not None:
+                worst = max(worst, n * rate / bw)
+        return worst
+
+    def single_stream_factor(self, paths: Mapping[str, list[str]], rate: float | None) -> float:
+        """One stream per link each way: only a link slower than the workers' matters."""
+        if rate is None:
+            return 1.0
+        slower = [
+            rate / bw
+            for path in paths.values()
+            for h in self._hops(path)
+            if (bw := self.links[h].bw) is not None
+        ]
+        return max([1.0, *slower])
+
+    def oversubscription(self, workers: tuple[str, ...], root: str) -> float:
+        """Per switch-to-switch link on the workers' paths to ``root``: the access
+        bandwidth of the worker hosts whose path crosses it over its capacity."""
+        demand: dict[frozenset[str], float] = {}
+        for w in workers:
+            path = self.path(w, root)
+            bw = self.links[self._hops(path)[0]].bw if len(path) > 1 else None
+            for h in self._hops(path)[1:]:
+                if bw is not None and h <= self.switches:
+                    demand[h] = demand.get(h, 0.0) + bw
+        worst = 1.0
+        for h, d in demand.items():
+            cap = self.links[h].bw
+            if cap is not None:
+                worst = max(worst, d / cap)
+        return worst

@@ -1,0 +1,305 @@
+"""dynamiccl.model: the alpha-beta cost model, the profile file and the topology summary."""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from dynamiccl.model import (
+    DEFAULT_PROFILE,
+    PROFILE_SCHEMA,
+    TREE_BYTE_FACTOR,
+    AlgoParams,
+    Profile,
+    ProfileError,
+    TopologySummary,
+    byte_coefficient,
+    estimate,
+    estimate_all,
+    steps,
+    summarize_topology,
+)
+from emulation.topology import load_topology, parse_topology
+from hostlib.protocol import MAX_WORKERS
+
+TOPOLOGIES = Path(__file__).resolve().parents[2] / "topologies"
+
+# alpha 10 us a step, 1 ns a byte for every algorithm; a switch far faster than that.
+FLAT = Profile(
+    ina=AlgoParams(10e-6, 1e-9),
+    ring=AlgoParams(10e-6, 1e-9),
+    tree=AlgoParams(10e-6, 1e-9),
+    switch_rate=1e15,
+    source="test",
+)
+
+sizes = st.integers(1, 1 << 32)
+workers = st.integers(2, MAX_WORKERS)
+
+
+# ----------------------------------------------------------------- the form
+
+
+@pytest.mark.parametrize(
+    ("algo", "n", "expected_steps", "expected_coeff"),
+    [
+        ("ring", 2, 2, 1.0),
+        ("ring", 4, 6, 1.5),
+        ("ring", 8, 14, 1.75),
+        ("tree", 2, 2, TREE_BYTE_FACTOR),
+        ("tree", 5, 6, TREE_BYTE_FACTOR),
+        ("tree", 8, 6, TREE_BYTE_FACTOR),
+        ("ina", 2, 1, 1.0),
+        ("ina", 32, 1, 1.0),
+        ("ring", 1, 0, 0.0),
+        ("tree", 1, 0, 0.0),
+        ("ina", 1, 1, 1.0),
+    ],
+)
+def test_steps_and_bytes_follow_nccl(
+    algo: str, n: int, expected_steps: int, expected_coeff: float
+) -> None:
+    assert steps(algo, n) == expected_steps
+    assert byte_coefficient(algo, n) == pytest.approx(expected_coeff)
+
+
+def test_ring_is_nccls_formula() -> None:
+    # 2(n-1) steps, each alpha + (S/n) beta.
+    size, n = 1 << 20, 4
+    est = estimate("ring", size, n, FLAT)
+    assert est.seconds == pytest.approx(2 * (n - 1) * (10e-6 + size / n * 1e-9))
+    assert est.bound == "software" and est.stalls == 0
+
+
+def test_tree_pays_twice_the_bytes_over_log_steps() -> None:
+    size, n = 1 << 20, 8
+    est = estimate("tree", size, n, FLAT)
+    assert est.seconds == pytest.approx(2 * 3 * 10e-6 + TREE_BYTE_FACTOR * size * 1e-9)
+
+
+def test_ina_is_one_step_and_the_message_once() -> None:
+    size = 1 << 20
+    assert estimate("ina", size, 8, FLAT).seconds == pytest.approx(10e-6 + size * 1e-9)
+
+
+def test_ina_is_bounded_by_the_switch_rate() -> None:
+    slow_switch = Profile(FLAT.ina, FLAT.ring, FLAT.tree, switch_rate=1e9)
+    size, n = 1 << 20, 16
+    est = estimate("ina", size, n, slow_switch)
+    assert est.bound == "switch"
+    assert est.transfer == pytest.approx(n * size / 1e9)
+    # the hierarchy's fan-in, not the worker count, sets the bound when known
+    hier = estimate("ina", size, n, slow_switch, TopologySummary(fan_in=4))
+    assert hier.transfer == pytest.approx(4 * size / 1e9)
+
+
+def test_ina_is_bounded_by_its_window() -> None:
+    est = estimate("ina", 1 << 24, 4, FLAT, TopologySummary(slots=1))
+    assert est.bound == "window"
+    # one packet per round trip
+    assert est.transfer == pytest.approx((1 << 24) * 10e-6 / FLAT.packet_bytes)
+
+
+@pytest.mark.parametrize(
+    ("summary", "n", "flag", "why"),
+    [
+        (TopologySummary(slots=0), 4, True, "no free switch slots"),
+        (TopologySummary(switch_reachable=False), 4, True, "no switch"),
+        (TopologySummary(), 4, False, "disabled"),
+        (TopologySummary(), MAX_WORKERS + 1, True, "bitmap"),
+    ],
+)
+def test_ina_unavailable_costs_infinity(
+    summary: TopologySummary, n: int, flag: bool, why: str
+) -> None:
+    est = estimate("ina", 4096, n, FLAT, summary, ina_available=flag)
+    assert est.seconds == math.inf and not est.available
+    assert why in est.bound
+    # the host-based algorithms are unaffected
+    assert estimate("ring", 4096, n, FLAT, summary, ina_available=flag).available
+
+
+def test_the_wire_is_a_floor_under_the_software() -> None:
+    slow_link = TopologySummary(link_bandwidth=1e6, contention={"ina": 4.0})
+    ring = estimate("ring", 1 << 20, 4, FLAT, slow_link)
+    ina = estimate("ina", 1 << 20, 4, FLAT, slow_link)
+    assert ring.bound == ina.bound == "wire"
+    assert ring.transfer == pytest.approx(1.5 * (1 << 20) / 1e6)
+    assert ina.transfer == pytest.approx(4 * (1 << 20) / 1e6)  # 4 streams share a link
+
+
+def test_delay_adds_a_round_trip_per_step() -> None:
+    far = TopologySummary(delay=1e-3)
+    near = estimate("ring", 4096, 4, FLAT)
+    assert estimate("ring", 4096, 4, FLAT, far).seconds == pytest.approx(near.seconds + 6 * 2e-3)
+
+
+def test_loss_inflates_bytes_and_adds_timeouts() -> None:
+    clean = estimate("ina", 1 << 20, 4, FLAT)
+    lossy = estimate("ina", 1 << 20, 4, FLAT, TopologySummary(loss=0.1))
+    assert lossy.transfer == pytest.approx(clean.transfer / 0.9)
+    packets = (1 << 20) // FLAT.packet_bytes
+    assert lossy.stalls == pytest.approx(packets * 0.1 * FLAT.timeout / FLAT.window)
+    # the profile's loss and the path's combine
+    both = Profile(FLAT.ina, FLAT.ring, FLAT.tree, FLAT.switch_rate, loss=0.1)
+    combined = estimate("ina", 1 << 20, 4, both, TopologySummary(loss=0.1))
+    assert combined.transfer == pytest.approx(clean.transfer / 0.81)
+
+
+@pytest.mark.parametrize("bad", [0, -1, True, 1.5])
+def test_bad_sizes_and_workers_raise(bad: object) -> None:
+    with pytest.raises(ValueError, match="size"):
+        estimate("ring", bad, 4, FLAT)  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match="workers"):
+        estimate("ring", 4096, bad, FLAT)  # type: ignore[arg-type]
+
+
+def test_unknown_algorithm_raises() -> None:
+    with pytest.raises(ValueError, match="unknown algorithm 'nvls'"):
+        estimate("nvls", 4096, 4, FLAT)
+
+
+# ----------------------------------------------------------------- properties
+
+
+@given(algo=st.sampled_from(["ina", "ring", "tree"]), n=workers, a=sizes, b=sizes)
+def test_predicted_time_is_monotone_in_size(algo: str, n: int, a: int, b: int) -> None:
+    small, large = sorted((a, b))
+    topo = TopologySummary(link_bandwidth=125e6, loss=0.01, delay=1e-4)
+    t_small = estimate(algo, small, n, DEFAULT_PROFILE, topo).seconds
+    t_large = estimate(algo, large, n, DEFAULT_PROFILE, topo).seconds
+    assert t_small <= t_large
+
+
+@given(size=sizes, n=st.integers(2, MAX_WORKERS - 1))
+def test_ring_grows_with_workers_and_ina_does_not_below_the_switch_bound(size: int, n: int) -> None:
+    assert estimate("ring", size, n + 1, FLAT).seconds > estimate("ring", size, n, FLAT).seconds
+    # FLAT's switch absorbs 1e15 bytes/s: far above 32 workers at 1 ns/byte
+    assert estimate("ina", size, n + 1, FLAT).seconds == estimate("ina", size, n, FLAT).seconds
+
+
+@given(size=sizes, n=workers)
+def test_every_estimate_adds_up(size: int, n: int) -> None:
+    for est in estimate_all(size, n, DEFAULT_PROFILE, TopologySummary(loss=0.05)).values():
+        assert est.seconds == pytest.approx(est.latency + est.transfer + est.stalls)
+        assert min(est.latency, est.transfer, est.stalls) >= 0
+
+
+# ----------------------------------------------------------------- the profile file
+
+
+def test_profile_round_trips(tmp_path: Path) -> None:
+    path = tmp_path / "profile.json"
+    DEFAULT_PROFILE.save(path)
+    doc = json.loads(path.read_text())
+    assert doc["schema"] == PROFILE_SCHEMA
+    assert doc["algorithms"]["ring"] == {"alpha": 1.0e-3, "beta": 1.7e-9}
+    assert Profile.load(path) == DEFAULT_PROFILE
+
+
+def _write(tmp_path: Path, doc: object) -> Path:
+    path = tmp_path / "p.json"
+    path.write_text(json.dumps(doc))
+    return path
+
+
+def _good() -> dict[str, object]:
+    return DEFAULT_PROFILE.to_dict()
+
+
+@pytest.mark.parametrize(
+    ("edit", "message"),
+    [
+        (lambda d: d.update(schema=99), "schema 99 is not 1"),
+        (lambda d: d.pop("schema"), "schema None"),
+        (lambda d: d.update(colour="red"), "unknown key.*colour"),
+        (lambda d: d.pop("switch_rate"), "missing key 'switch_rate'"),
+        (lambda d: d["algorithms"].pop("tree"), "'algorithms' must map"),
+        (lambda d: d["algorithms"].update(ring={"alpha": 1}), r"algorithms\.ring: expected"),
+        (lambda d: d["algorithms"].update(ina={"alpha": 1, "beta": -1}), "beta must be"),
+        (lambda d: d.update(loss=1.0), r"loss must be in \[0, 1\)"),
+        (lambda d: d.update(switch_rate=0), "switch_rate must be positive"),
+        (lambda d: d.update(window=0), "window must be a positive integer"),
+        (lambda d: d.update(switch_rate="fast"), "p.json"),
+    ],
+)
+def test_bad_profiles_say_what_is_wrong(tmp_path: Path, edit: object, message: str) -> None:
+    doc = _good()
+    edit(doc)  # type: ignore[operator]
+    with pytest.raises(ProfileError, match=message) as info:
+        Profile.load(_write(tmp_path, doc))
+    assert str(tmp_path / "p.json") in str(info.value)
+
+
+def test_unreadable_or_non_json_profiles(tmp_path: Path) -> None:
+    with pytest.raises(ProfileError, match="cannot read profile"):
+        Profile.load(tmp_path / "missing.json")
+    bad = tmp_path / "bad.json"
+    bad.write_text("{not json")
+    with pytest.raises(ProfileError, match="not JSON"):
+        Profile.load(bad)
+    with pytest.raises(ProfileError, match="expected a JSON object"):
+        Profile.load(_write(tmp_path, [1, 2]))
+
+
+def test_default_profile_is_labelled_as_defaults() -> None:
+    assert DEFAULT_PROFILE.source.startswith("defaults")
+
+
+# ----------------------------------------------------------------- topology
+
+
+def test_star_has_no_contention() -> None:
+    s = summarize_topology(load_topology(TOPOLOGIES / "star4.yaml"))
+    assert s.link_bandwidth == pytest.approx(1000e6 / 8)
+    assert s.hops == 1 and s.oversubscription == 1.0 and s.fan_in == 4
+    assert s.contention == {"ina": 1.0, "ring": 1.0, "tree": 1.0}
+    assert s.switch_reachable and s.slots is None
+
+
+def test_flat_leaf_spine_funnels_a_leaf_into_one_uplink() -> None:
+    s = summarize_topology(load_topology(TOPOLOGIES / "leaf_spine.yaml"), slots=16)
+    assert s.hops == 2 and s.fan_in == 8 and s.slots == 16
+    assert s.oversubscription == pytest.approx(4.0)  # 4 hosts' 1 Gbit/s on a 1 Gbit/s uplink
+    assert s.contention["ina"] == pytest.approx(4.0)  # the leaves only forward
+    assert s.contention["ring"] == 1.0
+
+
+def test_hierarchical_leaf_spine_sends_one_partial_sum_up() -> None:
+    s = summarize_topology(load_topology(TOPOLOGIES / "leaf_spine_hier.yaml"))
+    assert s.contention["ina"] == 1.0
+    assert s.fan_in == 4  # a leaf sums its 4 hosts; the spine sums 2 leaves
+    assert s.oversubscription == pytest.approx(4.0)  # the cabling is the same
+
+
+def test_delay_and_loss_come_from_the_worst_path() -> None:
+    topo = parse_topology(
+        {
+            "switches": {"s1": {}},
+            "hosts": {"h1": {}, "h2": {}},
+            "links": [
+                {"a": "h1", "b": "s1", "delay": "2ms", "loss": 0.01, "bw": 100},
+                {"a": "h2", "b": "s1", "bw": 10},
+            ],
+        }
+    )
+    s = summarize_topology(topo)
+    assert s.delay == pytest.approx(2e-3) and s.loss == pytest.approx(0.01)
+    assert s.link_bandwidth == pytest.approx(10e6 / 8)
+    assert s.switch_reachable  # no jobs: all hosts on the first aggregating switch
+
+
+def test_forwarding_only_networks_cannot_aggregate() -> None:
+    s = summarize_topology(load_topology(TOPOLOGIES / "tutorials_triangle.json"))
+    assert not s.switch_reachable
+    assert not estimate("ina", 4096, 3, DEFAULT_PROFILE, s).available
+
+
+def test_unknown_job_is_a_key_error() -> None:
+    with pytest.raises(KeyError, match="no job 7"):
+        summarize_topology(load_topology(TOPOLOGIES / "star4.yaml"), 7)
