@@ -3,8 +3,11 @@
 :class:`SwitchController` drives a real in-process P4Runtime server (the soft switch's,
 over gRPC on port 0) that records every WriteRequest; the sequence for installing and
 removing a two-worker job must equal tests/golden/add_job.txtpb and remove_job.txtpb
-(the order matters: the jobs entry is written last and deleted first). Set
-INALAB_REGEN_GOLDEN=1 to rewrite the files after an intended change, and review the diff.
+(the order matters: the jobs entry is written last and deleted first). A leaf's job
+installed with ``upstream=`` writes the upstream entry after the workers and before the
+jobs entry (which turns the job on), and ``remove_job`` deletes it right after the jobs
+entry: add_job_upstream.txtpb and remove_job_upstream.txtpb. Set INALAB_REGEN_GOLDEN=1
+to rewrite the files after an intended change, and review the diff.
 """
 
 from __future__ import annotations
@@ -38,12 +41,12 @@ class RecordingService(SoftSwitchP4Runtime):
 
 
 @pytest.fixture
-def served() -> Iterator[tuple[RecordingService, str]]:
+def served() -> Iterator[tuple[RecordingService, str, Pipeline]]:
     pipeline = Pipeline(lanes=2, slots=4)
     service = RecordingService(pipeline, softswitch_p4info(P4Info.load(), 2, 4))
     server, port = serve_p4runtime(service, "127.0.0.1:0")
     try:
-        yield service, f"127.0.0.1:{port}"
+        yield service, f"127.0.0.1:{port}", pipeline
     finally:
         server.stop(grace=None).wait()
 
@@ -67,9 +70,9 @@ def _check(name: str, writes: list[Any]) -> None:
 
 
 def test_add_and_remove_job_send_the_golden_writes(
-    served: tuple[RecordingService, str],
+    served: tuple[RecordingService, str, Pipeline],
 ) -> None:
-    service, address = served
+    service, address, _ = served
     workers = [
         WorkerAddress("10.0.0.1", 40001, "02:00:00:00:00:01", 1),
         WorkerAddress("10.0.0.2", 40002, "02:00:00:00:00:02", 2),
@@ -80,3 +83,43 @@ def test_add_and_remove_job_send_the_golden_writes(
         service.writes.clear()
         ctl.remove_job(7)
         _check("remove_job", service.writes)
+
+
+def _tables(writes: list[Any]) -> list[tuple[str, int]]:
+    """(table id or entity kind, update type) of every update, in order."""
+    out = []
+    for w in writes:
+        for u in w.updates:
+            which = u.entity.WhichOneof("entity")
+            key = str(u.entity.table_entry.table_id) if which == "table_entry" else which
+            out.append((key, u.type))
+    return out
+
+
+def test_a_leaf_job_writes_its_upstream_entry_before_the_job(
+    served: tuple[RecordingService, str, Pipeline],
+) -> None:
+    service, address, pipeline = served
+    workers = [
+        WorkerAddress("10.0.0.1", 40001, "02:00:00:00:00:01", 1),
+        WorkerAddress("10.0.0.2", 40002, "02:00:00:00:00:02", 2),
+    ]
+    spine = WorkerAddress("10.0.1.254", 20033, "02:00:00:00:01:fe", 3)
+    with SwitchController.connect(address) as ctl:
+        p4info = ctl.p4info
+        upstream_id = str(p4info.table("Ingress.upstream.upstream").id)
+        jobs_id = str(p4info.table("Ingress.jobs.jobs").id)
+        ctl.add_job(7, workers, slot_count=2, slot_base=1, upstream=(1, spine))
+        _check("add_job_upstream", service.writes)
+        order = _tables(service.writes)
+        insert = p4runtime_pb2.Update.INSERT
+        assert order[-2:] == [(upstream_id, insert), (jobs_id, insert)]
+        up = pipeline.upstream(7)
+        assert up is not None
+        assert (up.rank, up.addr, up.mac, up.port) == (1, ("10.0.1.254", 20033), 0x0200000001FE, 3)
+        service.writes.clear()
+        ctl.remove_job(7)
+        _check("remove_job_upstream", service.writes)
+        delete = p4runtime_pb2.Update.DELETE
+        assert _tables(service.writes)[:2] == [(jobs_id, delete), (upstream_id, delete)]
+        assert pipeline.upstream(7) is None
