@@ -36,7 +36,7 @@ import itertools
 import logging
 import queue
 import threading
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
@@ -185,6 +185,43 @@ def _uint(data: bytes, bitwidth: int, what: str) -> tuple[int, bytes]:
             grpc.StatusCode.OUT_OF_RANGE, f"{what}: {value:#x} does not fit {bitwidth} bits"
         )
     return value, _canonical(value)
+
+
+def _decode_fields(
+    owner: str,
+    given: Sequence[tuple[int, Any]],
+    lookup: Callable[[int], Any],
+    specs: Sequence[Any],
+    value_of: Callable[[Any, Any], bytes],
+    kind: str,
+    missing_kind: str,
+) -> dict[int, tuple[int, bytes]]:
+    """Decode a table key's match fields or an action's parameters against their P4Info:
+    id -> (value, canonical bytes). Each id must be known and given once, each value fit
+    its bitwidth (``value_of`` extracts it, checking the item's form), none be missing.
+
+    Raises:
+        _Failure: INVALID_ARGUMENT for an unknown, repeated or missing id; OUT_OF_RANGE
+            for a value (see :func:`_uint`); whatever ``value_of`` raises.
+    """
+    values: dict[int, tuple[int, bytes]] = {}
+    for fid, item in given:
+        try:
+            spec = lookup(fid)
+        except P4InfoError:
+            raise _fail(
+                grpc.StatusCode.INVALID_ARGUMENT, f"{owner}: no {kind} with id {fid}"
+            ) from None
+        if fid in values:
+            raise _fail(grpc.StatusCode.INVALID_ARGUMENT, f"{owner}: {spec.name} twice")
+        values[fid] = _uint(value_of(item, spec), spec.bitwidth, f"{owner}.{spec.name}")
+    missing = [spec.name for spec in specs if spec.id not in values]
+    if missing:
+        raise _fail(
+            grpc.StatusCode.INVALID_ARGUMENT,
+            f"{owner}: {missing_kind} {', '.join(missing)} missing",
+        )
+    return values
 
 
 def _check_index(name: str, index: int, size: int) -> None:
@@ -397,28 +434,18 @@ class _Entities:
 
     def _key(self, table: _Table, entry: Any) -> tuple[_Key, dict[str, int]]:
         info = table.info
-        seen: dict[int, tuple[int, bytes]] = {}
-        for fm in entry.match:
-            try:
-                mf = info.match_field(fm.field_id)
-            except P4InfoError:
-                raise _fail(
-                    grpc.StatusCode.INVALID_ARGUMENT,
-                    f"{info.name}: no match field with id {fm.field_id}",
-                ) from None
-            if fm.field_id in seen:
-                raise _fail(grpc.StatusCode.INVALID_ARGUMENT, f"{info.name}: {mf.name} twice")
+
+        def exact(fm: Any, mf: Any) -> bytes:
             if fm.WhichOneof("field_match_type") != "exact":
                 raise _fail(
                     grpc.StatusCode.INVALID_ARGUMENT, f"{info.name}: {mf.name} is an exact match"
                 )
-            seen[fm.field_id] = _uint(fm.exact.value, mf.bitwidth, f"{info.name}.{mf.name}")
-        missing = [mf.name for mf in info.match_fields if mf.id not in seen]
-        if missing:
-            raise _fail(
-                grpc.StatusCode.INVALID_ARGUMENT,
-                f"{info.name}: exact match field(s) {', '.join(missing)} missing",
-            )
+            return bytes(fm.exact.value)
+
+        seen = _decode_fields(
+            info.name, [(fm.field_id, fm) for fm in entry.match], info.match_field,
+            info.match_fields, exact, "match field", "exact match field(s)",
+        )  # fmt: skip
         key = tuple(sorted((fid, canon) for fid, (_, canon) in seen.items()))
         names = {info.match_field(fid).name: value for fid, (value, _) in seen.items()}
         return key, names
@@ -447,24 +474,10 @@ class _Entities:
         act = self.p4info.action(action.action_id)
         canonical = p4runtime_pb2.TableAction()
         canonical.action.action_id = action.action_id
-        values: dict[int, tuple[int, bytes]] = {}
-        for param in action.params:
-            try:
-                spec = act.param(param.param_id)
-            except P4InfoError:
-                raise _fail(
-                    grpc.StatusCode.INVALID_ARGUMENT,
-                    f"{act.name}: no parameter with id {param.param_id}",
-                ) from None
-            if param.param_id in values:
-                raise _fail(grpc.StatusCode.INVALID_ARGUMENT, f"{act.name}: {spec.name} twice")
-            values[param.param_id] = _uint(param.value, spec.bitwidth, f"{act.name}.{spec.name}")
-        missing = [p.name for p in act.params if p.id not in values]
-        if missing:
-            raise _fail(
-                grpc.StatusCode.INVALID_ARGUMENT,
-                f"{act.name}: parameter(s) {', '.join(missing)} missing",
-            )
+        values = _decode_fields(
+            act.name, [(p.param_id, p) for p in action.params], act.param, act.params,
+            lambda param, _: bytes(param.value), "parameter", "parameter(s)",
+        )  # fmt: skip
         for pid in sorted(values):
             canonical.action.params.add(param_id=pid, value=values[pid][1])
         return canonical, {act.param(pid).name: v for pid, (v, _) in values.items()}
