@@ -53,7 +53,7 @@ import numpy as np
 
 from hostlib.ina import Addr, InaError, InaTimeoutError, RetryPolicy, _Rtt
 from hostlib.protocol import DEFAULT_SLOTS_PER_JOB, FLAG_RESEND, LANES_PER_PACKET, MAX_LANES
-from hostlib.session import _as_numpy
+from hostlib.session import reduce_flat
 from hostlib.transport.base import Transport
 
 __all__ = [
@@ -515,19 +515,16 @@ class PeerCollective:
         """
         if self._broken:
             raise P2pError(f"session unusable after an earlier failure: {self._broken}")
-        array, wrap = _as_numpy(x)
-        flat = np.ascontiguousarray(array).reshape(-1)
+        return reduce_flat(x, inplace, self._allreduce_flat)
+
+    def _allreduce_flat(self, flat: np.ndarray) -> np.ndarray:
         call = self._call_type(self.endpoint, flat)
         try:
             self._drive(call)
         except P2pError as exc:
             self._broken = str(exc)
             raise
-        result = call.result().reshape(array.shape)
-        if inplace:
-            array[...] = result
-            return x
-        return wrap(result)
+        return call.result()
 
     def _drive(self, call: CollectiveCall) -> None:
         recv, view = self.transport.recv_into, memoryview(self._buf)

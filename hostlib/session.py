@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
@@ -10,7 +11,7 @@ import numpy as np
 from hostlib.ina import InaAllreduce, InaError, JobSpec, RetryPolicy, _Rtt
 from hostlib.transport.base import Transport
 
-__all__ = ["InaSession"]
+__all__ = ["InaSession", "reduce_flat"]
 
 _RECV_BYTES = 65536
 
@@ -59,8 +60,9 @@ class InaSession:
         """
         if self._broken:
             raise InaError(f"session unusable after an earlier failure: {self._broken}")
-        array, wrap = _as_numpy(x)
-        flat = np.ascontiguousarray(array).reshape(-1)
+        return reduce_flat(x, inplace, self._allreduce_flat)
+
+    def _allreduce_flat(self, flat: np.ndarray) -> np.ndarray:
         engine = InaAllreduce(
             self.spec, flat, self.uses, self.policy, self.rtt, first_seq=self.next_seq
         )
@@ -73,11 +75,7 @@ class InaSession:
         engine.commit()
         self.next_seq = engine.next_seq
         self.retransmissions += engine.stats.retransmitted
-        result = engine.result().reshape(array.shape)
-        if inplace:
-            array[...] = result
-            return x
-        return wrap(result)
+        return engine.result()
 
     def _drive(self, engine: InaAllreduce) -> None:
         transport, dest = self.transport, self.spec.switch
@@ -108,6 +106,22 @@ class InaSession:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+
+def reduce_flat(x: Any, inplace: bool, reduce: Callable[[np.ndarray], np.ndarray]) -> Any:
+    """Run ``reduce`` on ``x`` flattened (a contiguous 1-D numpy array) and give the result
+    ``x``'s shape and type, or write it into ``x`` with ``inplace``: what every host
+    allreduce (INA, ring, tree) does around its engine.
+
+    Raises:
+        TypeError: ``x`` is neither a numpy array nor a CPU torch tensor.
+    """
+    array, wrap = _as_numpy(x)
+    result = reduce(np.ascontiguousarray(array).reshape(-1)).reshape(array.shape)
+    if inplace:
+        array[...] = result
+        return x
+    return wrap(result)
 
 
 def _as_numpy(x: Any) -> tuple[np.ndarray, Any]:
