@@ -21,8 +21,8 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from emulation.argtypes import int_in
-from emulation.bench.config import format_size, parse_size
+from emulation.argtypes import int_in, size
+from emulation.bench.config import format_size
 
 if TYPE_CHECKING:
     from dynamiccl.model import TopologySummary
@@ -33,18 +33,11 @@ __all__ = ["add_arguments", "main", "run"]
 PROG = "inalab decide"
 
 
-def _size(text: str) -> int:
-    try:
-        return parse_size(text)
-    except ValueError as exc:
-        raise argparse.ArgumentTypeError(str(exc)) from None
-
-
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     """The flags of ``inalab decide``."""
     from dynamiccl.model import COLLECTIVES
 
-    parser.add_argument("--size", type=_size, help="message size, e.g. 4096, 4K, 4M, 1G")
+    parser.add_argument("--size", type=size, help="message size, e.g. 4096, 4K, 4M, 1G")
     parser.add_argument(
         "--workers",
         type=int_in(1),
@@ -69,10 +62,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--export-tuner", type=Path, metavar="PATH", help="write an NCCL tuner rule file"
     )
     parser.add_argument(
-        "--min", type=_size, default=4096, help="--export-tuner's smallest size (default 4K)"
+        "--min", type=size, default=4096, help="--export-tuner's smallest size (default 4K)"
     )
     parser.add_argument(
-        "--max", type=_size, default=1 << 30, help="--export-tuner's largest size (default 1G)"
+        "--max", type=size, default=1 << 30, help="--export-tuner's largest size (default 1G)"
     )
 
 

@@ -10,7 +10,7 @@ import argparse
 import re
 from collections.abc import Callable
 
-__all__ = ["delay", "int_in", "parse_delay_ms", "positive_float", "probability"]
+__all__ = ["delay", "int_in", "parse_delay_ms", "positive_float", "probability", "size"]
 
 _DELAY = re.compile(r"^\s*([0-9]*\.?[0-9]+(?:[eE][-+]?[0-9]+)?)\s*(us|ms|s)?\s*$")
 _DELAY_MS = {"us": 1e-3, "ms": 1.0, "s": 1e3, None: 1.0}  # a bare number is ms
@@ -78,3 +78,13 @@ def positive_float(text: str) -> float:
     if not value > 0:
         raise argparse.ArgumentTypeError(f"{value} must be positive")
     return value
+
+
+def size(text: str) -> int:
+    """An nccl-tests size (``4096``, ``4K``, ``1M``; :func:`emulation.bench.config.parse_size`)."""
+    from emulation.bench.config import parse_size
+
+    try:
+        return parse_size(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None

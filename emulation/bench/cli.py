@@ -21,7 +21,7 @@ from importlib import metadata
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from emulation.argtypes import int_in, positive_float, probability
+from emulation.argtypes import int_in, positive_float, probability, size
 from emulation.bench.config import (
     ALGORITHMS,
     DEFAULT_ALGORITHMS,
@@ -32,7 +32,6 @@ from emulation.bench.config import (
     BenchConfig,
     align_down,
     format_size,
-    parse_size,
     size_sweep,
 )
 from hostlib.protocol import MAX_LANES, MAX_SLOT, MAX_WORKERS
@@ -46,13 +45,6 @@ PROG = "inalab bench"
 
 
 # ----------------------------------------------------------------- argument types
-def _size(text: str) -> int:
-    try:
-        return parse_size(text)
-    except ValueError as exc:
-        raise argparse.ArgumentTypeError(str(exc)) from None
-
-
 def _algos(text: str) -> tuple[str, ...]:
     names = [a.strip().lower() for a in text.split(",") if a.strip()]
     unknown = [a for a in names if a not in ALGORITHMS]
@@ -70,8 +62,8 @@ def add_arguments(parser: argparse.ArgumentParser, emulated: bool = False) -> No
     workers, their hosts and the links' loss, and there is no switch-only mode.
     """
     add = parser.add_argument
-    add("-b", "--minbytes", type=_size, default=4 << 10, help="smallest size (default 4K)")
-    add("-e", "--maxbytes", type=_size, default=16 << 20, help="largest size (default 16M)")
+    add("-b", "--minbytes", type=size, default=4 << 10, help="smallest size (default 4K)")
+    add("-e", "--maxbytes", type=size, default=16 << 20, help="largest size (default 16M)")
     add("-f", "--stepfactor", type=int_in(2), default=4, help="size multiplier (default 4)")
     add("-n", "--iters", type=int_in(1), default=5, help="timed calls per size (default 5)")
     add("-w", "--warmup_iters", type=int_in(0), default=2, help="untimed calls (default 2)")
