@@ -29,10 +29,10 @@ from __future__ import annotations
 
 import json
 import logging
-from collections import deque
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
+from functools import cached_property
 from pathlib import Path
 from typing import Any
 
@@ -40,7 +40,14 @@ from controller.forwarder import HostRoute
 from controller.switch import SwitchController, WorkerAddress
 from emulation.bmv2 import Bmv2Unavailable, bmv2_switch_class, check_bmv2_switch, find_bmv2
 from emulation.softswitch.process import SoftSwitchProcess
-from emulation.topology import AggregationTree, Switch, Topology, TopologyJob, aggregation_tree
+from emulation.topology import (
+    AggregationTree,
+    Switch,
+    Topology,
+    TopologyJob,
+    aggregation_tree,
+    shortest_path_tree,
+)
 from hostlib.protocol import INA_UDP_PORT, packet_size
 
 __all__ = [
@@ -153,6 +160,11 @@ class Emulation:
     def host(self, name: str) -> Any:
         return self.net.get(name)
 
+    @cached_property
+    def hops(self) -> dict[str, dict[str, int]]:
+        """Switch -> node -> the switch's port on a shortest path to the node."""
+        return {s.name: _first_hops(self.topology, s.name) for s in self.topology.switches}
+
     def ina_address(self, switch: str) -> tuple[str, str]:
         """(IPv4, MAC) hosts send INA packets to for jobs aggregated at ``switch``."""
         names = [s.name for s in self.topology.switches]
@@ -163,8 +175,7 @@ class Emulation:
         topology (rank r of a host with k ranks at UDP port WORKER_UDP_PORT + r)."""
         topo = self.topology
         aggregators = [s for s in topo.switches if s.role == "aggregate"]
-        hops = {s.name: _first_hops(topo, s.name) for s in topo.switches}
-        self._hops = hops
+        hops = self.hops
         for s in topo.switches:
             ctl = self.controllers[s.name]
             for h in topo.hosts:
@@ -215,7 +226,7 @@ class Emulation:
                 failed (what was installed is removed again).
         """
         tree = aggregation_tree(self.topology, job)
-        hops = self._hops
+        hops = self.hops
         per_switch: dict[str, list[WorkerAddress]] = {s: [] for s in tree.members}
         answers: list[tuple[Addr, int]] = []
         for host_name, (ip, port) in workers:
@@ -336,23 +347,11 @@ def _depth(tree: AggregationTree, switch: str) -> int:
 
 def _first_hops(topo: Topology, switch: str) -> dict[str, int]:
     """For every node ``switch`` reaches: the port of ``switch`` on a shortest path to
-    it (one breadth-first search; ties by link order)."""
-    neighbours: dict[str, list[tuple[str, int | None]]] = {}
-    for link in topo.links:
-        neighbours.setdefault(link.a, []).append((link.b, link.a_port))
-        neighbours.setdefault(link.b, []).append((link.a, link.b_port))
+    it (read from :func:`~emulation.topology.shortest_path_tree`)."""
+    port_of = {node: port for port, node in topo.ports(switch).items()}
     first: dict[str, int] = {}
-    queue: deque[str] = deque()
-    for node, port in neighbours.get(switch, []):
-        if node not in first and port is not None:
-            first[node] = port
-            queue.append(node)
-    while queue:
-        node = queue.popleft()
-        for nxt, _ in neighbours.get(node, []):
-            if nxt not in first and nxt != switch:
-                first[nxt] = first[node]
-                queue.append(nxt)
+    for node, toward in shortest_path_tree(topo, switch).items():  # parents come first
+        first[node] = port_of[node] if toward == switch else first[toward]
     return first
 
 

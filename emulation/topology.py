@@ -22,6 +22,7 @@ from __future__ import annotations
 import ipaddress
 import json
 import re
+from collections import deque
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -43,6 +44,7 @@ __all__ = [
     "aggregation_tree",
     "load_topology",
     "parse_topology",
+    "shortest_path_tree",
 ]
 
 SWITCH_KINDS = ("soft", "bmv2")
@@ -197,6 +199,26 @@ class AggregationTree:
         return bool(self.parent)
 
 
+def shortest_path_tree(topo: Topology, root: str) -> dict[str, str]:
+    """Every node ``root`` reaches -> the next node on its shortest path to ``root``, in
+    breadth-first order (ties by link order): the one search that forwarding entries
+    and aggregation trees are both read from."""
+    neighbours: dict[str, list[str]] = {}
+    for link in topo.links:
+        neighbours.setdefault(link.a, []).append(link.b)
+        neighbours.setdefault(link.b, []).append(link.a)
+    toward_root: dict[str, str] = {}
+    queue, seen = deque([root]), {root}
+    while queue:
+        node = queue.popleft()
+        for other in neighbours.get(node, []):
+            if other not in seen:
+                seen.add(other)
+                toward_root[other] = node
+                queue.append(other)
+    return toward_root
+
+
 def aggregation_tree(topo: Topology, job: TopologyJob) -> AggregationTree:
     """Every ``aggregate`` switch on a worker's shortest path to the job's switch takes
     part: it sums its hosts' (and child switches') contributions and sends one partial
@@ -204,21 +226,7 @@ def aggregation_tree(topo: Topology, job: TopologyJob) -> AggregationTree:
     Ties between shortest paths go by link order (a breadth-first search from the
     root), so the tree is a pure function of the topology.
     """
-    toward_root: dict[str, str] = {}  # node -> next node on its path to the root
-    neighbours: dict[str, list[str]] = {}
-    for link in topo.links:
-        neighbours.setdefault(link.a, []).append(link.b)
-        neighbours.setdefault(link.b, []).append(link.a)
-    frontier, seen = [job.switch], {job.switch}
-    while frontier:
-        nxt = []
-        for node in frontier:
-            for other in neighbours.get(node, []):
-                if other not in seen:
-                    seen.add(other)
-                    toward_root[other] = node
-                    nxt.append(other)
-        frontier = nxt
+    toward_root = shortest_path_tree(topo, job.switch)
 
     def next_aggregator(node: str) -> str:
         while node != job.switch:
