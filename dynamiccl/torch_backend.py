@@ -1,0 +1,451 @@
+"""The PyTorch seam of dynamiccl: a ``torch.distributed`` backend named ``"ina"``.
+
+``import dynamiccl.torch_backend`` registers the backend; then
+``torch.distributed.init_process_group("ina", ...)`` builds an :class:`InaProcessGroup`.
+Its allreduce of CPU int32/float32 tensors with ``ReduceOp.SUM`` goes through hostlib's
+:class:`~hostlib.session.InaSession` (UDP to an INA switch) when the :class:`Chooser`
+says ``"ina"`` for its size; every other call (other ops or dtypes, broadcast,
+allgather, barrier, ...) goes to a Gloo backend built from the same store, registered as
+the group's CPU backend, so torch's own dispatch reaches it.
+
+Job setup (:func:`connect_session`): each rank binds a UDP socket and writes its address
+to the c10d store; rank 0 reads them all, installs the job on the switch over P4Runtime
+(``controller.switch.SwitchController.add_job``) and writes the outcome and the switch's
+lanes per packet; the other ranks wait for that key. Configuration comes from
+``pg_options=InaOptions(...)`` or, without it, from the environment
+(:meth:`InaOptions.from_env`): ``INALAB_SWITCH``, ``INALAB_P4RUNTIME``, ``INALAB_JOB``.
+
+Every rank must make the same sequence of INA calls with the same sizes (the session's
+slot sets follow it), so a chooser must decide from the size alone, the same way on all
+ranks.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import time
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from datetime import timedelta
+from typing import Any, Protocol
+
+import torch
+import torch.distributed as dist
+from torch._C._distributed_c10d import (  # type: ignore[attr-defined]  # not in the stubs
+    _create_work_from_future,
+)
+
+from hostlib.ina import Addr, InaError, JobSpec, RetryPolicy
+from hostlib.protocol import DEFAULT_SLOTS_PER_JOB
+from hostlib.session import InaSession
+from hostlib.transport.udp import UdpTransport
+
+__all__ = [
+    "BACKEND_NAME",
+    "ENV_BIND",
+    "ENV_DEVICE_ID",
+    "ENV_JOB",
+    "ENV_P4RUNTIME",
+    "ENV_SLOTS",
+    "ENV_SWITCH",
+    "AlwaysIna",
+    "Chooser",
+    "Exchange",
+    "GroupExchange",
+    "InaOptions",
+    "InaProcessGroup",
+    "InaSetupError",
+    "StoreExchange",
+    "connect_session",
+    "ina_allreduce_",
+    "parse_addr",
+    "register_backend",
+    "remove_job",
+    "uses_ina",
+]
+
+log = logging.getLogger(__name__)
+
+BACKEND_NAME = "ina"
+ENV_SWITCH = "INALAB_SWITCH"
+"""``host:port``: the switch's UDP data address (required)."""
+ENV_P4RUNTIME = "INALAB_P4RUNTIME"
+"""``host:port``: the switch's P4Runtime server, where rank 0 installs the job (required)."""
+ENV_JOB = "INALAB_JOB"
+"""The job id, 0..65535, unused on the switch (required)."""
+ENV_BIND = "INALAB_BIND"
+"""The address this rank's UDP socket binds (default 127.0.0.1)."""
+ENV_SLOTS = "INALAB_SLOTS"
+"""Slots per set the job gets (default hostlib's DEFAULT_SLOTS_PER_JOB)."""
+ENV_DEVICE_ID = "INALAB_DEVICE_ID"
+"""The switch's P4Runtime device id (default 0)."""
+
+INA_DTYPES = (torch.float32, torch.int32)
+
+
+class InaSetupError(RuntimeError):
+    """The INA job could not be set up (bad configuration, or the switch refused it)."""
+
+
+class Chooser(Protocol):
+    """Picks the algorithm of one allreduce from its size; the same on every rank."""
+
+    def choose(self, size_bytes: int) -> str:
+        """``"ina"`` to aggregate in the switch; any other name (``"gloo"``, ``"ring"``)
+        sends the call to the host-based fallback."""
+        ...
+
+
+class AlwaysIna:
+    """The default chooser: every supported allreduce goes through the switch."""
+
+    def choose(self, size_bytes: int) -> str:
+        return "ina"
+
+
+@dataclass(frozen=True)
+class InaOptions:
+    """Where the INA job runs and how this rank joins it.
+
+    Attributes:
+        switch: the switch's UDP data address.
+        p4runtime: ``host:port`` of its P4Runtime server (rank 0 installs the job there).
+        job_id: the job's id on the switch, 0..65535.
+        device_id: the switch's P4Runtime device id.
+        bind_ip: the address this rank's UDP socket binds.
+        slots: slots per set the job gets (its window of packets in flight).
+        deadline: seconds without progress before an allreduce fails; ``None``: the
+            process group's timeout.
+        chooser: INA or the fallback, per allreduce size.
+        remove_on_shutdown: rank 0 removes the job when the group shuts down.
+
+    Raises:
+        ValueError: a field out of range.
+    """
+
+    switch: Addr
+    p4runtime: str
+    job_id: int
+    device_id: int = 0
+    bind_ip: str = "127.0.0.1"
+    slots: int = DEFAULT_SLOTS_PER_JOB
+    deadline: float | None = None
+    chooser: Chooser = field(default_factory=AlwaysIna)
+    remove_on_shutdown: bool = True
+
+    def __post_init__(self) -> None:
+        if not 0 <= self.job_id <= 0xFFFF:
+            raise ValueError(f"job id {self.job_id} outside 0..65535")
+        if self.slots < 1:
+            raise ValueError(f"slots {self.slots} must be positive")
+        if self.deadline is not None and self.deadline <= 0:
+            raise ValueError(f"deadline {self.deadline} must be positive")
+
+    @classmethod
+    def from_env(cls, environ: Mapping[str, str] | None = None) -> InaOptions:
+        """Options from ``INALAB_*`` variables (see the module's ``ENV_*`` names).
+
+        Raises:
+            InaSetupError: a required variable is missing or a value does not parse.
+        """
+        env = os.environ if environ is None else environ
+        missing = [k for k in (ENV_SWITCH, ENV_P4RUNTIME, ENV_JOB) if not env.get(k)]
+        if missing:
+            raise InaSetupError(f"the ina backend needs {', '.join(missing)} (or pg_options)")
+        try:
+            return cls(
+                switch=parse_addr(env[ENV_SWITCH]),
+                p4runtime=env[ENV_P4RUNTIME],
+                job_id=int(env[ENV_JOB]),
+                device_id=int(env.get(ENV_DEVICE_ID, "0")),
+                bind_ip=env.get(ENV_BIND, "127.0.0.1"),
+                slots=int(env.get(ENV_SLOTS, str(DEFAULT_SLOTS_PER_JOB))),
+            )
+        except ValueError as exc:
+            raise InaSetupError(f"bad INALAB_* setting: {exc}") from None
+
+
+def parse_addr(text: str) -> Addr:
+    """``"host:port"`` as ``(host, port)``.
+
+    Raises:
+        ValueError: no port, or a port outside 1..65535.
+    """
+    host, sep, port = text.rpartition(":")
+    if not sep or not host:
+        raise ValueError(f"{text!r} is not host:port")
+    number = int(port)
+    if not 1 <= number <= 0xFFFF:
+        raise ValueError(f"port {number} outside 1..65535")
+    return host, number
+
+
+# ----------------------------------------------------------------- job setup
+class Exchange(Protocol):
+    """How the ranks of a job share their addresses and rank 0's outcome of the setup."""
+
+    rank: int
+    world_size: int
+
+    def gather(self, value: str) -> list[str] | None:
+        """Every rank's ``value`` on rank 0 (index = rank); ``None`` on other ranks."""
+        ...
+
+    def share(self, value: str | None) -> str:
+        """Rank 0's ``value``, on every rank (others pass ``None``)."""
+        ...
+
+
+class StoreExchange:
+    """An :class:`Exchange` over a c10d store (the one a backend is built from)."""
+
+    def __init__(self, store: dist.Store, rank: int, world_size: int, prefix: str) -> None:
+        self.store, self.rank, self.world_size, self.prefix = store, rank, world_size, prefix
+
+    def gather(self, value: str) -> list[str] | None:
+        self.store.set(f"{self.prefix}/addr/{self.rank}", value)
+        if self.rank != 0:
+            return None
+        keys = [f"{self.prefix}/addr/{r}" for r in range(self.world_size)]
+        return [self.store.get(key).decode() for key in keys]
+
+    def share(self, value: str | None) -> str:
+        if self.rank == 0:
+            if value is None:
+                raise ValueError("rank 0 must share a value")
+            self.store.set(f"{self.prefix}/ready", value)
+            return value
+        return self.store.get(f"{self.prefix}/ready").decode()
+
+
+class GroupExchange:
+    """An :class:`Exchange` over an initialized process group's object collectives."""
+
+    def __init__(self, group: dist.ProcessGroup | None = None) -> None:
+        self.group = group
+        self.rank = dist.get_rank(group)
+        self.world_size = dist.get_world_size(group)
+
+    def gather(self, value: str) -> list[str] | None:
+        values: list[Any] = [None] * self.world_size
+        dist.all_gather_object(values, value, group=self.group)
+        return [str(v) for v in values] if self.rank == 0 else None
+
+    def share(self, value: str | None) -> str:
+        box: list[Any] = [value]
+        dist.broadcast_object_list(box, group=self.group, group_src=0)
+        return str(box[0])
+
+
+def connect_session(options: InaOptions, exchange: Exchange, timeout: timedelta) -> InaSession:
+    """Join the INA job of ``options``: exchange addresses; rank 0 installs the job on
+    the switch; return this rank's session (close it when done).
+
+    Every rank of the group must call this with the same options.
+
+    Raises:
+        InaSetupError: the job could not be installed (on every rank: rank 0 shares its
+            error).
+        ValueError: rank or world size out of range for a job.
+        TransportError: ``options.bind_ip`` cannot be bound.
+    """
+    transport = UdpTransport(local=(options.bind_ip, 0))
+    try:
+        addrs = exchange.gather(json.dumps(list(transport.local_addr)))
+        outcome = None if addrs is None else _install(options, [json.loads(a) for a in addrs])
+        info = json.loads(exchange.share(outcome))
+        if "error" in info:
+            raise InaSetupError(f"job {options.job_id}: {info['error']}")
+        spec = JobSpec(
+            job_id=options.job_id,
+            rank=exchange.rank,
+            num_workers=exchange.world_size,
+            switch=options.switch,
+            lanes=int(info["lanes"]),
+            slots=options.slots,
+        )
+        deadline = options.deadline or timeout.total_seconds()
+        return InaSession(spec, transport, RetryPolicy(deadline=deadline))
+    except BaseException:
+        transport.close()
+        raise
+
+
+def _install(options: InaOptions, addrs: list[Any]) -> str:
+    """Rank 0: install the job with every rank's address; the outcome as JSON."""
+    from controller.client import P4RuntimeError
+    from controller.switch import ControllerError, SwitchController, WorkerAddress
+
+    info: dict[str, Any]
+    try:
+        with SwitchController.connect(options.p4runtime, device_id=options.device_id) as ctl:
+            workers = [WorkerAddress(str(ip), int(port)) for ip, port in addrs]
+            ctl.add_job(options.job_id, workers, options.slots)
+            info = {"lanes": ctl.lanes}
+    except (P4RuntimeError, ControllerError, ValueError) as exc:
+        # Shared with every rank, so all of them fail with the switch's reason.
+        info = {"error": f"{type(exc).__name__}: {exc}"}
+    log.info("ina job %d on %s: %s", options.job_id, options.p4runtime, info)
+    return json.dumps(info)
+
+
+def remove_job(options: InaOptions) -> None:
+    """Remove the job of ``options`` from its switch; a failure is logged, not raised
+    (teardown must not hide the error that ended a run)."""
+    from controller.client import P4RuntimeError
+    from controller.switch import ControllerError, SwitchController
+
+    try:
+        with SwitchController.connect(options.p4runtime, device_id=options.device_id) as ctl:
+            ctl.remove_job(options.job_id)
+    except (P4RuntimeError, ControllerError) as exc:
+        log.warning("could not remove ina job %d: %s", options.job_id, exc)
+
+
+# ----------------------------------------------------------------- the allreduce
+def uses_ina(tensor: torch.Tensor, chooser: Chooser) -> bool:
+    """Whether a SUM allreduce of ``tensor`` goes through the switch: a non-empty int32
+    or float32 tensor on the CPU or a CUDA device, and the chooser says ``"ina"``."""
+    if tensor.dtype not in INA_DTYPES or tensor.numel() == 0:
+        return False
+    if tensor.device.type not in ("cpu", "cuda"):
+        return False
+    return chooser.choose(tensor.numel() * tensor.element_size()) == "ina"
+
+
+def ina_allreduce_(session: InaSession, tensor: torch.Tensor) -> torch.Tensor:
+    """Sum ``tensor`` in place over the session's job; return it.
+
+    A CPU contiguous tensor is reduced in its own memory; a non-contiguous or CUDA
+    tensor is staged through a contiguous host copy and copied back.
+
+    Raises:
+        TypeError: a dtype other than int32/float32.
+        ValueError: NaN or infinity in float32 data.
+        InaError: the switch or a peer stopped answering.
+    """
+    data = tensor.detach()
+    if data.device.type == "cpu" and data.is_contiguous():
+        session.allreduce(data, inplace=True)
+        return tensor
+    host = data.to("cpu", memory_format=torch.contiguous_format, copy=True)
+    session.allreduce(host, inplace=True)
+    data.copy_(host)
+    return tensor
+
+
+def _completed(result: Any) -> dist.Work:
+    future: torch.futures.Future[Any] = torch.futures.Future()
+    future.set_result(result)
+    return _create_work_from_future(future)
+
+
+class InaProcessGroup(dist.ProcessGroup):
+    """A process group whose SUM allreduce of int32/float32 goes through an INA switch;
+    everything else is Gloo's (created from ``store``).
+
+    Built by ``init_process_group("ina")`` (see :func:`register_backend`); construct it
+    directly only for a group of your own (every rank at once: it sets up the job).
+
+    Raises:
+        InaSetupError: the job could not be set up.
+    """
+
+    def __init__(
+        self,
+        store: dist.Store,
+        rank: int,
+        world_size: int,
+        timeout: timedelta,
+        options: InaOptions,
+    ) -> None:
+        # torch 2.13 rejects the (store, rank, size) constructor for Python subclasses.
+        super().__init__(rank, world_size)  # type: ignore[call-arg]
+        self.options = options
+        self._store = store
+        # Any: the stubs omit the collectives of ProcessGroupGloo (a c10d Backend).
+        self._gloo: Any = dist.ProcessGroupGloo(
+            dist.PrefixStore("gloo/", store), rank, world_size, timeout
+        )
+        # Collectives this class does not override reach Gloo through torch's dispatch.
+        gloo_type = dist.ProcessGroup.BackendType.GLOO
+        self._register_backend(torch.device("cpu"), gloo_type, self._gloo)
+        if torch.cuda.is_available():
+            self._register_backend(torch.device("cuda"), gloo_type, self._gloo)
+        exchange = StoreExchange(store, rank, world_size, f"ina/job{options.job_id}")
+        self.session = connect_session(options, exchange, timeout)
+        self._closed = False
+
+    def getBackendName(self) -> str:
+        return BACKEND_NAME
+
+    def allreduce(  # type: ignore[override]  # what the C++ trampoline passes
+        self, tensors: list[torch.Tensor], opts: Any = None
+    ) -> dist.Work:
+        """SUM of int32/float32 through the switch; anything else through Gloo."""
+        if opts is None:
+            opts = dist.AllreduceOptions()
+        chooser = self.options.chooser
+        if not (opts.reduceOp == dist.ReduceOp.SUM and all(uses_ina(t, chooser) for t in tensors)):
+            return self._gloo.allreduce(tensors, opts)
+        if self._closed:
+            raise InaError("the ina process group is shut down")
+        for tensor in tensors:
+            ina_allreduce_(self.session, tensor)
+        return _completed(tensors)
+
+    def shutdown(self) -> None:
+        """Close the session; rank 0 removes the job once every rank has shut down
+        (waiting at most a few seconds for them)."""
+        if self._closed:
+            return
+        self._closed = True
+        self.session.close()
+        if not self.options.remove_on_shutdown:
+            return
+        key = f"ina/job{self.options.job_id}/closed"
+        try:
+            self._store.add(key, 1)
+            if self.rank() == 0:
+                self._wait_for_count(key, self.size())
+                remove_job(self.options)
+        except (RuntimeError, InaSetupError) as exc:  # c10d store errors are RuntimeErrors
+            log.warning("ina job %d left installed: %s", self.options.job_id, exc)
+
+    def abort(self) -> None:
+        if not self._closed:
+            self._closed = True
+            self.session.close()
+
+    def _wait_for_count(self, key: str, count: int, seconds: float = 10.0) -> None:
+        deadline = time.monotonic() + seconds
+        while self._store.add(key, 0) < count:
+            if time.monotonic() > deadline:
+                raise InaSetupError(f"only some ranks shut down within {seconds:.0f}s")
+            time.sleep(0.01)
+
+
+def _create(backend_opts: Any, pg_options: Any) -> InaProcessGroup:
+    """``init_process_group``'s factory (extended API): ``pg_options`` or the environment."""
+    options = pg_options if pg_options is not None else InaOptions.from_env()
+    if not isinstance(options, InaOptions):
+        raise TypeError(f"pg_options of the ina backend must be InaOptions, not {options!r}")
+    return InaProcessGroup(
+        backend_opts.store,
+        backend_opts.group_rank,
+        backend_opts.group_size,
+        backend_opts.timeout,
+        options,
+    )
+
+
+def register_backend(devices: Sequence[str] = ("cpu", "cuda")) -> None:
+    """Register ``"ina"`` with ``torch.distributed`` (done on import; idempotent)."""
+    if BACKEND_NAME.upper() in dist.Backend._plugins:
+        return
+    dist.Backend.register_backend(BACKEND_NAME, _create, extended_api=True, devices=list(devices))
+
+
+register_backend()
