@@ -6,8 +6,9 @@ and configures them through the controller, and writes ``RUN_DIR/manifest.json``
 
 - ``bench``: ``inalab bench``'s sweep with the ranks inside the Mininet hosts, across the
   emulated links: INA (flat or hierarchical, as the topology's aggregating switches
-  say), CollNet (hosts with several ``ranks``) and Gloo's ring, the same tables, JSON
-  and plot;
+  say), CollNet (hosts with several ``ranks``), hostlib's ring and tree, auto
+  (dynamiccl, deciding with the topology's links) and Gloo's ring, the same tables,
+  JSON and plot;
 - ``up`` (default): keep the network up until Ctrl-C (or ``--seconds``), for your own
   controller (``inalab ctl --manifest RUN_DIR/manifest.json --name s1``) and workers;
 - ``--cli``: Mininet's CLI once the network is up (after the bench, if one runs).
@@ -196,8 +197,11 @@ def _bench(args: argparse.Namespace, em: Emulation, job: TopologyJob, run_dir: P
         },
         "loss_applies_to": "switch drop simulator (INA only); link loss in emulation.links",
     }
+    from dynamiccl.model import summarize_topology
+
+    summary = summarize_topology(em.topology, job.job_id, slots=cfg.slots)
     try:
-        return run_bench(args, cfg, run_dir, fabric, meta)
+        return run_bench(args, cfg, run_dir, fabric, meta, summary)
     except BenchError as exc:
         print(f"{PROG}: failed: {exc}", file=sys.stderr)
         return 1

@@ -1,4 +1,5 @@
-"""``inalab bench``: allreduce over a size sweep, INA (soft switch) vs Gloo, nccl-tests style.
+"""``inalab bench``: allreduce over a size sweep, INA (soft switch) vs CollNet, ring, tree,
+dynamiccl's auto and Gloo, nccl-tests style.
 
 Runs on loopback without root: one soft switch process and one process per rank on
 127.0.0.1. Flags follow nccl-tests (``-b/-e/-f`` sweep, ``-n/-w`` iterations, ``-d``
@@ -9,6 +10,7 @@ write the results for later comparison.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import logging
 import os
@@ -37,6 +39,8 @@ from emulation.bench.config import (
 from hostlib.protocol import MAX_LANES, MAX_SLOT, MAX_WORKERS
 
 if TYPE_CHECKING:
+    from dynamiccl.model import TopologySummary
+    from dynamiccl.policy import Policy
     from emulation.bench.fabric import Fabric
 
 __all__ = ["UsageError", "add_arguments", "config_from_args", "run", "run_bench"]
@@ -101,6 +105,12 @@ def add_arguments(parser: argparse.ArgumentParser, emulated: bool = False) -> No
         type=int_in(1, MAX_SLOT + 1),
         default=slots,
         help=f"INA job slots, the outstanding window (default {slots})",
+    )
+    add(
+        "--profile",
+        type=Path,
+        metavar="PATH",
+        help="auto: dynamiccl profile JSON (inalab calibrate; default: built-in loopback numbers)",
     )
     add("--seed", type=int, default=0, help="seed of inputs and the drop simulator")
     add("--timeout", type=positive_float, default=10.0, help="host no-progress deadline (s)")
@@ -210,20 +220,30 @@ def run_bench(
     run_dir: Path,
     fabric: Fabric | None = None,
     extra_meta: dict[str, Any] | None = None,
+    topology: TopologySummary | None = None,
 ) -> int:
     """Run the sweep on ``fabric`` (default: loopback), print the tables, write JSON and
-    plot; 0 if every element was right, 1 otherwise.
+    plot; 0 if every element was right, 1 otherwise (2: ``--profile`` unreadable).
+
+    ``topology`` is what dynamiccl knows of the network for ``auto`` (None: the
+    profile's own set-up, loopback).
 
     Raises:
         BenchError: a run failed (see :func:`emulation.bench.sweep.run_sweep`).
     """
     from tqdm import tqdm
 
+    from dynamiccl.model import ProfileError
     from emulation.bench.fabric import LoopbackFabric
     from emulation.bench.report import format_table, make_document, write_json, write_plot
     from emulation.bench.sweep import run_sweep
 
     fabric = fabric or LoopbackFabric(cfg.ranks_per_host)
+    try:
+        policy = _policy(args, cfg, topology) if "auto" in cfg.algos else None
+    except (OSError, ProfileError) as exc:
+        print(f"{PROG}: error: --profile: {exc}", file=sys.stderr)
+        return 2
     print(_banner(cfg, fabric.description), flush=True)
     total = len(cfg.algos) * len(cfg.sizes)
     # disable=None: a bar on a terminal; nothing in a log file or CI, where each
@@ -235,15 +255,20 @@ def run_bench(
             bar.update(1)
 
         level = logging.getLogger().getEffectiveLevel()
-        result = run_sweep(cfg, run_dir, progress, level, fabric)
+        decide = policy.choose if policy is not None else None
+        result = run_sweep(cfg, run_dir, progress, level, fabric, decide)
     hosts = len({p.host for p in fabric.placements(cfg.workers)})
     for algo in cfg.algos:
         rows = [r for r in result.rows if r.algo == algo]
         print(format_table(algo, rows, _describe(algo, cfg, fabric.description, hosts)))
         print("#")
+    extra: dict[str, Any] = {}
+    if policy is not None:
+        extra["dynamiccl"] = _report_auto(policy, cfg, result.rows)
     wrong = sum(r.wrong for r in result.rows)
     meta = _metadata(args, cfg, run_dir)
     meta.update(extra_meta or {})
+    meta["profile_path"] = None if args.profile is None else str(args.profile)
     meta["switch_counters"] = result.switch_counters
     meta["switch_log"] = result.switch_log
     meta["wall_s"] = result.wall_s
@@ -254,7 +279,7 @@ def run_bench(
         # The switch ran on a free port: scapy needs it (hostlib.scapy_layer.bind_port).
         print(f"# pcap: {pcap} (switch port in {run_dir / 'switch.ready.json'})")
     if args.json is not None:
-        write_json(args.json, make_document(meta, result.rows))
+        write_json(args.json, make_document(meta, result.rows, extra))
         print(f"# json: {args.json}")
     if args.plot is not None:
         title = f"allreduce {cfg.dtype}, {cfg.workers} workers, loss {cfg.loss:g}"
@@ -264,6 +289,47 @@ def run_bench(
         print(f"{PROG}: {wrong} wrong elements in total", file=sys.stderr)
         return 1
     return 0
+
+
+def _policy(
+    args: argparse.Namespace, cfg: BenchConfig, topology: TopologySummary | None
+) -> Policy:
+    """auto's decision maker: dynamiccl's policy from ``--profile`` without exploration,
+    so its choice at a size is a pure function of the profile and the network.
+
+    Raises:
+        OSError, ProfileError: the profile file cannot be read.
+    """
+    from dynamiccl.model import DEFAULT_PROFILE, Profile
+    from dynamiccl.policy import Policy
+
+    profile = DEFAULT_PROFILE if args.profile is None else Profile.load(args.profile)
+    return Policy(profile, cfg.workers, topology, epsilon=0.0)
+
+
+def _report_auto(policy: Policy, cfg: BenchConfig, rows: list[Any]) -> dict[str, Any]:
+    """Print auto's choices against the oracle (when its candidates ran too); the JSON
+    section with the profile, each decision and the summary."""
+    from dynamiccl.model import ALGORITHMS as CANDIDATES
+    from emulation.bench.report import format_oracle, oracle_points, oracle_summary
+
+    section: dict[str, Any] = {
+        "profile": policy.profile.source,
+        "topology": None
+        if policy.topology_summary is None
+        else dataclasses.asdict(policy.topology_summary),
+        "decisions": {str(n): policy.decide(n).to_dict() for n in cfg.sizes},
+    }
+    static = [a for a in CANDIDATES if a in cfg.algos]
+    points = oracle_points(rows, static)
+    if len(static) >= 2 and points:
+        summary = oracle_summary(points)
+        print(format_oracle(points, summary))
+        print("#")
+        section["oracle"] = summary
+    else:
+        print(f"# auto: run it with {','.join(CANDIDATES)} to compare with the oracle\n#")
+    return section
 
 
 def _banner(cfg: BenchConfig, where: str) -> str:
@@ -284,6 +350,14 @@ def _describe(algo: str, cfg: BenchConfig, where: str, hosts: int) -> str:
             f"CollNet: shared-memory reduce on each of {hosts} hosts, the heads' INA"
             f" through the switch, {ina}, n={cfg.workers}"
         )
+    if algo in ("ring", "tree"):
+        shape = "reduce-scatter + all-gather" if algo == "ring" else "binary tree reduce + bcast"
+        return (
+            f"hostlib {algo} ({shape}) over UDP on {where}, lanes={cfg.lanes},"
+            f" window={cfg.slots}, n={cfg.workers}"
+        )
+    if algo == "auto":
+        return f"dynamiccl picks ina, ring or tree per size (the 'chosen' column), n={cfg.workers}"
     # torch's ProcessGroupGloo runs gloo::allreduce: segmented ring reduce-scatter + all-gather.
     torch_version = _version("torch")
     return (

@@ -14,12 +14,15 @@ from hostlib.protocol import MAX_LANES, MAX_WORKERS
 
 __all__ = [
     "ALGORITHMS",
+    "AUTO_CHOICES",
     "DEFAULT_ALGORITHMS",
     "DEFAULT_BENCH_LANES",
     "DEFAULT_BENCH_SLOTS",
     "DEFAULT_EMULATED_SLOTS",
     "ELEMENT_BYTES",
     "INA_ALGORITHMS",
+    "PEER_ALGORITHMS",
+    "SWITCH_ALGORITHMS",
     "BenchConfig",
     "align_down",
     "format_size",
@@ -45,13 +48,24 @@ longer queue turns into RTT variance and spurious retransmissions (measured, sta
 16 MiB: at 100 Mbit/s 1.47 s with 8 slots, 2.79 s with 32; at 1 Gbit/s 0.77 s with 8,
 1.02 s with 32, where the switch is the bottleneck)."""
 
-ALGORITHMS = ("ina", "collnet", "gloo")
+ALGORITHMS = ("ina", "collnet", "ring", "tree", "auto", "gloo")
 """Allreduce implementations the bench knows, in the order they run: flat INA (every rank
 a worker of the switch's job), CollNet (the ranks of a host reduce through shared memory
-and one head rank per host does INA, as NCCL's CollNet with SHARP) and Gloo's ring."""
+and one head rank per host does INA, as NCCL's CollNet with SHARP), hostlib's ring and
+binary tree (point to point on the same UDP transport and packet size as INA), ``auto``
+(dynamiccl picks ina, ring or tree per size) and Gloo's ring (torch.distributed, TCP)."""
 
 INA_ALGORITHMS = ("ina", "collnet")
-"""The algorithms that run through the switch."""
+"""The algorithms that run only through the switch."""
+
+PEER_ALGORITHMS = ("ring", "tree")
+"""The host-based algorithms of hostlib: ranks exchange packets directly, no switch."""
+
+AUTO_CHOICES = ("ina", "ring", "tree")
+"""What ``auto`` chooses from (dynamiccl's algorithms); its ranks hold a session of each."""
+
+SWITCH_ALGORITHMS = (*INA_ALGORITHMS, "auto")
+"""The algorithms whose run installs a job on the switch."""
 
 DEFAULT_ALGORITHMS = ("ina", "gloo")
 """What runs without ``--algos``: collnet is only meaningful with several ranks per host."""

@@ -17,11 +17,15 @@ from typing import Any
 
 __all__ = [
     "JSON_SCHEMA",
+    "OraclePoint",
     "Row",
     "bus_factor",
+    "format_oracle",
     "format_table",
     "make_document",
     "merge_ranks",
+    "oracle_points",
+    "oracle_summary",
     "write_json",
     "write_plot",
 ]
@@ -72,6 +76,8 @@ class Row:
     max_abs_err: float = 0.0
     retransmits: int = 0
     """Packets the hosts sent again (INA), summed over ranks, warm-up calls included."""
+    chosen: str | None = None
+    """``auto``: the algorithm dynamiccl chose and ran at this size."""
 
     @property
     def algbw(self) -> float:
@@ -101,6 +107,7 @@ class Row:
             "wrong": self.wrong,
             "max_abs_err": self.max_abs_err,
             "retransmits": self.retransmits,
+            **({"chosen": self.chosen} if self.chosen is not None else {}),
         }
 
 
@@ -137,6 +144,7 @@ def merge_ranks(
                 wrong=sum(r.wrong for r in at),
                 max_abs_err=max(r.max_abs_err for r in at),
                 retransmits=sum(getattr(r, "retransmits", 0) for r in at),
+                chosen=getattr(at[0], "ran", None) or None if algo == "auto" else None,
             )
         )
     return rows
@@ -158,6 +166,8 @@ def _fmt_time(us: float) -> str:
 def format_table(algo: str, rows: Iterable[Row], description: str = "") -> str:
     """An nccl-tests style table of one algorithm's rows, with a summary footer."""
     rows = list(rows)
+    chosen = any(r.chosen for r in rows)
+    head = _COLS + ("  {:>7}" if chosen else "")
     lines = [
         f"# algorithm: {algo}" + (f" ({description})" if description else ""),
         "# time = slowest rank's mean per call; algbw = size/time;"
@@ -165,13 +175,14 @@ def format_table(algo: str, rows: Iterable[Row], description: str = "") -> str:
         "# note: INA's busbw can exceed the link rate, because each host sends and receives"
         " S once rather than 2(n-1)/n * S; compare algbw.",
         "#",
-        _COLS.format("size", "count", "type", "redop", "time", "algbw", "busbw", "#wrong"),
-        _COLS.format("(B)", "(elements)", "", "", "(us)", "(GB/s)", "(GB/s)", ""),
+        head.format("size", "count", "type", "redop", "time", "algbw", "busbw", "#wrong", "chosen"),
+        head.format("(B)", "(elements)", "", "", "(us)", "(GB/s)", "(GB/s)", "", ""),
     ]
     for r in rows:
         lines.append(
             f"{r.nbytes:12d}  {r.count:12d}  {r.dtype:>8}  {REDOP:>6}  {_fmt_time(r.time_us_max)}"
             f"  {r.algbw:7.4f}  {r.busbw:7.4f}  {r.wrong:6d}"
+            + (f"  {r.chosen or '':>7}" if chosen else "")
         )
     wrong = sum(r.wrong for r in rows)
     avg = sum(r.busbw for r in rows) / len(rows) if rows else 0.0
@@ -182,14 +193,134 @@ def format_table(algo: str, rows: Iterable[Row], description: str = "") -> str:
     return "\n".join(lines)
 
 
+# ----------------------------------------------------------------- dynamiccl vs oracle
+@dataclass(frozen=True)
+class OraclePoint:
+    """One size: the static algorithms' times, the best of them and auto's choice."""
+
+    nbytes: int
+    times_us: dict[str, float]
+    """Each static candidate's time (slowest rank's mean), by algorithm."""
+    oracle: str
+    """The fastest static candidate at this size."""
+    chosen: str
+    """What auto (dynamiccl) chose."""
+    auto_us: float
+    """auto's own measured time at this size."""
+
+    @property
+    def regret(self) -> float:
+        """How much slower the chosen algorithm's static run is than the oracle's (0: the
+        oracle's choice). The static runs' times, so run-to-run noise does not count."""
+        return self.times_us[self.chosen] / self.times_us[self.oracle] - 1.0
+
+    @property
+    def auto_regret(self) -> float:
+        """auto's own measured time against the oracle's (includes run-to-run noise)."""
+        return self.auto_us / self.times_us[self.oracle] - 1.0
+
+
+def oracle_points(rows: Iterable[Row], candidates: Sequence[str]) -> list[OraclePoint]:
+    """auto's rows against the static ``candidates`` measured at the same sizes; sizes
+    where auto chose an algorithm that was not measured statically are left out."""
+    by: dict[tuple[str, int], Row] = {(r.algo, r.nbytes): r for r in rows}
+    points = []
+    for (algo, nbytes), auto in sorted(by.items(), key=lambda kv: kv[0][1]):
+        if algo != "auto" or auto.chosen is None:
+            continue
+        times = {a: by[(a, nbytes)].time_us_max for a in candidates if (a, nbytes) in by}
+        if auto.chosen not in times:
+            continue
+        oracle = min(times, key=lambda a: times[a])
+        points.append(OraclePoint(nbytes, times, oracle, auto.chosen, auto.time_us_max))
+    return points
+
+
+def oracle_summary(points: Sequence[OraclePoint]) -> dict[str, Any]:
+    """Average regret and the mixed workload: every size of the sweep once, as a job
+    whose calls span the sweep (DDP's buckets range from its small first bucket to the
+    25 MiB cap). The gain is the best single static algorithm's total over auto's.
+
+    Raises:
+        ValueError: no points.
+    """
+    if not points:
+        raise ValueError("no sizes where auto and its static candidates were all measured")
+    common = set.intersection(*(set(p.times_us) for p in points))
+    static_total = {a: sum(p.times_us[a] for p in points) for a in sorted(common)}
+    best_static = min(static_total, key=lambda a: static_total[a])
+    chosen_total = sum(p.times_us[p.chosen] for p in points)
+    auto_total = sum(p.auto_us for p in points)
+    oracle_total = sum(p.times_us[p.oracle] for p in points)
+    return {
+        "sizes": len(points),
+        "mean_regret": sum(p.regret for p in points) / len(points),
+        "max_regret": max(p.regret for p in points),
+        "mean_auto_regret": sum(p.auto_regret for p in points) / len(points),
+        "agreement": sum(p.chosen == p.oracle for p in points) / len(points),
+        "workload_us": {
+            **static_total,
+            "oracle": oracle_total,
+            "chosen": chosen_total,
+            "auto": auto_total,
+        },
+        "best_static": best_static,
+        "gain_over_best_static": static_total[best_static] / chosen_total,
+        "auto_gain_over_best_static": static_total[best_static] / auto_total,
+        "points": [
+            {
+                "size_bytes": p.nbytes,
+                "times_us": p.times_us,
+                "oracle": p.oracle,
+                "chosen": p.chosen,
+                "auto_us": p.auto_us,
+                "regret": p.regret,
+            }
+            for p in points
+        ],
+    }
+
+
+def format_oracle(points: Sequence[OraclePoint], summary: Mapping[str, Any]) -> str:
+    """The table of auto's choices against the oracle, and the summary lines."""
+    algos = list(points[0].times_us) if points else []
+    cols = "#{:>11}" + "  {:>10}" * len(algos) + "  {:>7}  {:>7}  {:>10}  {:>7}"
+    lines = [
+        "# dynamiccl (auto) against the oracle: the fastest static algorithm at each size",
+        cols.format("size", *algos, "oracle", "chosen", "auto", "regret"),
+        cols.format("(B)", *(["(us)"] * len(algos)), "", "", "(us)", ""),
+    ]
+    for p in points:
+        times = "".join(f"  {_fmt_time(p.times_us[a]):>10}" for a in algos)
+        lines.append(
+            f"{p.nbytes:12d}{times}  {p.oracle:>7}  {p.chosen:>7}  {_fmt_time(p.auto_us):>10}"
+            f"  {p.regret:7.1%}"
+        )
+    w = summary["workload_us"]
+    lines += [
+        f"# Mean regret          : {summary['mean_regret']:.1%} (max {summary['max_regret']:.1%};"
+        f" auto's own runs {summary['mean_auto_regret']:.1%}),"
+        f" oracle agreement {summary['agreement']:.0%}",
+        f"# Mixed workload       : every size once: best static {summary['best_static']}"
+        f" {w[summary['best_static']] / 1e6:.3f} s, dynamiccl {w['chosen'] / 1e6:.3f} s"
+        f" (auto's runs {w['auto'] / 1e6:.3f} s), oracle {w['oracle'] / 1e6:.3f} s:"
+        f" gain {summary['gain_over_best_static']:.2f}x",
+    ]
+    return "\n".join(lines)
+
+
 # ----------------------------------------------------------------- JSON
-def make_document(metadata: Mapping[str, Any], rows: Iterable[Row]) -> dict[str, Any]:
-    """The JSON document: schema tag, metadata, notes on timing, one entry per row."""
+def make_document(
+    metadata: Mapping[str, Any], rows: Iterable[Row], extra: Mapping[str, Any] | None = None
+) -> dict[str, Any]:
+    """The JSON document: schema tag, metadata, notes on timing, one entry per row, and
+    ``extra`` sections (e.g. ``dynamiccl``: auto against the oracle)."""
     return {
         "schema": JSON_SCHEMA,
         "metadata": dict(metadata),
         "notes": {"timing": TIMING_NOTE, "busbw": BUSBW_NOTE},
         "rows": [r.to_json() for r in rows],
+        **dict(extra or {}),
     }
 
 

@@ -2,8 +2,10 @@
 
 For each algorithm the coordinator spawns one process per rank (``workers.py``), for INA
 after starting a soft switch process and installing the job with the workers' addresses
-in rank order. It then releases the ranks size by size (a barrier it holds) and collects
-each rank's timings. It never hangs on a broken rank: it waits on the pipes and the
+in rank order; ring and tree ranks get each other's addresses; ``auto`` does both and is
+told per size which of INA, ring and tree to run (a decision function, dynamiccl's). It
+then releases the ranks size by size (a barrier it holds) and collects each rank's
+timings. It never hangs on a broken rank: it waits on the pipes and the
 process sentinels together, with a deadline, reports the first failing rank's traceback,
 and stops only the processes it started (the switch by its own PID).
 """
@@ -16,18 +18,32 @@ import os
 import time
 from collections import Counter
 from collections.abc import Callable, Sequence
+from contextlib import ExitStack
 from dataclasses import dataclass, field
 from multiprocessing.connection import Connection, wait
 from multiprocessing.process import BaseProcess
 from pathlib import Path
 from typing import Any
 
-from emulation.bench.config import INA_ALGORITHMS, BenchConfig
-from emulation.bench.fabric import Fabric, FabricError, LoopbackFabric
+from emulation.bench.config import (
+    AUTO_CHOICES,
+    PEER_ALGORITHMS,
+    SWITCH_ALGORITHMS,
+    BenchConfig,
+)
+from emulation.bench.fabric import Fabric, FabricError, InaSwitch, LoopbackFabric
 from emulation.bench.report import Row, merge_ranks
 from emulation.bench.workers import SizeResult, WorkerPlan, worker_main
 
-__all__ = ["BENCH_JOB_ID", "BenchError", "SweepResult", "run_sweep", "stall_limit", "udp_counters"]
+__all__ = [
+    "BENCH_JOB_ID",
+    "BenchError",
+    "DecideFn",
+    "SweepResult",
+    "run_sweep",
+    "stall_limit",
+    "udp_counters",
+]
 
 log = logging.getLogger(__name__)
 
@@ -40,6 +56,9 @@ coordinator terminates them."""
 
 ProgressFn = Callable[[str, int], None]
 """Called with (algorithm, size index) once every rank has finished that size."""
+
+DecideFn = Callable[[int], str]
+"""``auto``'s decision: the algorithm (one of ``AUTO_CHOICES``) for a size in bytes."""
 
 
 class BenchError(RuntimeError):
@@ -59,6 +78,8 @@ class SweepResult:
     """Per algorithm: change of the host's UDP counters (``/proc/net/snmp``) over its run;
     ``RcvbufErrors`` counts datagrams the kernel dropped on full socket buffers, loss the
     switch's drop simulator did not cause. Host-wide, so other traffic adds to it."""
+    choices: dict[int, str] = field(default_factory=dict)
+    """``auto``: the algorithm it ran per size (bytes)."""
 
 
 def run_sweep(
@@ -67,23 +88,34 @@ def run_sweep(
     progress: ProgressFn | None = None,
     log_level: int = logging.WARNING,
     fabric: Fabric | None = None,
+    decide: DecideFn | None = None,
 ) -> SweepResult:
     """Run every algorithm of ``cfg`` over its size sweep; logs go to ``run_dir``.
 
     ``fabric`` places the ranks and provides the INA switch; by default
     :class:`~emulation.bench.fabric.LoopbackFabric` (127.0.0.1, a soft switch process).
+    ``decide`` is ``auto``'s choice per size (required when ``cfg.algos`` has ``auto``).
 
     Raises:
+        ValueError: ``auto`` without ``decide``, or a decision outside ``AUTO_CHOICES``.
         BenchError: a rank failed (its traceback is in the message), died, or sent
             nothing for longer than the stall limit; or the switch failed to start.
     """
     fabric = fabric or LoopbackFabric(cfg.ranks_per_host)
     result = SweepResult()
+    if "auto" in cfg.algos:
+        if decide is None:
+            raise ValueError("the auto algorithm needs a decision function")
+        result.choices = {n: decide(n) for n in cfg.sizes}
+        wrong = {a for a in result.choices.values() if a not in AUTO_CHOICES}
+        if wrong:
+            raise ValueError(f"auto may choose {', '.join(AUTO_CHOICES)}, not {sorted(wrong)}")
     for attempt, algo in enumerate(cfg.algos):
         start = time.perf_counter()
         udp_before = udp_counters()
-        if algo in INA_ALGORITHMS:
-            per_rank = _run_ina(cfg, algo, fabric, run_dir, progress, log_level, result)
+        if algo in SWITCH_ALGORITHMS or algo in PEER_ALGORITHMS:
+            choices = [result.choices[n] for n in cfg.sizes] if algo == "auto" else None
+            per_rank = _run_udp(cfg, algo, fabric, run_dir, progress, log_level, result, choices)
         else:
             plans = _plans(cfg, algo, fabric, run_dir, log_level, fabric.gloo_init(attempt))
             with _Fleet(algo, plans, stall_limit(cfg)) as fleet:
@@ -151,7 +183,7 @@ def _plans(
     ]
 
 
-def _run_ina(
+def _run_udp(
     cfg: BenchConfig,
     algo: str,
     fabric: Fabric,
@@ -159,36 +191,60 @@ def _run_ina(
     progress: ProgressFn | None,
     log_level: int,
     result: SweepResult,
+    choices: Sequence[str] | None,
 ) -> list[list[SizeResult]]:
-    """Flat INA (every rank a worker of the switch's job) or CollNet (each host's head
-    rank is; the others reduce into it through shared memory)."""
+    """The algorithms of hostlib: flat INA (every rank a worker of the switch's job),
+    CollNet (each host's head rank is; the others reduce into it through shared memory),
+    ring and tree (no switch), and auto (a session of each of INA, ring and tree)."""
     plans = _plans(cfg, algo, fabric, run_dir, log_level)
-    if algo == "ina":
-        heads = list(range(cfg.workers))
-    else:
-        heads = [p.rank for p in plans if p.placement.local_rank == 0]
     groups = _local_groups(plans) if algo == "collnet" else {}
     try:
-        with fabric.ina_switch(cfg, run_dir) as switch:
-            result.switch_log = str(switch.log_path) if switch.log_path else str(run_dir)
+        with ExitStack() as stack:
+            switch: InaSwitch | None = None
+            if algo in SWITCH_ALGORITHMS:
+                switch = stack.enter_context(fabric.ina_switch(cfg, run_dir))
+                result.switch_log = str(switch.log_path) if switch.log_path else str(run_dir)
             extra = [(groups[p.placement.host],) if groups else () for p in plans]
-            with _Fleet(algo, plans, stall_limit(cfg), switch.log_path, extra) as fleet:
-                reported = fleet.gather("addr")
-                addrs = [(str(reported[r][1][0]), int(reported[r][1][1])) for r in heads]
-                dests = switch.install(BENCH_JOB_ID, addrs, [plans[r].placement for r in heads])
-                for rank in range(len(plans)):
-                    # A head gets the switch address and the rank its packets carry.
-                    dest = dests[heads.index(rank)] if rank in heads else (None, None)
-                    fleet.send(rank, ("job", BENCH_JOB_ID, *dest))
-                per_rank = fleet.drive(len(cfg.sizes), progress)
-            result.switch_counters[algo] = switch.counters()
-            switch.remove(BENCH_JOB_ID)
+            log_path = switch.log_path if switch is not None else None
+            with _Fleet(algo, plans, stall_limit(cfg), log_path, extra) as fleet:
+                if switch is not None:
+                    _join_switch(fleet, switch, plans, collnet=algo == "collnet")
+                for _ in range(2 if algo == "auto" else int(algo in PEER_ALGORITHMS)):
+                    _join_peers(fleet)
+                per_rank = fleet.drive(len(cfg.sizes), progress, choices)
+            if switch is not None:
+                result.switch_counters[algo] = switch.counters()
+                switch.remove(BENCH_JOB_ID)
         return per_rank
     except FabricError as exc:
         raise BenchError(str(exc)) from exc
     finally:
         for group in groups.values():
             group.unlink()
+
+
+def _join_switch(
+    fleet: _Fleet, switch: InaSwitch, plans: Sequence[WorkerPlan], collnet: bool
+) -> None:
+    """Install the job with the INA workers' addresses; tell each rank where to send and
+    the rank its packets carry (a CollNet non-head: ``None``s)."""
+    if collnet:
+        heads = [p.rank for p in plans if p.placement.local_rank == 0]
+    else:
+        heads = list(range(len(plans)))
+    reported = fleet.gather("addr")
+    addrs = [(str(reported[r][1][0]), int(reported[r][1][1])) for r in heads]
+    dests = switch.install(BENCH_JOB_ID, addrs, [plans[r].placement for r in heads])
+    for rank in range(len(plans)):
+        dest = dests[heads.index(rank)] if rank in heads else (None, None)
+        fleet.send(rank, ("job", BENCH_JOB_ID, *dest))
+
+
+def _join_peers(fleet: _Fleet) -> None:
+    """Ring and tree: give every rank all ranks' addresses."""
+    reported = fleet.gather("addr")
+    addrs = [(str(msg[1][0]), int(msg[1][1])) for msg in reported]
+    fleet.send_all(("peers", addrs))
 
 
 def _local_groups(plans: Sequence[WorkerPlan]) -> dict[int, Any]:
@@ -257,13 +313,16 @@ class _Fleet:
     def __exit__(self, *exc: object) -> None:
         self.stop()
 
-    def drive(self, num_sizes: int, progress: ProgressFn | None) -> list[list[SizeResult]]:
-        """Release the ranks size by size; return each rank's results, index = rank."""
+    def drive(
+        self, num_sizes: int, progress: ProgressFn | None, choices: Sequence[str] | None = None
+    ) -> list[list[SizeResult]]:
+        """Release the ranks size by size (with ``choices[k]``, the algorithm auto runs at
+        size k); return each rank's results, index = rank."""
         for k in range(num_sizes):
             self.gather("barrier")
             if k and progress is not None:
                 progress(self.algo, k - 1)
-            self.send_all(("go",))
+            self.send_all(("go",) if choices is None else ("go", choices[k]))
         results = [list(msg[1]) for msg in self.gather("result")]
         if progress is not None and num_sizes:
             progress(self.algo, num_sizes - 1)

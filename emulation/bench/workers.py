@@ -1,4 +1,5 @@
-"""The worker side of ``inalab bench``: one process per rank, INA, CollNet or Gloo.
+"""The worker side of ``inalab bench``: one process per rank, INA, CollNet, ring, tree,
+auto or Gloo.
 
 A worker first enters its placement's network namespace, if any (an emulated host). It
 talks to the coordinator (``sweep.py``) over one ``multiprocessing`` pipe, in strict
@@ -7,13 +8,17 @@ lock-step so the coordinator can read one message per rank per phase:
 * INA and CollNet only: worker -> ``("addr", (ip, port))`` (a CollNet rank other than its
   host's head: ``("addr", None)``); coordinator -> ``("job", job_id, data_addr, rank)``:
   where to send and the rank the packets carry (``None``s for a CollNet non-head)
-* per size k: worker -> ``("barrier", k)``; coordinator -> ``("go",)``
+* ring and tree: worker -> ``("addr", (ip, port))``; coordinator -> ``("peers", addrs)``,
+  every rank's address in rank order
+* auto: INA's exchange, then ring's, then tree's (a session of each on its own socket)
+* per size k: worker -> ``("barrier", k)``; coordinator -> ``("go",)``, or for auto
+  ``("go", algorithm)``: what dynamiccl chose for this size (the same for every rank)
 * at the end: worker -> ``("result", [SizeResult, ...])``
 * on any exception: worker -> ``("error", traceback_text)`` and exit status 1.
 
 Inputs are a vectorised formula of (seed, rank, index), so every rank rebuilds all ranks'
 inputs and the float64 reference without any exchange. Torch is imported only by Gloo
-workers; INA workers import only hostlib.
+workers; the others import only hostlib.
 """
 
 from __future__ import annotations
@@ -119,7 +124,9 @@ class SizeResult:
     """Elements of the last result outside the tolerance."""
     max_abs_err: float
     retransmits: int = 0
-    """Packets this rank sent again during this size's calls (INA; 0 for Gloo)."""
+    """Packets this rank sent again during this size's calls (0 for Gloo: TCP's own)."""
+    ran: str = ""
+    """The algorithm that ran (auto's choice; otherwise the plan's algorithm)."""
 
 
 # ----------------------------------------------------------------- inputs and checks
@@ -164,8 +171,10 @@ def count_wrong(
     """Elements of ``result`` outside the tolerance, and the largest absolute error.
 
     int32 must match exactly. float32 from INA must lie within
-    ``hostlib.quantize.error_bound`` (the quantisation's own bound); float32 from Gloo
-    within ``GLOO_RTOL * |ref| + GLOO_ATOL_FRACTION * max|ref|``.
+    ``hostlib.quantize.error_bound`` (the quantisation's own bound); from hostlib's ring
+    or tree within float32 summation's ``(n-1) * 2**-24 * sum|x|`` (with ``n * max|x|``
+    for ``sum|x|`` and a factor 2 for second-order terms); from Gloo within
+    ``GLOO_RTOL * |ref| + GLOO_ATOL_FRACTION * max|ref|``.
 
     Raises:
         ValueError: ``result`` has the wrong shape.
@@ -187,6 +196,8 @@ def count_wrong(
         # below k * 2**-24 * k * absmax) is what its head quantizes for INA over hosts.
         k = max_local
         bound = error_bound(k * absmax, hosts, lanes, ref) + k * k * 2.0**-23 * absmax
+    elif algo in ("ring", "tree"):
+        bound = (num_workers - 1) * 2.0**-23 * num_workers * absmax
     else:
         scale = float(np.abs(ref).max()) if ref.size else 0.0
         bound = GLOO_RTOL * np.abs(ref) + GLOO_ATOL_FRACTION * scale
@@ -282,6 +293,75 @@ class _CollNetAllreduce:
                 self._ina.close()
 
 
+class _PeerAllreduce:
+    """hostlib's ring or tree: the ranks exchange packets directly on their own sockets,
+    with INA's packet size (``lanes``) and window (``slots``)."""
+
+    def __init__(self, plan: WorkerPlan, conn: Connection, kind: str) -> None:
+        from hostlib import PeerSpec, RetryPolicy, RingAllreduce, TreeAllreduce
+        from hostlib.transport.udp import UdpTransport
+
+        make = {"ring": RingAllreduce, "tree": TreeAllreduce}[kind]
+        transport = UdpTransport(local=(plan.placement.bind_ip, 0))
+        try:
+            conn.send(("addr", tuple(transport.local_addr)))
+            addrs = tuple((str(a[0]), int(a[1])) for a in _expect(conn, "peers")[1])
+            spec = PeerSpec(plan.rank, addrs, lanes=plan.lanes, window=plan.slots)
+            self._session = make(spec, transport, RetryPolicy(deadline=plan.timeout))
+        except BaseException:
+            transport.close()
+            raise
+
+    def prepare(self, x: np.ndarray) -> Callable[[], np.ndarray]:
+        allreduce = self._session.allreduce
+        return lambda: allreduce(x)
+
+    @property
+    def retransmits(self) -> int:
+        return self._session.retransmissions
+
+    def close(self) -> None:
+        self._session.close()  # answers late peers for a moment, closes its transport
+
+
+class _AutoAllreduce:
+    """dynamiccl's choice per size: a session of INA, ring and tree each, and the
+    coordinator's ``("go", algorithm)`` says which one runs."""
+
+    def __init__(self, plan: WorkerPlan, conn: Connection) -> None:
+        self._choices: dict[str, _Allreduce] = {}
+        try:
+            self._choices["ina"] = _InaAllreduce(plan, conn, plan.num_workers)
+            for kind in ("ring", "tree"):
+                self._choices[kind] = _PeerAllreduce(plan, conn, kind)
+        except BaseException:
+            self.close()
+            raise
+        self.chosen = "ina"
+
+    def select(self, algo: str) -> None:
+        if algo not in self._choices:
+            raise ValueError(f"auto cannot run {algo!r} (it has {', '.join(self._choices)})")
+        self.chosen = algo
+
+    def prepare(self, x: np.ndarray) -> Callable[[], np.ndarray]:
+        return self._choices[self.chosen].prepare(x)
+
+    @property
+    def retransmits(self) -> int:
+        return sum(c.retransmits for c in self._choices.values())
+
+    def close(self) -> None:
+        errors = []
+        for coll in self._choices.values():
+            try:
+                coll.close()
+            except Exception as exc:  # close the others too, then report the first
+                errors.append(exc)
+        if errors:
+            raise errors[0]
+
+
 class _GlooAllreduce:
     """torch.distributed's Gloo backend over loopback TCP."""
 
@@ -353,6 +433,10 @@ def _run(plan: WorkerPlan, conn: Connection, group: Any) -> list[SizeResult]:
         coll = _InaAllreduce(plan, conn, plan.num_workers)
     elif plan.algo == "collnet":
         coll = _CollNetAllreduce(plan, conn, group)
+    elif plan.algo in ("ring", "tree"):
+        coll = _PeerAllreduce(plan, conn, plan.algo)
+    elif plan.algo == "auto":
+        coll = _AutoAllreduce(plan, conn)
     elif plan.algo == "gloo":
         coll = _GlooAllreduce(plan)
     else:
@@ -368,9 +452,13 @@ def _run_size(
 ) -> SizeResult:
     count = nbytes // np.dtype(plan.dtype).itemsize
     x = make_input(plan.seed, plan.rank, count, plan.dtype)
-    call = coll.prepare(x)
     conn.send(("barrier", k))
-    _expect(conn, "go")
+    go = _expect(conn, "go")
+    ran = plan.algo
+    if isinstance(coll, _AutoAllreduce):
+        coll.select(str(go[1]))
+        ran = coll.chosen
+    call = coll.prepare(x)
     resent = coll.retransmits
     for _ in range(plan.warmup):
         call()
@@ -381,11 +469,11 @@ def _run_size(
     elapsed = time.perf_counter() - start
     ref, absmax = reference(plan.seed, plan.num_workers, count, plan.dtype)
     wrong, max_err = count_wrong(
-        plan.algo, y, ref, absmax, plan.num_workers, plan.lanes, plan.hosts, plan.max_local
+        ran, y, ref, absmax, plan.num_workers, plan.lanes, plan.hosts, plan.max_local
     )
     mean_us = elapsed / plan.iters * 1e6
-    log.info("rank %d size %d: %.1f us/call, %d wrong", plan.rank, nbytes, mean_us, wrong)
-    return SizeResult(nbytes, count, mean_us, wrong, max_err, coll.retransmits - resent)
+    log.info("rank %d size %d (%s): %.1f us/call, %d wrong", plan.rank, nbytes, ran, mean_us, wrong)
+    return SizeResult(nbytes, count, mean_us, wrong, max_err, coll.retransmits - resent, ran)
 
 
 _CLONE_NEWNET = 0x40000000

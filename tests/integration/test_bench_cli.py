@@ -195,3 +195,70 @@ def test_a_dying_worker_fails_the_run_without_a_hang(tmp_path: Path) -> None:
         survivor = fleet.procs[0]
     assert not survivor.is_alive()  # stopped by the fleet, not left waiting
     assert time.monotonic() - start < 30
+
+
+def _crafted_profile(path: Path) -> Path:
+    """Tree far ahead below 64 KiB (low latency), ring far ahead above (high bandwidth),
+    INA never competitive: auto's choices are known in advance."""
+    from dynamiccl.model import AlgoParams, Profile
+
+    Profile(
+        ina=AlgoParams(1.0, 1e-3),
+        ring=AlgoParams(2e-3, 1e-9),
+        tree=AlgoParams(1e-5, 1e-7),
+        switch_rate=1e12,
+        source="crafted: tree small, ring large",
+    ).save(path)
+    return path
+
+
+def test_ring_tree_and_auto_next_to_ina(tmp_path: Path) -> None:
+    out = tmp_path / "bench.json"
+    profile = _crafted_profile(tmp_path / "profile.json")
+    proc = _bench(
+        "-b", "4K", "-e", "1M", "-f", "16", "-n", "2", "-w", "1", "--workers", "3",
+        "--algos", "ina,ring,tree,auto", "--profile", str(profile), "--json", str(out),
+    )  # fmt: skip
+    _ok(proc)
+    doc = json.loads(out.read_text())
+    rows = doc["rows"]
+    sizes = (4096, 65536, 1 << 20)
+    assert [(r["algo"], r["size_bytes"]) for r in rows] == [
+        (algo, size) for algo in ("ina", "ring", "tree", "auto") for size in sizes
+    ]
+    assert all(r["wrong"] == 0 for r in rows)
+    auto = [r for r in rows if r["algo"] == "auto"]
+    assert [r["chosen"] for r in auto] == ["tree", "ring", "ring"]
+    assert all("chosen" not in r for r in rows if r["algo"] != "auto")
+    ring = [r for r in rows if r["algo"] == "ring"]
+    assert all(r["retransmits"] >= 0 for r in ring)
+    # The switch ran for INA and auto (which holds an INA session), not for ring or tree.
+    assert set(doc["metadata"]["switch_counters"]) == {"ina", "auto"}
+    section = doc["dynamiccl"]
+    assert section["profile"] == "crafted: tree small, ring large"
+    assert section["decisions"]["4096"]["algorithm"] == "tree"
+    oracle = section["oracle"]
+    assert oracle["sizes"] == 3
+    assert [p["chosen"] for p in oracle["points"]] == ["tree", "ring", "ring"]
+    assert oracle["best_static"] in ("ina", "ring", "tree")
+    assert oracle["gain_over_best_static"] > 0
+    assert "dynamiccl (auto) against the oracle" in proc.stdout
+    assert "Mean regret" in proc.stdout and "Mixed workload" in proc.stdout
+
+
+def test_ring_and_tree_int32_are_exact(tmp_path: Path) -> None:
+    out = tmp_path / "bench.json"
+    proc = _bench(*TINY, "--algos", "ring,tree", "-d", "int32", "--lanes", "64",
+                  "--json", str(out))  # fmt: skip
+    _ok(proc)
+    rows = json.loads(out.read_text())["rows"]
+    assert len(rows) == 6
+    assert all(r["wrong"] == 0 and r["max_abs_err"] == 0 for r in rows)
+
+
+def test_auto_with_an_unreadable_profile_exits_2(tmp_path: Path) -> None:
+    bad = tmp_path / "profile.json"
+    bad.write_text("{not json")
+    proc = _bench(*TINY, "--algos", "auto", "--profile", str(bad))
+    assert proc.returncode == 2
+    assert "--profile" in proc.stderr and "Traceback" not in proc.stderr

@@ -103,6 +103,27 @@ def test_collnet_on_two_hosts_of_two_ranks(tmp_path: Path, clean: None) -> None:
     assert ina["ina"]["s1"]["aggregated"] == 2 * ina["collnet"]["s1"]["aggregated"]
 
 
+def test_ring_tree_and_auto_across_the_leaf_spine_links(tmp_path: Path, clean: None) -> None:
+    # Ring and tree packets cross the switches as plain IPv4 (forwarded, not aggregated);
+    # auto decides with the topology's links (the job's 8 hosts behind a spine).
+    out = tmp_path / "peers.json"
+    proc = _inalab("emulate", str(TOPOLOGIES / "leaf_spine.yaml"), "--run-dir",
+                   str(tmp_path / "run"), "bench", *TINY, "-d", "int32",
+                   "--algos", "ring,tree,auto", "--json", str(out))  # fmt: skip
+    _ok(proc)
+    doc = json.loads(out.read_text())
+    assert [(r["algo"], r["size_bytes"]) for r in doc["rows"]] == [
+        (a, s) for a in ("ring", "tree", "auto") for s in (4096, 65536)
+    ]
+    assert all(r["wrong"] == 0 and r["max_abs_err"] == 0 for r in doc["rows"])
+    section = doc["dynamiccl"]
+    assert section["topology"]["link_bandwidth"] == 1000e6 / 8
+    chosen = [r["chosen"] for r in doc["rows"] if r["algo"] == "auto"]
+    assert chosen == [section["decisions"][str(s)]["algorithm"] for s in (4096, 65536)]
+    # The switch aggregated nothing for ring and tree (auto's INA session may have).
+    assert set(doc["metadata"]["switch_counters"]) <= {"auto"}
+
+
 def test_hierarchical_leaf_spine(tmp_path: Path, clean: None) -> None:
     out = tmp_path / "hier.json"
     proc = _inalab("emulate", str(TOPOLOGIES / "leaf_spine_hier.yaml"), "--run-dir",

@@ -23,9 +23,12 @@ from emulation.bench.report import (
     JSON_SCHEMA,
     Row,
     bus_factor,
+    format_oracle,
     format_table,
     make_document,
     merge_ranks,
+    oracle_points,
+    oracle_summary,
     write_json,
     write_plot,
 )
@@ -338,3 +341,78 @@ def test_udp_counters_parse_proc_net_snmp(tmp_path: Path) -> None:
     )
     assert udp_counters(snmp) == {"InDatagrams": 10, "NoPorts": 0, "InErrors": 3, "RcvbufErrors": 3}
     assert udp_counters(tmp_path / "missing") == {}
+
+
+# ----------------------------------------------------------------- auto against the oracle
+def _times(
+    algo: str, times_us: dict[int, float], chosen: dict[int, str] | None = None
+) -> list[Row]:
+    return [
+        Row(algo, n, n // 4, "float32", 4, t, t, t, 0, chosen=None if chosen is None else chosen[n])
+        for n, t in times_us.items()
+    ]
+
+
+def test_oracle_regret_and_mixed_workload_gain() -> None:
+    # Tree wins small, ring wins large; auto picks tree, tree, ring (one miss at 64K).
+    rows = [
+        *_times("ina", {4096: 300.0, 65536: 900.0, 1 << 20: 9000.0}),
+        *_times("ring", {4096: 200.0, 65536: 500.0, 1 << 20: 4000.0}),
+        *_times("tree", {4096: 100.0, 65536: 600.0, 1 << 20: 8000.0}),
+        *_times(
+            "auto",
+            {4096: 110.0, 65536: 620.0, 1 << 20: 4100.0},
+            {4096: "tree", 65536: "tree", 1 << 20: "ring"},
+        ),
+    ]
+    points = oracle_points(rows, ["ina", "ring", "tree"])
+    assert [(p.nbytes, p.oracle, p.chosen) for p in points] == [
+        (4096, "tree", "tree"),
+        (65536, "ring", "tree"),
+        (1 << 20, "ring", "ring"),
+    ]
+    assert [p.regret for p in points] == pytest.approx([0.0, 0.2, 0.0])
+    assert points[0].auto_regret == pytest.approx(0.1)
+    summary = oracle_summary(points)
+    assert summary["mean_regret"] == pytest.approx(0.2 / 3)
+    assert summary["max_regret"] == pytest.approx(0.2)
+    assert summary["agreement"] == pytest.approx(2 / 3)
+    # Every size once: ring 4700 us is the best static; the choices cost 100+600+4000.
+    assert summary["best_static"] == "ring"
+    assert summary["workload_us"]["chosen"] == pytest.approx(4700.0)
+    assert summary["gain_over_best_static"] == pytest.approx(1.0)
+    assert summary["auto_gain_over_best_static"] == pytest.approx(4700.0 / 4830.0)
+    text = format_oracle(points, summary)
+    assert "Mean regret          : 6.7%" in text and "gain 1.00x" in text
+    assert json.loads(json.dumps(summary))["points"][1]["oracle"] == "ring"
+
+
+def test_oracle_skips_sizes_whose_choice_did_not_run_statically() -> None:
+    rows = [
+        *_times("ring", {4096: 200.0, 65536: 500.0}),
+        *_times("auto", {4096: 210.0, 65536: 300.0}, {4096: "ring", 65536: "ina"}),
+    ]
+    points = oracle_points(rows, ["ina", "ring", "tree"])
+    assert [p.nbytes for p in points] == [4096]
+    with pytest.raises(ValueError, match="no sizes"):
+        oracle_summary([])
+
+
+def test_auto_rows_carry_the_choice_into_table_and_json() -> None:
+    rows = _times("auto", {4096: 100.0}, {4096: "tree"})
+    assert rows[0].to_json()["chosen"] == "tree"
+    assert "chosen" not in _row().to_json()
+    table = format_table("auto", rows)
+    assert "chosen" in table.splitlines()[4] and table.splitlines()[6].endswith("tree")
+    assert "chosen" not in format_table("ina", [_row()])
+
+
+def test_count_wrong_ring_and_tree_use_the_float32_summation_bound() -> None:
+    n, count = 4, 3000
+    ref, absmax = reference(1, n, count, "float32")
+    exact = ref.astype(np.float32)
+    assert count_wrong("ring", exact, ref, absmax, n, 64) == (0, pytest.approx(0.0, abs=1e-6))
+    off = exact.copy()
+    off[7] += np.float32(1e-2 + 10 * absmax[7])  # far beyond (n-1) * 2**-23 * n * max|x|
+    wrong, _ = count_wrong("tree", off, ref, absmax, n, 64)
+    assert wrong == 1
