@@ -19,11 +19,18 @@ SUBCOMMANDS: dict[str, tuple[str, str]] = {
         "emulation.softswitch.cli",
         "run the software INA switch (UDP data, P4Runtime control)",
     ),
-    "bench": ("emulation.bench.cli", "allreduce benchmark, INA vs Gloo, nccl-tests style"),
+    "bench": (
+        "emulation.bench.cli",
+        "allreduce benchmark, INA vs ring, tree, auto and Gloo, nccl-tests style",
+    ),
     "ctl": ("controller.cli", "inspect and configure a switch over P4Runtime"),
     "decide": (
         "dynamiccl.cli",
         "predict INA, ring and tree times for a collective and choose one",
+    ),
+    "calibrate": (
+        "dynamiccl.calibrate",
+        "measure INA, ring and tree briefly and fit a dynamiccl profile",
     ),
     "emulate": (
         "emulation.emulate",

@@ -1,0 +1,254 @@
+"""``inalab calibrate``: measure INA, ring and tree briefly on loopback and fit a profile.
+
+Runs ``inalab bench``'s sweep (the same workers, switch and checks) for each algorithm
+at a few sizes and worker counts, turns each size's time (the slowest rank's mean per
+call) into a :class:`~dynamiccl.fit.Measurement`, fits alpha and beta per algorithm
+(:func:`~dynamiccl.fit.fit_profile`) and saves the profile as JSON for ``inalab decide
+--profile`` and ``inalab bench --algos ...,auto --profile``. It prints the fit against
+every measured point, so a poor fit is seen rather than trusted.
+
+The profile holds the software's costs on this machine (loopback: no wire); dynamiccl's
+model adds what a topology file says about links (bandwidth, delay, loss, contention)
+on top. Every result is checked like a bench run: a wrong sum fails the calibration.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import sys
+import tempfile
+from collections.abc import Sequence
+from dataclasses import replace
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from emulation.argtypes import int_in, positive_float, size
+
+if TYPE_CHECKING:
+    from dynamiccl.fit import Measurement
+    from dynamiccl.model import Profile
+
+__all__ = ["CalibrationError", "add_arguments", "fit_report", "measure", "run", "worker_counts"]
+
+PROG = "inalab calibrate"
+
+CANDIDATES = ("ina", "ring", "tree")
+"""What calibration measures by default: every algorithm dynamiccl chooses from."""
+
+
+class CalibrationError(RuntimeError):
+    """A calibration run failed or measured wrong sums."""
+
+
+def worker_counts(text: str) -> tuple[int, ...]:
+    """``"2,4,8"`` -> ``(2, 4, 8)``: sorted, unique, each in 2..MAX_WORKERS.
+
+    Raises:
+        argparse.ArgumentTypeError: anything else.
+    """
+    from hostlib.protocol import MAX_WORKERS
+
+    try:
+        counts = sorted({int(part) for part in text.split(",") if part.strip()})
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"invalid worker counts {text!r}: e.g. 2,4,8") from None
+    if not counts or any(not 2 <= n <= MAX_WORKERS for n in counts):
+        raise argparse.ArgumentTypeError(
+            f"invalid worker counts {text!r}: comma-separated numbers in 2..{MAX_WORKERS}"
+        )
+    return tuple(counts)
+
+
+def _algos(text: str) -> tuple[str, ...]:
+    names = {a.strip().lower() for a in text.split(",") if a.strip()}
+    if not names or names - set(CANDIDATES):
+        raise argparse.ArgumentTypeError(
+            f"invalid algorithms {text!r}: a comma-separated subset of {','.join(CANDIDATES)}"
+        )
+    return tuple(a for a in CANDIDATES if a in names)
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    """The flags of ``inalab calibrate`` (the sweep's follow ``inalab bench``)."""
+    from emulation.bench.config import DEFAULT_BENCH_LANES, DEFAULT_BENCH_SLOTS
+    from hostlib.protocol import MAX_LANES, MAX_SLOT
+
+    add = parser.add_argument
+    add("-o", "--output", type=Path, required=True, metavar="PATH", help="profile JSON to write")
+    add("-b", "--minbytes", type=size, default=4 << 10, help="smallest size (default 4K)")
+    add("-e", "--maxbytes", type=size, default=4 << 20, help="largest size (default 4M)")
+    add("-f", "--stepfactor", type=int_in(2), default=4, help="size multiplier (default 4)")
+    add("-n", "--iters", type=int_in(1), default=3, help="timed calls per size (default 3)")
+    add("-w", "--warmup_iters", type=int_in(0), default=1, help="untimed calls (default 1)")
+    add("--workers", type=worker_counts, default=(4,),
+        help="worker counts (default 4; the ranks share this machine's cores, so fit "
+        "the count you will run)")  # fmt: skip
+    add("--algos", type=_algos, default=CANDIDATES, help="default ina,ring,tree")
+    add("--lanes", type=int_in(1, MAX_LANES), default=DEFAULT_BENCH_LANES,
+        help=f"int32 lanes per packet (default {DEFAULT_BENCH_LANES})")  # fmt: skip
+    add("--slots", type=int_in(1, MAX_SLOT + 1), default=DEFAULT_BENCH_SLOTS,
+        help=f"INA slots and ring/tree window (default {DEFAULT_BENCH_SLOTS})")  # fmt: skip
+    add("--timeout", type=positive_float, default=10.0, help="host no-progress deadline (s)")
+    add("--seed", type=int, default=0, help="seed of the inputs")
+    add("--run-dir", type=Path, help="directory for logs (default: a new temp dir)")
+    add("--json", type=Path, metavar="PATH", help="also write the measurements and the fit")
+
+
+def run(args: argparse.Namespace) -> int:
+    """Measure, fit, save; 0 on success, 1 if a run failed, 2 on bad arguments."""
+    from dynamiccl.fit import FitError
+
+    for path in (args.output, args.json):
+        if path is not None and not path.parent.is_dir():
+            print(f"{PROG}: error: directory of {path} does not exist", file=sys.stderr)
+            return 2
+    try:
+        configs = _configs(args)
+    except ValueError as exc:
+        print(f"{PROG}: error: {exc}", file=sys.stderr)
+        return 2
+    run_dir = args.run_dir or Path(tempfile.mkdtemp(prefix="inalab-calibrate-"))
+    run_dir.mkdir(parents=True, exist_ok=True)
+    try:
+        points = measure(configs, run_dir)
+        profile = _fit(points, args, "127.0.0.1 (inalab bench's loopback)")
+    except (CalibrationError, FitError) as exc:
+        print(f"{PROG}: failed: {exc}", file=sys.stderr)
+        return 1
+    finally:
+        print(f"# logs: {run_dir}")
+    report = fit_report(profile, points)
+    print(_format(profile, report))
+    profile.save(args.output)
+    print(f"# profile: {args.output}")
+    if args.json is not None:
+        doc = {"profile": profile.to_dict(), "points": report}
+        args.json.write_text(json.dumps(doc, indent=2) + "\n")
+        print(f"# json: {args.json}")
+    return 0
+
+
+def _configs(args: argparse.Namespace) -> list[Any]:
+    """One bench configuration per worker count.
+
+    Raises:
+        ValueError: flags that do not make a sweep.
+    """
+    from emulation.bench.config import BenchConfig, align_down, size_sweep
+
+    sizes = size_sweep(align_down(args.minbytes, 4), align_down(args.maxbytes, 4), args.stepfactor)
+    if len(sizes) < 2:
+        raise ValueError("need two sizes at least to separate latency from bandwidth")
+    return [
+        BenchConfig(
+            sizes=tuple(sizes),
+            algos=tuple(args.algos),
+            workers=n,
+            dtype="float32",
+            iters=args.iters,
+            warmup=args.warmup_iters,
+            lanes=args.lanes,
+            slots=args.slots,
+            seed=args.seed,
+            timeout=args.timeout,
+        )
+        for n in args.workers
+    ]
+
+
+def measure(configs: Sequence[Any], run_dir: Path, fabric: Any = None) -> list[Measurement]:
+    """Run each configuration's sweep (on ``fabric``, default loopback); one measurement
+    per algorithm, size and worker count.
+
+    Raises:
+        CalibrationError: a run failed or a result was wrong.
+    """
+    from tqdm import tqdm
+
+    from dynamiccl.fit import Measurement
+    from emulation.bench.config import format_size
+    from emulation.bench.sweep import BenchError, run_sweep
+
+    total = sum(len(c.algos) * len(c.sizes) for c in configs)
+    points: list[Measurement] = []
+    level = logging.getLogger().getEffectiveLevel()
+    with tqdm(total=total, desc="calibrate", unit="size", file=sys.stderr, disable=None) as bar:
+        for cfg in configs:
+
+            def progress(algo: str, k: int, cfg: Any = cfg) -> None:
+                bar.set_postfix_str(f"{cfg.workers} workers, {algo} {format_size(cfg.sizes[k])}")
+                bar.update(1)
+
+            where = run_dir / f"workers{cfg.workers}"
+            where.mkdir(parents=True, exist_ok=True)
+            try:
+                result = run_sweep(cfg, where, progress, level, fabric)
+            except BenchError as exc:
+                raise CalibrationError(f"{cfg.workers} workers: {exc}") from exc
+            wrong = [r for r in result.rows if r.wrong]
+            if wrong:
+                r = wrong[0]
+                raise CalibrationError(
+                    f"{r.algo} with {cfg.workers} workers got {r.wrong} wrong elements at "
+                    f"{format_size(r.nbytes)} (logs: {where})"
+                )
+            points += [
+                Measurement(r.algo, r.nbytes, cfg.workers, r.time_us_max / 1e6)
+                for r in result.rows
+            ]
+    return points
+
+
+def _fit(points: Sequence[Measurement], args: argparse.Namespace, where: str) -> Profile:
+    from dynamiccl.fit import fit_profile
+    from dynamiccl.model import DEFAULT_PROFILE
+
+    # The packet size and window are the run's: the model counts packets and losses by them.
+    base = replace(DEFAULT_PROFILE, packet_bytes=4 * args.lanes, window=args.slots)
+    date = datetime.now(UTC).date().isoformat()
+    counts = ",".join(str(n) for n in args.workers)
+    source = f"inalab calibrate on {where}, {date}, workers {counts}, lanes {args.lanes}"
+    return fit_profile(points, base, source=source)
+
+
+def fit_report(profile: Profile, points: Sequence[Measurement]) -> list[dict[str, Any]]:
+    """Each point's measured and fitted time and the relative error of the fit."""
+    from dynamiccl.model import estimate
+
+    out = []
+    for p in points:
+        fitted = estimate(p.algorithm, p.size_bytes, p.workers, profile).seconds
+        out.append(
+            {
+                "algorithm": p.algorithm,
+                "size_bytes": p.size_bytes,
+                "workers": p.workers,
+                "seconds": p.seconds,
+                "fitted_seconds": fitted,
+                "relative_error": fitted / p.seconds - 1.0,
+            }
+        )
+    return out
+
+
+def _format(profile: Profile, report: Sequence[dict[str, Any]]) -> str:
+    from emulation.bench.config import format_size
+
+    lines = [f"# {PROG}: {profile.source}", "#", "# algorithm   alpha (us/step)   beta (ns/B)"]
+    for algo in sorted({r["algorithm"] for r in report}, key=CANDIDATES.index):
+        params = profile.params(algo)
+        lines.append(f"# {algo:<9}  {params.alpha * 1e6:16.1f}  {params.beta * 1e9:12.3f}")
+    lines.append(f"# switch rate {profile.switch_rate / 1e6:.1f} MB/s of contributions")
+    lines += ["#", "# algo  workers      size   measured (us)   fitted (us)   error"]
+    for r in report:
+        lines.append(
+            f"  {r['algorithm']:<5} {r['workers']:7d}  {format_size(r['size_bytes']):>8}"
+            f"  {r['seconds'] * 1e6:14.1f}  {r['fitted_seconds'] * 1e6:12.1f}"
+            f"  {r['relative_error']:+6.1%}"
+        )
+    errors = [abs(r["relative_error"]) for r in report]
+    lines.append(f"# mean |error| {sum(errors) / len(errors):.1%}, max {max(errors):.1%}")
+    return "\n".join(lines)
