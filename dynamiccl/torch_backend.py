@@ -15,6 +15,12 @@ lanes per packet; the other ranks wait for that key. Configuration comes from
 ``pg_options=InaOptions(...)`` or, without it, from the environment
 (:meth:`InaOptions.from_env`): ``INALAB_SWITCH``, ``INALAB_P4RUNTIME``, ``INALAB_JOB``.
 
+Which allreduces go through the switch is the chooser's call: :class:`AlwaysIna` by
+default, or dynamiccl's :class:`~dynamiccl.policy.Policy` (``chooser=Policy(profile,
+world_size)``, or ``INALAB_CHOOSER=dynamiccl`` with an optional ``INALAB_PROFILE`` from
+``inalab calibrate``), which sends a call to Gloo's ring where the ring is predicted
+faster (its ``ring`` and ``tree`` both mean Gloo here).
+
 Every rank must make the same sequence of INA calls with the same sizes (the session's
 slot sets follow it), so a chooser must decide from the size alone, the same way on all
 ranks.
@@ -45,9 +51,11 @@ from hostlib.transport.udp import UdpTransport
 __all__ = [
     "BACKEND_NAME",
     "ENV_BIND",
+    "ENV_CHOOSER",
     "ENV_DEVICE_ID",
     "ENV_JOB",
     "ENV_P4RUNTIME",
+    "ENV_PROFILE",
     "ENV_SLOTS",
     "ENV_SWITCH",
     "AlwaysIna",
@@ -58,6 +66,7 @@ __all__ = [
     "InaProcessGroup",
     "InaSetupError",
     "StoreExchange",
+    "chooser_from_env",
     "connect_session",
     "ina_allreduce_",
     "parse_addr",
@@ -81,6 +90,11 @@ ENV_SLOTS = "INALAB_SLOTS"
 """Slots per set the job gets (default hostlib's DEFAULT_SLOTS_PER_JOB)."""
 ENV_DEVICE_ID = "INALAB_DEVICE_ID"
 """The switch's P4Runtime device id (default 0)."""
+ENV_CHOOSER = "INALAB_CHOOSER"
+"""``ina`` (default: every supported allreduce through the switch) or ``dynamiccl``
+(dynamiccl's policy per size; needs ``WORLD_SIZE``, as torchrun sets it)."""
+ENV_PROFILE = "INALAB_PROFILE"
+"""``dynamiccl`` chooser: the profile JSON (``inalab calibrate``; default: built-in)."""
 
 INA_DTYPES = (torch.float32, torch.int32)
 
@@ -162,9 +176,34 @@ class InaOptions:
                 device_id=int(env.get(ENV_DEVICE_ID, "0")),
                 bind_ip=env.get(ENV_BIND, "127.0.0.1"),
                 slots=int(env.get(ENV_SLOTS, str(DEFAULT_SLOTS_PER_JOB))),
+                chooser=chooser_from_env(env),
             )
-        except ValueError as exc:
+        except ValueError as exc:  # ProfileError is a ValueError
             raise InaSetupError(f"bad INALAB_* setting: {exc}") from None
+
+
+def chooser_from_env(env: Mapping[str, str]) -> Chooser:
+    """The chooser ``INALAB_CHOOSER`` names (see :data:`ENV_CHOOSER`).
+
+    Raises:
+        ValueError: an unknown chooser, a missing or bad ``WORLD_SIZE``, or a profile
+            that cannot be read.
+    """
+    name = env.get(ENV_CHOOSER, "ina").strip().lower()
+    if name == "ina":
+        return AlwaysIna()
+    if name != "dynamiccl":
+        raise ValueError(f"{ENV_CHOOSER}={name!r}: expected ina or dynamiccl")
+    from dynamiccl.model import DEFAULT_PROFILE, Profile
+    from dynamiccl.policy import Policy
+
+    if "WORLD_SIZE" not in env:
+        raise ValueError(f"{ENV_CHOOSER}=dynamiccl needs WORLD_SIZE (the job's ranks)")
+    workers = int(env["WORLD_SIZE"])
+    path = env.get(ENV_PROFILE)
+    profile = Profile.load(path) if path else DEFAULT_PROFILE
+    # No exploration: every rank must choose the same way for the same size.
+    return Policy(profile, workers, epsilon=0.0)
 
 
 def parse_addr(text: str) -> Addr:

@@ -10,6 +10,7 @@ from __future__ import annotations
 import socket
 from collections.abc import Iterator
 from datetime import timedelta
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -242,3 +243,35 @@ def test_options_from_the_environment() -> None:
         InaOptions.from_env(env | {"INALAB_SWITCH": "10.0.0.1"})
     with pytest.raises(InaSetupError, match="bad INALAB"):
         InaOptions.from_env(env | {"INALAB_JOB": "70000"})
+
+
+def test_the_dynamiccl_chooser_from_the_environment(tmp_path: Path) -> None:
+    from dynamiccl.model import AlgoParams, Profile
+    from dynamiccl.policy import Policy
+    from dynamiccl.torch_backend import AlwaysIna
+
+    env = {
+        "INALAB_SWITCH": "10.0.0.1:9999",
+        "INALAB_P4RUNTIME": "10.0.0.1:50051",
+        "INALAB_JOB": "3",
+    }
+    assert isinstance(InaOptions.from_env(env).chooser, AlwaysIna)
+    path = tmp_path / "profile.json"
+    # INA: the lowest latency, the ring: the highest bandwidth.
+    Profile(
+        ina=AlgoParams(5e-6, 10e-9),
+        ring=AlgoParams(50e-6, 0.1e-9),
+        tree=AlgoParams(50e-6, 1e-9),
+        switch_rate=1e15,
+        source="crafted",
+    ).save(path)
+    dyn = env | {"INALAB_CHOOSER": "dynamiccl", "INALAB_PROFILE": str(path), "WORLD_SIZE": "4"}
+    chooser = InaOptions.from_env(dyn).chooser
+    assert isinstance(chooser, Policy) and chooser.workers == 4
+    assert chooser.choose(64) == "ina" and chooser.choose(1 << 30) == "ring"
+    with pytest.raises(InaSetupError, match="WORLD_SIZE"):
+        InaOptions.from_env({k: v for k, v in dyn.items() if k != "WORLD_SIZE"})
+    with pytest.raises(InaSetupError, match="ina or dynamiccl"):
+        InaOptions.from_env(env | {"INALAB_CHOOSER": "nccl"})
+    with pytest.raises(InaSetupError, match="bad INALAB"):
+        InaOptions.from_env(dyn | {"INALAB_PROFILE": str(tmp_path / "missing.json")})
