@@ -12,6 +12,7 @@ import contextlib
 import math
 import socket
 from collections.abc import Iterable, Iterator
+from pathlib import Path
 from typing import TYPE_CHECKING
 
 import numpy as np
@@ -203,3 +204,18 @@ def worker_addresses(addrs: Iterable[tuple[str, int]]) -> list[WorkerAddress]:
     from controller.switch import WorkerAddress
 
     return [WorkerAddress(ip, port) for ip, port in addrs]
+
+
+def save_latency_vs_bandwidth_profile(path: Path) -> Path:
+    """A dynamiccl profile where INA has the lowest latency and the worst bandwidth, the
+    ring the other way round: small messages must pick INA, large ones the ring."""
+    from dynamiccl.model import AlgoParams, Profile
+
+    Profile(
+        ina=AlgoParams(5e-6, 10e-9),
+        ring=AlgoParams(50e-6, 0.1e-9),
+        tree=AlgoParams(50e-6, 1e-9),
+        switch_rate=1e15,
+        source="crafted for the test",
+    ).save(path)
+    return path

@@ -13,8 +13,8 @@ import sys
 from pathlib import Path
 
 import pytest
+from helpers import save_latency_vs_bandwidth_profile
 
-from dynamiccl.model import AlgoParams, Profile
 from dynamiccl.tuner import parse_rules
 
 TOPOLOGIES = Path(__file__).resolve().parents[2] / "topologies"
@@ -37,16 +37,7 @@ def _ok(proc: subprocess.CompletedProcess[str]) -> str:
 
 
 def _profile(tmp_path: Path) -> Path:
-    # INA: lowest latency, worst bandwidth; the ring the other way round.
-    path = tmp_path / "profile.json"
-    Profile(
-        ina=AlgoParams(5e-6, 10e-9),
-        ring=AlgoParams(50e-6, 0.1e-9),
-        tree=AlgoParams(50e-6, 1e-9),
-        switch_rate=1e15,
-        source="crafted for the test",
-    ).save(path)
-    return path
+    return save_latency_vs_bandwidth_profile(tmp_path / "profile.json")
 
 
 def test_prints_each_algorithm_and_the_choice() -> None:

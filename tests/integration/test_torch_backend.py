@@ -246,7 +246,8 @@ def test_options_from_the_environment() -> None:
 
 
 def test_the_dynamiccl_chooser_from_the_environment(tmp_path: Path) -> None:
-    from dynamiccl.model import AlgoParams, Profile
+    from helpers import save_latency_vs_bandwidth_profile
+
     from dynamiccl.policy import Policy
     from dynamiccl.torch_backend import AlwaysIna
 
@@ -256,15 +257,7 @@ def test_the_dynamiccl_chooser_from_the_environment(tmp_path: Path) -> None:
         "INALAB_JOB": "3",
     }
     assert isinstance(InaOptions.from_env(env).chooser, AlwaysIna)
-    path = tmp_path / "profile.json"
-    # INA: the lowest latency, the ring: the highest bandwidth.
-    Profile(
-        ina=AlgoParams(5e-6, 10e-9),
-        ring=AlgoParams(50e-6, 0.1e-9),
-        tree=AlgoParams(50e-6, 1e-9),
-        switch_rate=1e15,
-        source="crafted",
-    ).save(path)
+    path = save_latency_vs_bandwidth_profile(tmp_path / "profile.json")
     dyn = env | {"INALAB_CHOOSER": "dynamiccl", "INALAB_PROFILE": str(path), "WORLD_SIZE": "4"}
     chooser = InaOptions.from_env(dyn).chooser
     assert isinstance(chooser, Policy) and chooser.workers == 4
