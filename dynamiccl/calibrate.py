@@ -1,4 +1,4 @@
-"""``inalab calibrate``: measure INA, ring and tree briefly on loopback and fit a profile.
+"""``inalab calibrate``: measure INA, ring and tree briefly and fit a dynamiccl profile.
 
 Runs ``inalab bench``'s sweep (the same workers, switch and checks) for each algorithm
 at a few sizes and worker counts, turns each size's time (the slowest rank's mean per
@@ -7,9 +7,13 @@ call) into a :class:`~dynamiccl.fit.Measurement`, fits alpha and beta per algori
 --profile`` and ``inalab bench --algos ...,auto --profile``. It prints the fit against
 every measured point, so a poor fit is seen rather than trusted.
 
-The profile holds the software's costs on this machine (loopback: no wire); dynamiccl's
-model adds what a topology file says about links (bandwidth, delay, loss, contention)
-on top. Every result is checked like a bench run: a wrong sum fails the calibration.
+On loopback (``inalab calibrate``) the profile holds the software's costs on this
+machine, and dynamiccl's model adds what a topology file says about links (bandwidth,
+delay, loss, contention) on top. ``inalab emulate TOPOLOGY calibrate`` measures across
+an emulated network's links instead, for decisions on that network: the model takes
+the slowest of software and wire per byte, so the links' bandwidth is not counted
+twice, but their delay is part of the fitted latency. Every result is checked like a
+bench run: a wrong sum fails the calibration.
 """
 
 from __future__ import annotations
@@ -31,7 +35,15 @@ if TYPE_CHECKING:
     from dynamiccl.fit import Measurement
     from dynamiccl.model import Profile
 
-__all__ = ["CalibrationError", "add_arguments", "fit_report", "measure", "run", "worker_counts"]
+__all__ = [
+    "CalibrationError",
+    "add_arguments",
+    "calibrate",
+    "fit_report",
+    "measure",
+    "run",
+    "worker_counts",
+]
 
 PROG = "inalab calibrate"
 
@@ -71,11 +83,18 @@ def _algos(text: str) -> tuple[str, ...]:
     return tuple(a for a in CANDIDATES if a in names)
 
 
-def add_arguments(parser: argparse.ArgumentParser) -> None:
-    """The flags of ``inalab calibrate`` (the sweep's follow ``inalab bench``)."""
-    from emulation.bench.config import DEFAULT_BENCH_LANES, DEFAULT_BENCH_SLOTS
+def add_arguments(parser: argparse.ArgumentParser, emulated: bool = False) -> None:
+    """The flags of ``inalab calibrate`` (the sweep's follow ``inalab bench``);
+    ``emulated``: for ``inalab emulate TOPOLOGY calibrate``, whose job gives the workers
+    and whose run directory is the emulation's."""
+    from emulation.bench.config import (
+        DEFAULT_BENCH_LANES,
+        DEFAULT_BENCH_SLOTS,
+        DEFAULT_EMULATED_SLOTS,
+    )
     from hostlib.protocol import MAX_LANES, MAX_SLOT
 
+    slots = DEFAULT_EMULATED_SLOTS if emulated else DEFAULT_BENCH_SLOTS
     add = parser.add_argument
     add("-o", "--output", type=Path, required=True, metavar="PATH", help="profile JSON to write")
     add("-b", "--minbytes", type=size, default=4 << 10, help="smallest size (default 4K)")
@@ -83,22 +102,41 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     add("-f", "--stepfactor", type=int_in(2), default=4, help="size multiplier (default 4)")
     add("-n", "--iters", type=int_in(1), default=3, help="timed calls per size (default 3)")
     add("-w", "--warmup_iters", type=int_in(0), default=1, help="untimed calls (default 1)")
-    add("--workers", type=worker_counts, default=(4,),
-        help="worker counts (default 4; the ranks share this machine's cores, so fit "
-        "the count you will run)")  # fmt: skip
+    if not emulated:
+        add("--workers", type=worker_counts, default=(4,),
+            help="worker counts (default 4; the ranks share this machine's cores, so fit "
+            "the count you will run)")  # fmt: skip
     add("--algos", type=_algos, default=CANDIDATES, help="default ina,ring,tree")
     add("--lanes", type=int_in(1, MAX_LANES), default=DEFAULT_BENCH_LANES,
         help=f"int32 lanes per packet (default {DEFAULT_BENCH_LANES})")  # fmt: skip
-    add("--slots", type=int_in(1, MAX_SLOT + 1), default=DEFAULT_BENCH_SLOTS,
-        help=f"INA slots and ring/tree window (default {DEFAULT_BENCH_SLOTS})")  # fmt: skip
+    add("--slots", type=int_in(1, MAX_SLOT + 1), default=slots,
+        help=f"INA slots and ring/tree window (default {slots})")  # fmt: skip
     add("--timeout", type=positive_float, default=10.0, help="host no-progress deadline (s)")
     add("--seed", type=int, default=0, help="seed of the inputs")
-    add("--run-dir", type=Path, help="directory for logs (default: a new temp dir)")
+    if not emulated:
+        add("--run-dir", type=Path, help="directory for logs (default: a new temp dir)")
     add("--json", type=Path, metavar="PATH", help="also write the measurements and the fit")
 
 
 def run(args: argparse.Namespace) -> int:
-    """Measure, fit, save; 0 on success, 1 if a run failed, 2 on bad arguments."""
+    """Measure on loopback, fit, save; 0 on success, 1 if a run failed, 2 on bad
+    arguments."""
+    run_dir = args.run_dir or Path(tempfile.mkdtemp(prefix="inalab-calibrate-"))
+    try:
+        return calibrate(args, args.workers, run_dir, None, "127.0.0.1 (inalab bench's loopback)")
+    finally:
+        print(f"# logs: {run_dir}")
+
+
+def calibrate(
+    args: argparse.Namespace,
+    workers: Sequence[int],
+    run_dir: Path,
+    fabric: Any,
+    where: str,
+) -> int:
+    """Measure with ``workers`` ranks on ``fabric`` (None: loopback), fit, save the
+    profile (and ``--json``); 0 on success, 1 if a run failed, 2 on bad arguments."""
     from dynamiccl.fit import FitError
 
     for path in (args.output, args.json):
@@ -106,20 +144,20 @@ def run(args: argparse.Namespace) -> int:
             print(f"{PROG}: error: directory of {path} does not exist", file=sys.stderr)
             return 2
     try:
-        configs = _configs(args)
+        configs = _configs(args, workers)
+        check = getattr(fabric, "check", None)
+        if check is not None:
+            check(configs[0])
     except ValueError as exc:
         print(f"{PROG}: error: {exc}", file=sys.stderr)
         return 2
-    run_dir = args.run_dir or Path(tempfile.mkdtemp(prefix="inalab-calibrate-"))
     run_dir.mkdir(parents=True, exist_ok=True)
     try:
-        points = measure(configs, run_dir)
-        profile = _fit(points, args, "127.0.0.1 (inalab bench's loopback)")
+        points = measure(configs, run_dir, fabric)
+        profile = _fit(points, args, workers, where)
     except (CalibrationError, FitError) as exc:
         print(f"{PROG}: failed: {exc}", file=sys.stderr)
         return 1
-    finally:
-        print(f"# logs: {run_dir}")
     report = fit_report(profile, points)
     print(_format(profile, report))
     profile.save(args.output)
@@ -131,7 +169,7 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
-def _configs(args: argparse.Namespace) -> list[Any]:
+def _configs(args: argparse.Namespace, workers: Sequence[int]) -> list[Any]:
     """One bench configuration per worker count.
 
     Raises:
@@ -155,7 +193,7 @@ def _configs(args: argparse.Namespace) -> list[Any]:
             seed=args.seed,
             timeout=args.timeout,
         )
-        for n in args.workers
+        for n in workers
     ]
 
 
@@ -202,14 +240,16 @@ def measure(configs: Sequence[Any], run_dir: Path, fabric: Any = None) -> list[M
     return points
 
 
-def _fit(points: Sequence[Measurement], args: argparse.Namespace, where: str) -> Profile:
+def _fit(
+    points: Sequence[Measurement], args: argparse.Namespace, workers: Sequence[int], where: str
+) -> Profile:
     from dynamiccl.fit import fit_profile
     from dynamiccl.model import DEFAULT_PROFILE
 
     # The packet size and window are the run's: the model counts packets and losses by them.
     base = replace(DEFAULT_PROFILE, packet_bytes=4 * args.lanes, window=args.slots)
     date = datetime.now(UTC).date().isoformat()
-    counts = ",".join(str(n) for n in args.workers)
+    counts = ",".join(str(n) for n in workers)
     source = f"inalab calibrate on {where}, {date}, workers {counts}, lanes {args.lanes}"
     return fit_profile(points, base, source=source)
 

@@ -9,6 +9,8 @@ and configures them through the controller, and writes ``RUN_DIR/manifest.json``
   say), CollNet (hosts with several ``ranks``), hostlib's ring and tree, auto
   (dynamiccl, deciding with the topology's links) and Gloo's ring, the same tables,
   JSON and plot;
+- ``calibrate``: ``inalab calibrate`` across the emulated links (the job's ranks):
+  dynamiccl's profile for this network;
 - ``up`` (default): keep the network up until Ctrl-C (or ``--seconds``), for your own
   controller (``inalab ctl --manifest RUN_DIR/manifest.json --name s1``) and workers;
 - ``--cli``: Mininet's CLI once the network is up (after the bench, if one runs).
@@ -69,6 +71,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     sub = parser.add_subparsers(dest="action", metavar="ACTION")
     bench = sub.add_parser("bench", help="allreduce sweep in the hosts (inalab bench's flags)")
     bench_arguments(bench, emulated=True)
+    from dynamiccl.calibrate import add_arguments as calibrate_arguments
+
+    cal = sub.add_parser(
+        "calibrate", help="fit a dynamiccl profile across the links (inalab calibrate's flags)"
+    )
+    calibrate_arguments(cal, emulated=True)
     up = sub.add_parser("up", help="keep the network up until Ctrl-C (the default)")
     up.add_argument("--seconds", type=float, help="stop after this long instead")
 
@@ -108,7 +116,7 @@ def run(args: argparse.Namespace) -> int:
         topo = load_topology(args.topology)
         lanes = getattr(args, "lanes", None)
         topo = apply_overrides(topo, args.bw, args.delay, args.link_loss, lanes)
-        job = _job(topo, args.job) if args.action == "bench" else None
+        job = _job(topo, args.job) if args.action in ("bench", "calibrate") else None
         _check_machine()
     except (TopologyError, _Refused) as exc:
         print(f"{PROG}: error: {exc}", file=sys.stderr)
@@ -153,7 +161,7 @@ def _job(topo: Topology, job_id: int | None) -> TopologyJob:
 def _run(args: argparse.Namespace, topo: Topology, job: TopologyJob | None, run_dir: Path) -> int:
     from emulation.network import emulate
 
-    bench = args.action == "bench"
+    bench = args.action in ("bench", "calibrate")
     slots = args.slots if bench else 256
     print(f"# {PROG}: {topo.name}: {len(topo.hosts)} hosts, {len(topo.switches)} switches,"
           f" {len(topo.links)} links; starting", flush=True)  # fmt: skip
@@ -162,7 +170,10 @@ def _run(args: argparse.Namespace, topo: Topology, job: TopologyJob | None, run_
     with emulate(topo, run_dir, pool, not bench, args.pcap, seed, slots) as em:
         print(f"# manifest: {run_dir / 'manifest.json'}", flush=True)
         status = 0
-        if bench:
+        if args.action == "calibrate":
+            assert job is not None
+            status = _calibrate(args, em, job, run_dir)
+        elif bench:
             assert job is not None
             status = _bench(args, em, job, run_dir)
         elif not args.cli:
@@ -205,6 +216,14 @@ def _bench(args: argparse.Namespace, em: Emulation, job: TopologyJob, run_dir: P
     except BenchError as exc:
         print(f"{PROG}: failed: {exc}", file=sys.stderr)
         return 1
+
+
+def _calibrate(args: argparse.Namespace, em: Emulation, job: TopologyJob, run_dir: Path) -> int:
+    from dynamiccl.calibrate import calibrate
+
+    fabric = EmulatedFabric(em, job)
+    where = f"{em.topology.name} (Mininet hosts, job {job.job_id})"
+    return calibrate(args, (fabric.workers,), run_dir / "calibrate", fabric, where)
 
 
 def _wait(seconds: float | None) -> None:

@@ -124,6 +124,19 @@ def test_ring_tree_and_auto_across_the_leaf_spine_links(tmp_path: Path, clean: N
     assert set(doc["metadata"]["switch_counters"]) <= {"auto"}
 
 
+def test_calibrate_across_the_emulated_links(tmp_path: Path, clean: None) -> None:
+    profile = tmp_path / "profile.json"
+    proc = _inalab("emulate", str(TOPOLOGIES / "star4.yaml"), "--bw", "100", "--run-dir",
+                   str(tmp_path / "run"), "calibrate", "-b", "4K", "-e", "64K", "-f", "4",
+                   "-n", "1", "-w", "0", "--lanes", "256", "-o", str(profile))  # fmt: skip
+    _ok(proc)
+    doc = json.loads(profile.read_text())
+    assert doc["source"].startswith("inalab calibrate on star4 (Mininet hosts, job 1)")
+    assert "workers 4" in doc["source"] and doc["packet_bytes"] == 4 * 256
+    assert "mean |error|" in proc.stdout
+    assert (tmp_path / "run" / "calibrate" / "workers4").is_dir()
+
+
 def test_hierarchical_leaf_spine(tmp_path: Path, clean: None) -> None:
     out = tmp_path / "hier.json"
     proc = _inalab("emulate", str(TOPOLOGIES / "leaf_spine_hier.yaml"), "--run-dir",
