@@ -29,6 +29,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from dynamiccl.model import ALGORITHMS
 from emulation.argtypes import int_in, positive_float, size
 
 if TYPE_CHECKING:
@@ -47,7 +48,7 @@ __all__ = [
 
 PROG = "inalab calibrate"
 
-CANDIDATES = ("ina", "ring", "tree")
+CANDIDATES = ALGORITHMS
 """What calibration measures by default: every algorithm dynamiccl chooses from."""
 
 

@@ -26,6 +26,7 @@ from typing import TYPE_CHECKING, Any
 from emulation.argtypes import int_in, positive_float, probability, size
 from emulation.bench.config import (
     ALGORITHMS,
+    AUTO_CHOICES,
     DEFAULT_ALGORITHMS,
     DEFAULT_BENCH_LANES,
     DEFAULT_BENCH_SLOTS,
@@ -40,7 +41,7 @@ from hostlib.protocol import MAX_LANES, MAX_SLOT, MAX_WORKERS
 
 if TYPE_CHECKING:
     from dynamiccl.model import TopologySummary
-    from dynamiccl.policy import Policy
+    from dynamiccl.policy import Decision, Policy
     from emulation.bench.fabric import Fabric
 
 __all__ = ["UsageError", "add_arguments", "config_from_args", "run", "run_bench"]
@@ -244,6 +245,8 @@ def run_bench(
     except (OSError, ProfileError) as exc:
         print(f"{PROG}: error: --profile: {exc}", file=sys.stderr)
         return 2
+    # auto's decision per size, made once: the sweep runs them, the report explains them.
+    decisions = {n: policy.decide(n) for n in cfg.sizes} if policy is not None else {}
     print(_banner(cfg, fabric.description), flush=True)
     total = len(cfg.algos) * len(cfg.sizes)
     # disable=None: a bar on a terminal; nothing in a log file or CI, where each
@@ -255,7 +258,7 @@ def run_bench(
             bar.update(1)
 
         level = logging.getLogger().getEffectiveLevel()
-        decide = policy.choose if policy is not None else None
+        decide = (lambda n: decisions[n].algorithm) if decisions else None
         result = run_sweep(cfg, run_dir, progress, level, fabric, decide)
     hosts = len({p.host for p in fabric.placements(cfg.workers)})
     for algo in cfg.algos:
@@ -264,7 +267,7 @@ def run_bench(
         print("#")
     extra: dict[str, Any] = {}
     if policy is not None:
-        extra["dynamiccl"] = _report_auto(policy, cfg, result.rows)
+        extra["dynamiccl"] = _report_auto(policy, decisions, cfg, result.rows)
     wrong = sum(r.wrong for r in result.rows)
     meta = _metadata(args, cfg, run_dir)
     meta.update(extra_meta or {})
@@ -307,10 +310,11 @@ def _policy(
     return Policy(profile, cfg.workers, topology, epsilon=0.0)
 
 
-def _report_auto(policy: Policy, cfg: BenchConfig, rows: list[Any]) -> dict[str, Any]:
+def _report_auto(
+    policy: Policy, decisions: dict[int, Decision], cfg: BenchConfig, rows: list[Any]
+) -> dict[str, Any]:
     """Print auto's choices against the oracle (when its candidates ran too); the JSON
     section with the profile, each decision and the summary."""
-    from dynamiccl.model import ALGORITHMS as CANDIDATES
     from emulation.bench.report import format_oracle, oracle_points, oracle_summary
 
     section: dict[str, Any] = {
@@ -318,9 +322,9 @@ def _report_auto(policy: Policy, cfg: BenchConfig, rows: list[Any]) -> dict[str,
         "topology": None
         if policy.topology_summary is None
         else dataclasses.asdict(policy.topology_summary),
-        "decisions": {str(n): policy.decide(n).to_dict() for n in cfg.sizes},
+        "decisions": {str(n): d.to_dict() for n, d in decisions.items()},
     }
-    static = [a for a in CANDIDATES if a in cfg.algos]
+    static = [a for a in AUTO_CHOICES if a in cfg.algos]
     points = oracle_points(rows, static)
     if len(static) >= 2 and points:
         summary = oracle_summary(points)
@@ -328,7 +332,7 @@ def _report_auto(policy: Policy, cfg: BenchConfig, rows: list[Any]) -> dict[str,
         print("#")
         section["oracle"] = summary
     else:
-        print(f"# auto: run it with {','.join(CANDIDATES)} to compare with the oracle\n#")
+        print(f"# auto: run it with {','.join(AUTO_CHOICES)} to compare with the oracle\n#")
     return section
 
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
+from dynamiccl.model import ALGORITHMS as AUTO_CHOICES
 from hostlib.protocol import MAX_LANES, MAX_WORKERS
 
 __all__ = [
@@ -61,14 +62,14 @@ INA_ALGORITHMS = ("ina", "collnet")
 PEER_ALGORITHMS = ("ring", "tree")
 """The host-based algorithms of hostlib: ranks exchange packets directly, no switch."""
 
-AUTO_CHOICES = ("ina", "ring", "tree")
-"""What ``auto`` chooses from (dynamiccl's algorithms); its ranks hold a session of each."""
-
 SWITCH_ALGORITHMS = (*INA_ALGORITHMS, "auto")
 """The algorithms whose run installs a job on the switch."""
 
 DEFAULT_ALGORITHMS = ("ina", "gloo")
 """What runs without ``--algos``: collnet is only meaningful with several ranks per host."""
+
+# AUTO_CHOICES (imported above) is what ``auto`` chooses from: dynamiccl's algorithms; its
+# ranks hold a session of each.
 
 ELEMENT_BYTES = {"float32": 4, "int32": 4}
 """Supported data types and their sizes: the two types the INA wire format carries."""

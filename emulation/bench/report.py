@@ -144,7 +144,7 @@ def merge_ranks(
                 wrong=sum(r.wrong for r in at),
                 max_abs_err=max(r.max_abs_err for r in at),
                 retransmits=sum(getattr(r, "retransmits", 0) for r in at),
-                chosen=getattr(at[0], "ran", None) or None if algo == "auto" else None,
+                chosen=(getattr(at[0], "ran", "") or None) if algo == "auto" else None,
             )
         )
     return rows

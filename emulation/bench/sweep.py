@@ -57,6 +57,9 @@ coordinator terminates them."""
 ProgressFn = Callable[[str, int], None]
 """Called with (algorithm, size index) once every rank has finished that size."""
 
+_PEER_SESSIONS = {"ring": 1, "tree": 1, "auto": 2}
+"""Ring/tree sessions a rank of each algorithm sets up (auto holds one of each)."""
+
 DecideFn = Callable[[int], str]
 """``auto``'s decision: the algorithm (one of ``AUTO_CHOICES``) for a size in bytes."""
 
@@ -209,7 +212,7 @@ def _run_udp(
             with _Fleet(algo, plans, stall_limit(cfg), log_path, extra) as fleet:
                 if switch is not None:
                     _join_switch(fleet, switch, plans, collnet=algo == "collnet")
-                for _ in range(2 if algo == "auto" else int(algo in PEER_ALGORITHMS)):
+                for _ in range(_PEER_SESSIONS.get(algo, 0)):
                     _join_peers(fleet)
                 per_rank = fleet.drive(len(cfg.sizes), progress, choices)
             if switch is not None:
