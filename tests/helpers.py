@@ -107,6 +107,14 @@ def random_inputs(rng: np.random.Generator, dtype: type, workers: int, size: int
     return floats.astype(np.float32)
 
 
+def int32_with_limits(rng: np.random.Generator, size: int) -> np.ndarray:
+    """``size`` int32 over the whole range, a fifth of them at its limits (sums wrap)."""
+    out = rng.integers(INT32_MIN, INT32_MAX, size=size, dtype=np.int64, endpoint=True)
+    edge = rng.random(size) < 0.2
+    out[edge] = rng.choice([INT32_MIN, INT32_MAX], size=int(edge.sum()))
+    return out.astype(np.int32)
+
+
 def expected(inputs: np.ndarray, lanes: int) -> np.ndarray:
     """The bit-exact result of an INA allreduce of ``inputs``."""
     if inputs.dtype == np.int32:

@@ -21,7 +21,7 @@ from typing import Any
 
 import numpy as np
 import pytest
-from helpers import INT32_MAX, INT32_MIN, assert_within_bound, expected, wrapping_sum
+from helpers import assert_within_bound, expected, int32_with_limits, wrapping_sum
 
 from controller.switch import SwitchController, WorkerAddress
 from emulation.softswitch import SoftSwitchProcess
@@ -54,10 +54,7 @@ def make_input(host: int, rank: int, dtype: str, shape: tuple[int, ...], call: i
     rng = np.random.default_rng([host, rank, call])
     size = int(np.prod(shape))
     if dtype == "int32":
-        out = rng.integers(INT32_MIN, INT32_MAX, size=size, dtype=np.int64, endpoint=True)
-        edge = rng.random(size) < 0.2
-        out[edge] = rng.choice([INT32_MIN, INT32_MAX], size=int(edge.sum()))
-        return out.astype(np.int32).reshape(shape)
+        return int32_with_limits(rng, size).reshape(shape)
     scale = np.exp2((np.arange(size) // (3 * LANES)) % 17 - 8.0)
     return (rng.standard_normal(size) * scale).astype(np.float32).reshape(shape)
 

@@ -27,7 +27,7 @@ from typing import Any
 
 import numpy as np
 import pytest
-from helpers import INT32_MAX, INT32_MIN, wrapping_sum
+from helpers import int32_with_limits, wrapping_sum
 
 from hostlib.collnet import SHM_PREFIX, CollNetAllreduce, CollNetError, LocalGroup
 
@@ -46,10 +46,7 @@ def make_input(host: int, rank: int, dtype: str, shape: tuple[int, ...], call: i
     rng = np.random.default_rng([host, rank, call, len(shape)])
     size = int(np.prod(shape))
     if dtype == "int32":
-        out = rng.integers(INT32_MIN, INT32_MAX, size=size, dtype=np.int64, endpoint=True)
-        edge = rng.random(size) < 0.2
-        out[edge] = rng.choice([INT32_MIN, INT32_MAX], size=int(edge.sum()))
-        return out.astype(np.int32).reshape(shape)
+        return int32_with_limits(rng, size).reshape(shape)
     scale = np.exp2(rng.integers(-30, 30, size=size))
     return (rng.standard_normal(size) * scale).astype(dtype).reshape(shape)
 
