@@ -1,4 +1,4 @@
-/* checksums.p4: VerifyChecksum and ComputeChecksum, the v1model checksum stages.
+/* checksums.p4: InaVerifyChecksum and InaComputeChecksum, the v1model checksum stages.
  *
  * Ingress does not verify: a host's kernel drops a bad checksum anyway, and the soft
  * switch never sees one. Egress recomputes the IPv4 header checksum of every IPv4
@@ -9,11 +9,11 @@
 #ifndef _INA_CHECKSUMS_P4_
 #define _INA_CHECKSUMS_P4_
 
-control VerifyChecksum(inout headers_t hdr, inout metadata_t meta) {
+control InaVerifyChecksum(inout headers_t hdr, inout metadata_t meta) {
     apply { }
 }
 
-control ComputeChecksum(inout headers_t hdr, inout metadata_t meta) {
+control InaComputeChecksum(inout headers_t hdr, inout metadata_t meta) {
     apply {
         update_checksum(
             hdr.ipv4.isValid(),

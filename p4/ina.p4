@@ -29,7 +29,7 @@
 #include "forwarder.p4"
 #include "replicas.p4"
 
-control Ingress(inout headers_t hdr,
+control InaIngress(inout headers_t hdr,
                 inout metadata_t meta,
                 inout standard_metadata_t standard_metadata) {
     // Indexed by STAT_* and DROP_* (configuration.p4).
@@ -186,7 +186,7 @@ control Ingress(inout headers_t hdr,
     }
 }
 
-control Egress(inout headers_t hdr,
+control InaEgress(inout headers_t hdr,
                inout metadata_t meta,
                inout standard_metadata_t standard_metadata) {
     // Same indices as Ingress's: egress counts STAT_RESULTS_SENT, STAT_SENT_UPSTREAM and
@@ -225,8 +225,8 @@ control Egress(inout headers_t hdr,
 }
 
 V1Switch(IngressParser(),
-         VerifyChecksum(),
-         Ingress(),
-         Egress(),
-         ComputeChecksum(),
-         Deparser()) main;
+         InaVerifyChecksum(),
+         InaIngress(),
+         InaEgress(),
+         InaComputeChecksum(),
+         InaDeparser()) main;

@@ -1,4 +1,4 @@
-/* parsers.p4: IngressParser and Deparser, the two ends of the wire format.
+/* parsers.p4: IngressParser and InaDeparser, the two ends of the wire format.
  *
  * INA traffic is UDP to INA_UDP_PORT over IPv4 without options or fragmentation;
  * anything else is ordinary traffic (Gloo, ARP, ...) for forwarder.p4.
@@ -54,7 +54,7 @@ parser IngressParser(packet_in packet,
     }
 }
 
-control Deparser(packet_out packet, in headers_t hdr) {
+control InaDeparser(packet_out packet, in headers_t hdr) {
     apply {
         // emit() skips invalid headers.
         packet.emit(hdr.ethernet);

@@ -17,6 +17,7 @@ import os
 import socket
 import subprocess
 import time
+from collections import deque
 from collections.abc import Callable
 from pathlib import Path
 from typing import Protocol
@@ -55,6 +56,11 @@ SWITCH_MAC = "02:00:00:00:00:fe"
 SWITCH_IP = "10.0.0.254"
 """The switch's INA endpoint on the wire: where workers send DATA, whence RESULTs come."""
 _ETH_P_ALL = 0x0003
+MARKER_ETHERTYPE = 0x88B5
+"""IEEE 802's local experimental EtherType: the settle markers, which the forwarder
+carries like any frame and no vector sends."""
+MARKER_SRC_MAC = bytes.fromhex("020000000100")
+_SETTLE_SECONDS = 10.0
 
 
 class Bmv2Control(Protocol):
@@ -142,6 +148,9 @@ class Bmv2Target:
         self._veths: list[str] = []
         self._socks: dict[int, socket.socket] = {}
         self._control: Bmv2Control | None = None
+        self._ina_sent = 0  # frames to the INA UDP port: each counts in `received`
+        self._pending: dict[int, deque[bytes]] = {}  # frames read while settling
+        self._markers = 0
 
     def configure(self, vector: Vector, run_dir: Path) -> None:
         """Check every prerequisite, then build veths, start bmv2 and push the config.
@@ -191,8 +200,15 @@ class Bmv2Target:
             / payload
         )
         self._socks[port].send(bytes(frame))
+        if dport == INA_UDP_PORT:
+            self._ina_sent += 1
 
     def recv(self, port: int, timeout: float) -> Received | None:
+        pending = self._pending.get(port)
+        while pending:
+            got = _datagram(port, pending.popleft())
+            if got is not None:
+                return got
         deadline = time.monotonic() + timeout
         sock = self._socks[port]
         while True:
@@ -206,10 +222,56 @@ class Bmv2Target:
                 return got
 
     def set_drops(self, ingress: float, egress: float) -> None:
+        self._settle()  # the new rates must not reach frames sent before
         self._require_control().set_drops(ingress, egress)
 
     def counters(self) -> dict[str, int]:
-        return {k: v for k, v in self._require_control().counters().items() if k in COUNTERS}
+        return {k: v for k, v in self._settle().items() if k in COUNTERS}
+
+    def _settle(self) -> dict[str, int]:
+        """The counters once the switch has processed every frame sent so far.
+
+        A switch is not synchronous with the test: bmv2 queues frames between its port
+        threads, its ingress thread and its egress threads. First ingress: wait until
+        ``received`` covers every frame sent to the INA port. Then egress, which counts
+        results and egress drops: a marker frame per port, forwarded back out of that
+        port by the forwarder, arrives after every packet queued for the port before it
+        (egress queues are first in, first out per port). Frames read meanwhile are kept
+        for :meth:`recv`.
+
+        Raises:
+            VectorFailure: the switch did not catch up within a generous bound.
+        """
+        control = self._require_control()
+        deadline = time.monotonic() + _SETTLE_SECONDS
+        while (c := control.counters())["received"] < self._ina_sent:
+            if time.monotonic() > deadline:
+                raise VectorFailure(f"switch received {c['received']} of {self._ina_sent} frames")
+            time.sleep(0.005)
+        self._markers += 1
+        marker = self._markers.to_bytes(4, "big") + bytes(42)
+        ethertype = MARKER_ETHERTYPE.to_bytes(2, "big")
+        for port, sock in self._socks.items():
+            dst = bytes.fromhex(port_identity(port).mac.replace(":", ""))
+            sock.send(dst + MARKER_SRC_MAC + ethertype + marker)
+        for port, sock in self._socks.items():
+            self._await_marker(port, sock, marker, deadline)
+        return control.counters()
+
+    def _await_marker(
+        self, port: int, sock: socket.socket, marker: bytes, deadline: float
+    ) -> None:
+        pending = self._pending.setdefault(port, deque())
+        while True:
+            sock.settimeout(max(deadline - time.monotonic(), 1e-6))
+            try:
+                frame = sock.recv(65536)
+            except TimeoutError:
+                raise VectorFailure(f"port {port}: the switch did not forward a marker") from None
+            if frame[6:12] != MARKER_SRC_MAC:
+                pending.append(frame)
+            elif frame[14 : 14 + len(marker)] == marker:
+                return
 
     def close(self) -> None:
         if self._control is not None:
@@ -218,6 +280,7 @@ class Bmv2Target:
         for sock in self._socks.values():
             sock.close()
         self._socks.clear()
+        self._pending.clear()
         if self._bmv2 is not None:  # before its interfaces go away
             self._bmv2.stop()
             self._bmv2 = None

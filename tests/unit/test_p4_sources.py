@@ -761,6 +761,29 @@ def test_one_control_per_file_except_pairs(sources: dict[str, str]) -> None:
         assert len(blocks) <= (2 if file in PAIRS else 1), (file, blocks)
 
 
+# v1model.p4 declares these as the pipeline's parser and control types: a program's own
+# control of the same name is a duplicate declaration to p4c (--Werror=duplicate).
+V1MODEL_TYPES = frozenset(
+    ["Parser", "VerifyChecksum", "Ingress", "Egress", "ComputeChecksum", "Deparser", "V1Switch"]
+)
+
+
+def type_name_problems(sources: dict[str, str]) -> list[str]:
+    """Parsers and controls named like one of v1model.p4's own types."""
+    return [
+        f"{file}: {kind} {name} has the name of v1model's {name}"
+        for file, text in sources.items()
+        for kind, name in re.findall(r"^\s*(control|parser)\s+(\w+)\s*\(", text, flags=re.M)
+        if name in V1MODEL_TYPES
+    ]
+
+
+def test_no_control_takes_a_v1model_type_name(sources: dict[str, str]) -> None:
+    assert type_name_problems(sources) == []
+    clash = {"x.p4": "control Deparser(packet_out p, in headers_t h) { apply { } }\n"}
+    assert type_name_problems(clash) == ["x.p4: control Deparser has the name of v1model's Deparser"]
+
+
 def _counted(sources: dict[str, str], control: str, counter: str) -> set[str]:
     """Constant indices ``control`` counts in ``counter`` (``ina_stats.count(STAT_X)``)."""
     text = sources["ina.p4"]
@@ -774,11 +797,13 @@ def test_ingress_and_egress_count_what_the_soft_switch_server_says() -> None:
     from emulation.softswitch import p4runtime
 
     sources = p4_sources()
-    egress = {s.removeprefix("STAT_").lower() for s in _counted(sources, "Egress", "ina_stats")}
-    ingress = {s.removeprefix("STAT_").lower() for s in _counted(sources, "Ingress", "ina_stats")}
+    egress = {s.removeprefix("STAT_").lower() for s in _counted(sources, "InaEgress", "ina_stats")}
+    ingress = {
+        s.removeprefix("STAT_").lower() for s in _counted(sources, "InaIngress", "ina_stats")
+    }
     assert egress == p4runtime._EGRESS_STATS == {"results_sent", "sent_upstream"}
     assert ingress == set(SWITCH_STATS) - egress
-    assert _counted(sources, "Egress", "drops") == {"DROP_SIM_EGRESS"}
+    assert _counted(sources, "InaEgress", "drops") == {"DROP_SIM_EGRESS"}
 
 
 def test_the_upstream_table_and_final_register(sources: dict[str, str], info: Message) -> None:
