@@ -13,8 +13,8 @@ soft switch's Mininet node; the data-plane vectors' bmv2 target uses it too.
   ports, and P4Runtime answering. bmv2 cannot report ports it picked itself, so port 0
   means one chosen here; the listening check is what shows the port is this process's
   and not a stale answer from another. It starts without a program, as bmv2's README
-  recommends: the first :meth:`Bmv2Process.controller` pushes the JSON with the
-  hand-kept P4Info (``p4/ina.p4info.txtpb``) by SetForwardingPipelineConfig, which resets
+  recommends: the first :meth:`Bmv2Process.controller` pushes the JSON with its P4Info
+  (the one p4c derived in the same compile) by SetForwardingPipelineConfig, which resets
   every table, so later controllers only read the installed pipeline.
 - :func:`bmv2_switch_class` is the Mininet node (``kind: bmv2`` in a topology).
 
@@ -60,6 +60,7 @@ __all__ = [
     "check_bmv2_switch",
     "compile_command",
     "compile_program",
+    "compiled_p4info",
     "find_bmv2",
     "free_tcp_ports",
 ]
@@ -69,7 +70,8 @@ logger = logging.getLogger(__name__)
 P4_PROGRAM = Path(__file__).resolve().parents[1] / "p4" / "ina.p4"
 """The INA program of the checkout this package was imported from."""
 P4INFO_PATH = DEFAULT_P4INFO_PATH
-"""Its P4Info, kept by hand with explicit ids (``p4/ina.p4info.txtpb``): what is pushed."""
+"""Its P4Info as p4c emits it, committed (``p4/ina.p4info.txtpb``; ``p4/compile.py``
+keeps it current): pushed with a JSON compiled elsewhere."""
 BMV2_LANES = LANES_PER_PACKET
 """int32 lanes per packet of ``p4/ina.p4``: fixed, one register array per lane."""
 BMV2_SLOTS = SWITCH_SLOTS
@@ -143,11 +145,15 @@ def _which(tool: str, purpose: str, path: str | None) -> Path:
 # --------------------------------------------------------------------- compiling
 
 
-def compile_command(compiler: Path, p4_path: Path, json_out: Path, p4info_out: Path) -> list[str]:
+def compile_command(
+    compiler: Path, p4_path: Path, json_out: Path, p4info_out: Path, *, werror: bool = False
+) -> list[str]:
     """The p4c-bm2-ss command writing ``p4_path``'s bmv2 JSON and its P4Info (text format:
-    p4c picks the format by the ``.txt`` extension)."""
+    p4c picks the format by the ``.txt`` extension); ``werror`` makes warnings errors
+    (``p4/compile.py``: the repository's own compile, not a user's p4c version)."""
     return [
         str(compiler), "--std", "p4-16", "--target", "bmv2", "--arch", "v1model",
+        *(["--Werror"] if werror else []),
         "--p4runtime-files", str(p4info_out), "-o", str(json_out), str(p4_path),
     ]  # fmt: skip
 
@@ -158,8 +164,8 @@ def compile_program(
     """Compile ``p4_path`` for bmv2 into ``out_dir``, unless a compile of the same
     sources by the same compiler is there already; return the JSON's path.
 
-    The P4Info p4c derives is written next to it (``<stem>-<hash>.p4info.txt``), for
-    comparison with the hand-kept one; outputs appear only when p4c succeeded.
+    The P4Info p4c derives is written next to it (:func:`compiled_p4info`); outputs
+    appear only when p4c succeeded.
 
     Args:
         out_dir: the cache directory (created).
@@ -174,7 +180,8 @@ def compile_program(
     p4_path = Path(p4_path)
     out_dir = Path(out_dir)
     stem = f"{p4_path.stem}-{_source_hash(compiler, p4_path)}"
-    json_out, p4info_out = out_dir / f"{stem}.json", out_dir / f"{stem}.p4info.txt"
+    json_out = out_dir / f"{stem}.json"
+    p4info_out = compiled_p4info(json_out)
     if json_out.exists() and p4info_out.exists():
         logger.debug("%s compiled already: %s", p4_path, json_out)
         return json_out
@@ -195,6 +202,12 @@ def compile_program(
     os.replace(p4info_tmp, p4info_out)
     os.replace(json_tmp, json_out)
     return json_out
+
+
+def compiled_p4info(json_path: Path) -> Path:
+    """Where :func:`compile_program` put the P4Info of the program compiled to
+    ``json_path`` (p4c writes text format for the ``.txt`` extension)."""
+    return json_path.with_suffix(".p4info.txt")
 
 
 def _source_hash(compiler: Path, p4_path: Path) -> str:
@@ -322,7 +335,8 @@ class Bmv2Process(RecordedProcess):
         host: the address the P4Runtime server binds (Thrift binds all addresses).
         cpu_port: bmv2's ``--cpu-port`` for P4Runtime packet-in/out; None: none (ina.p4
             has no packet-in/out).
-        p4info_path: the P4Info pushed with the JSON.
+        p4info_path: the P4Info pushed with the JSON; None: the one p4c derived when
+            this process compiles, else :data:`P4INFO_PATH`.
         start_timeout: seconds :meth:`start` waits for readiness.
         tools: where the tools are; by default found on PATH.
 
@@ -347,7 +361,7 @@ class Bmv2Process(RecordedProcess):
         log: bool = False,
         host: str = "127.0.0.1",
         cpu_port: int | None = None,
-        p4info_path: Path = P4INFO_PATH,
+        p4info_path: Path | None = None,
         start_timeout: float = 30.0,
         tools: Bmv2Tools | None = None,
     ) -> None:
@@ -364,7 +378,8 @@ class Bmv2Process(RecordedProcess):
         self.host = host
         self.cpu_port = cpu_port
         self.json_path = Path(json_path) if json_path is not None else None
-        self.p4info_path = Path(p4info_path)
+        self.p4info_path = Path(p4info_path) if p4info_path is not None else P4INFO_PATH
+        self._p4info_given = p4info_path is not None
         self.start_timeout = start_timeout
         self.tools = tools or find_bmv2(need_compiler=json_path is None)
         self._device_id = device_id
@@ -411,29 +426,23 @@ class Bmv2Process(RecordedProcess):
         self.run_dir.mkdir(parents=True, exist_ok=True)
         if self.json_path is None:
             self.json_path = compile_program(self.run_dir / "build", compiler=self.tools.compiler)
+            if not self._p4info_given:
+                self.p4info_path = compiled_p4info(self.json_path)
         self._pipeline = (P4Info.load(self.p4info_path), self.json_path.read_bytes())
         if self.pcap_dir is not None:
             self.pcap_dir.mkdir(exist_ok=True)  # bmv2 exits if it is missing
         free = iter(free_tcp_ports(self._requested_ports.count(0)))
         grpc_port, thrift_port = (p or next(free) for p in self._requested_ports)
-        self.argv = argv = self.build_argv(grpc_port, thrift_port)
-        self._log_file = self.log_path.open("wb")
+        self.argv = self.build_argv(grpc_port, thrift_port)
+        proc = self._launch(self.argv)
         try:
-            self._proc = subprocess.Popen(
-                argv, stdin=subprocess.DEVNULL, stdout=self._log_file, stderr=subprocess.STDOUT
-            )
-        except OSError as exc:
-            self.stop()
-            raise SwitchStartError(f"cannot run {argv[0]}: {exc}", self.log_path) from exc
-        logger.debug("bmv2 pid %d: %s", self._proc.pid, " ".join(argv))
-        try:
-            self._wait_ready(self._proc, grpc_port, thrift_port)
+            self._wait_ready(proc, grpc_port, thrift_port)
         except BaseException:
             self.stop()
             raise
         self._ports = (grpc_port, thrift_port)
-        self._ready = self._describe(self._proc.pid)
-        logger.info("bmv2 pid %d ready: %s", self._proc.pid, self.interfaces)
+        self._ready = self._describe(proc.pid)
+        logger.info("bmv2 pid %d ready: %s", proc.pid, self.interfaces)
         return self
 
     # ----------------------------------------------------------------- what it realised

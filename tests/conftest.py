@@ -5,7 +5,8 @@ is what lets test modules ``import helpers`` (tests/ is deliberately not a packa
 
 Capability markers (declared in pyproject.toml) are honoured here: a test marked
 ``root``, ``mininet``, ``bmv2``, ``gpu`` or ``rdma`` is skipped, with the reason, when a
-probe of this machine finds the capability missing. ``slow`` tests always run unless
+probe of this machine finds the capability missing, unless ``INALAB_REQUIRE`` names it:
+then the session stops (CI must not pass by skipping). ``slow`` tests always run unless
 deselected with ``-m "not slow"``.
 """
 
@@ -28,7 +29,8 @@ def _has_mininet() -> bool:
 
 
 def _has_bmv2() -> bool:
-    return shutil.which("simple_switch_grpc") is not None
+    # Every bmv2 test compiles p4/ first: the switch without the compiler is no use.
+    return all(shutil.which(tool) for tool in ("simple_switch_grpc", "p4c-bm2-ss"))
 
 
 def _has_gpu() -> bool:
@@ -53,7 +55,7 @@ def _has_rdma() -> bool:
 PROBES: dict[str, tuple[Callable[[], bool], str]] = {
     "root": (_is_root, "needs root"),
     "mininet": (_has_mininet, "needs root and Mininet's mnexec"),
-    "bmv2": (_has_bmv2, "needs simple_switch_grpc on PATH"),
+    "bmv2": (_has_bmv2, "needs simple_switch_grpc and p4c-bm2-ss on PATH"),
     "gpu": (_has_gpu, "needs a CUDA GPU"),
     "rdma": (_has_rdma, "needs an RDMA device (pyverbs found none)"),
 }
@@ -64,6 +66,33 @@ def capability(marker: str) -> bool:
     """Whether this machine has what tests marked ``marker`` need (probed once)."""
     probe, _ = PROBES[marker]
     return probe()
+
+
+REQUIRE_ENV = "INALAB_REQUIRE"
+"""Comma list of capabilities a run must have (``.ci/run`` sets it): a missing one stops
+the session instead of quietly skipping its tests."""
+
+
+def required_missing(value: str) -> list[str]:
+    """The capabilities named in ``value`` (an :data:`REQUIRE_ENV` value) that this machine
+    lacks, as the reasons their tests would skip with.
+
+    Raises:
+        pytest.UsageError: a name that is not a capability marker.
+    """
+    missing = []
+    for name in filter(None, (part.strip() for part in value.split(","))):
+        if name not in PROBES:
+            raise pytest.UsageError(f"{REQUIRE_ENV}: {name!r} is not one of {sorted(PROBES)}")
+        if not capability(name):
+            missing.append(f"{name}: {PROBES[name][1]}")
+    return missing
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    missing = required_missing(os.environ.get(REQUIRE_ENV, ""))
+    if missing:
+        raise pytest.UsageError(f"{REQUIRE_ENV} asks for what is missing: {'; '.join(missing)}")
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:

@@ -11,6 +11,9 @@ from __future__ import annotations
 import contextlib
 import math
 import socket
+import subprocess
+import sys
+import time
 from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -227,3 +230,35 @@ def save_latency_vs_bandwidth_profile(path: Path) -> Path:
         source="crafted for the test",
     ).save(path)
     return path
+
+
+def _alive(pid: int) -> bool:
+    """Whether ``pid`` runs (a zombie waiting for init to reap it does not)."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return False
+    return stat.rpartition(")")[2].split()[0] != "Z"
+
+
+def assert_child_dies_with_its_parent(start: str, timeout: float = 30.0) -> None:
+    """Run ``start`` (Python that starts a process and binds its PID to ``pid``) in a
+    parent interpreter, SIGKILL that parent once the child runs, and assert that the
+    child is gone within ``timeout`` seconds (no cleanup code ran: the kernel's doing)."""
+    code = f"import sys, time\n{start}\nprint(pid, flush=True)\ntime.sleep(600)\n"
+    parent = subprocess.Popen(
+        [sys.executable, "-c", code], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+    )
+    try:
+        assert parent.stdout is not None
+        line = parent.stdout.readline()
+        assert line.strip().isdigit(), parent.communicate(timeout=60)
+        child = int(line)
+        assert _alive(child)
+    finally:
+        parent.kill()
+        parent.communicate(timeout=60)
+    deadline = time.monotonic() + timeout
+    while _alive(child):
+        assert time.monotonic() < deadline, f"pid {child} outlived its killed parent"
+        time.sleep(0.05)

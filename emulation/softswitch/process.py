@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import logging
+import shutil
 import subprocess
 import sys
 import time
@@ -24,7 +25,12 @@ from controller.switch import SwitchController
 from emulation.softswitch.pipeline import Addr
 from hostlib.protocol import LANES_PER_PACKET, SWITCH_SLOTS
 
-__all__ = ["RecordedProcess", "SoftSwitchProcess", "SwitchStartError"]
+__all__ = [
+    "RecordedProcess",
+    "SoftSwitchProcess",
+    "SwitchStartError",
+    "with_parent_death_signal",
+]
 
 log = logging.getLogger(__name__)
 
@@ -40,15 +46,32 @@ class SwitchStartError(RuntimeError):
         self.log_path = log_path
 
 
+def with_parent_death_signal(argv: list[str]) -> list[str]:
+    """``argv`` run so that the kernel sends it SIGTERM when this process dies.
+
+    util-linux's ``setpriv --pdeathsig`` sets ``PR_SET_PDEATHSIG`` and execs ``argv`` (same
+    PID), so a switch does not outlive a run that was killed outright (SIGKILL, a crash),
+    where no cleanup code runs. The signal follows the *thread* that started the child:
+    start switches from a thread that lives as long as they should. Without ``setpriv``
+    (not Linux), ``argv`` unchanged.
+    """
+    setpriv = shutil.which("setpriv")
+    if setpriv is None:
+        return list(argv)
+    return [setpriv, "--pdeathsig", "TERM", "--", *argv]
+
+
 class RecordedProcess:
     """A child process this run started, known by its recorded PID: stopped by SIGTERM,
-    then SIGKILL, never found by name; its output goes to a log file.
+    then SIGKILL, never found by name, and sent SIGTERM by the kernel if this process
+    dies first; its output goes to ``log_path``.
 
-    Subclasses set ``_proc`` and ``_log_file`` in :meth:`start`; ``what`` names the
-    process in messages.
+    Subclasses call :meth:`_launch` in :meth:`start`; ``what`` names the process in
+    messages.
     """
 
     what = "switch"
+    log_path: Path
 
     def __init__(self) -> None:
         self._proc: subprocess.Popen[bytes] | None = None
@@ -120,6 +143,24 @@ class RecordedProcess:
             raise RuntimeError(f"{self.what} process not started")
         return self._proc
 
+    def _launch(self, argv: list[str]) -> subprocess.Popen[bytes]:
+        """Run ``argv`` with stdout and stderr in ``log_path``, dying with this process.
+
+        Raises:
+            SwitchStartError: it could not be run (the log is closed again).
+        """
+        self._log_file = self.log_path.open("wb")
+        try:
+            self._proc = subprocess.Popen(
+                with_parent_death_signal(argv),
+                stdin=subprocess.DEVNULL, stdout=self._log_file, stderr=subprocess.STDOUT,
+            )  # fmt: skip
+        except OSError as exc:
+            self.stop()
+            raise SwitchStartError(f"cannot run {argv[0]}: {exc}", self.log_path) from exc
+        log.debug("%s pid %d: %s", self.what, self._proc.pid, " ".join(argv))
+        return self._proc
+
 
 class SoftSwitchProcess(RecordedProcess):
     """One ``inalab switch`` subprocess with its addresses, PID and log.
@@ -188,17 +229,9 @@ class SoftSwitchProcess(RecordedProcess):
         self.run_dir.mkdir(parents=True, exist_ok=True)
         # Our own file from an earlier start in this run directory: never a stale answer.
         self.ready_path.unlink(missing_ok=True)
-        self._log_file = self.log_path.open("wb")
+        proc = self._launch(self.argv)
         try:
-            self._proc = subprocess.Popen(
-                self.argv, stdin=subprocess.DEVNULL, stdout=self._log_file, stderr=subprocess.STDOUT
-            )
-        except OSError as exc:
-            self.stop()
-            raise SwitchStartError(f"cannot run {self.argv[0]}: {exc}", self.log_path) from exc
-        log.debug("switch pid %d: %s", self._proc.pid, " ".join(self.argv))
-        try:
-            self._wait_ready(self._proc)
+            self._wait_ready(proc)
         except BaseException:
             self.stop()
             raise

@@ -46,6 +46,7 @@ from emulation.bmv2 import (
     Bmv2Unavailable,
     CompileError,
     compile_program,
+    compiled_p4info,
     find_bmv2,
 )
 from emulation.softswitch import SoftSwitchProcess, SwitchStartError
@@ -161,16 +162,17 @@ class Bmv2Target:
         connect = control_factory()
         tools = _prerequisites()
         bmv2_json = _compile(run_dir, tools)
+        p4info = compiled_p4info(bmv2_json)
         self._bmv2 = Bmv2Process(
             run_dir, name=f"bmv2-{vector.name}", interfaces=self._make_ports(vector),
-            json_path=bmv2_json, tools=tools,
+            json_path=bmv2_json, p4info_path=p4info, tools=tools,
         )  # fmt: skip
         try:
             self._bmv2.start()
         except SwitchStartError as exc:
             raise VectorFailure(str(exc)) from None
         self._control = connect(self._bmv2.p4runtime_address, self._bmv2.thrift_address)
-        self._control.push_pipeline(P4INFO, bmv2_json)
+        self._control.push_pipeline(p4info, bmv2_json)
         self._configure_tables(vector)
 
     def _configure_tables(self, vector: Vector) -> None:

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from helpers import bound_udp_sockets, worker_addresses
+from helpers import assert_child_dies_with_its_parent, bound_udp_sockets, worker_addresses
 from p4.v1 import p4runtime_pb2
 
 from controller.client import (
@@ -31,8 +31,8 @@ from controller.switch import (
     SwitchController,
     WorkerAddress,
 )
+from emulation.bench.switch_only import run_switch_only
 from emulation.softswitch import SoftSwitchProcess, SwitchStartError
-from emulation.softswitch.loadgen import run_switch_only
 from hostlib.protocol import HEADER_SIZE, Header, PacketType, pack_header, unpack_header
 
 LANES = 4
@@ -314,6 +314,15 @@ def test_stop_leaves_no_process_and_is_idempotent(tmp_path: Path) -> None:
     assert "switch stopped; counters" in sw.log_path.read_text()
 
 
+def test_the_switch_dies_with_the_process_that_started_it(tmp_path: Path) -> None:
+    # SIGKILL leaves no chance to clean up: the kernel's parent-death signal must do it.
+    assert_child_dies_with_its_parent(
+        "from pathlib import Path\n"
+        "from emulation.softswitch import SoftSwitchProcess\n"
+        f"pid = SoftSwitchProcess(Path({str(tmp_path)!r})).start().pid"
+    )
+
+
 def test_start_failure_names_the_log(tmp_path: Path) -> None:
     sw = SoftSwitchProcess(tmp_path, lanes=0)
     with pytest.raises(SwitchStartError, match="exited with status 2") as info:
@@ -367,8 +376,12 @@ def test_cli_reports_an_unwritable_capture_without_a_traceback(tmp_path: Path) -
 
 # ----------------------------------------------------------------- benchmark
 def test_switch_only_loadgen_runs_and_aggregates_correctly(tmp_path: Path) -> None:
-    r = run_switch_only(workers=2, lanes=8, packets=20_000, window=8, seconds=0.5, run_dir=tmp_path)
-    assert r["inproc_pps"] > 0
+    r = run_switch_only(tmp_path, workers=2, lanes=8, packets=20_000, window=8, seconds=0.5)
+    assert r["inproc_packets"] > 0 and r["inproc_pps"] > 0
+    # Every result the senders took had the right sum, and the switch aggregated.
+    assert r["worker_bad_results"] == 0 and r["switch_drops"] == 0
+    assert r["switch_elements_per_s"] > 0 and r["worker_goodput_elements_per_s"] > 0
+    assert 0 < r["switch_cpu_fraction"] < 2
     assert r["switch_pps"] > 0
     assert r["worker_goodput_elements_per_s"] > 0
     assert r["worker_bad_results"] == 0

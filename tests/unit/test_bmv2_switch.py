@@ -39,6 +39,7 @@ from emulation.bmv2 import (
     check_bmv2_switch,
     compile_command,
     compile_program,
+    compiled_p4info,
     find_bmv2,
     free_tcp_ports,
 )
@@ -91,8 +92,9 @@ sys.exit(main(["--listen", "127.0.0.1:0", "--device-id", own[own.index("--device
 
 FAKE_P4C = f"""\
 #!{sys.executable}
-# Stand-in for p4c-bm2-ss: records each call, writes what -o and --p4runtime-files name.
-import os, sys
+# Stand-in for p4c-bm2-ss: records each call, writes what -o and --p4runtime-files name
+# (the P4Info: the committed one, which is what the real p4c derives from p4/).
+import os, shutil, sys
 args = sys.argv[1:]
 with open(os.environ["FAKE_P4C_CALLS"], "a") as calls:
     calls.write(" ".join(args) + "\\n")
@@ -105,8 +107,7 @@ with open(json_out, "w") as f:
 if mode == "fail":
     print(args[-1] + "(3): [--Werror=type-error] error: lane_07: no such register", file=sys.stderr)
     sys.exit(1)
-with open(p4info_out, "w") as f:
-    f.write("pkg_info {{}}\\n")
+shutil.copy("{P4INFO_PATH}", p4info_out)
 """
 
 
@@ -215,7 +216,8 @@ def test_compile_writes_json_and_p4info_and_caches_by_source(
     first = compile_program(out, program)
     assert first.parent == out and first.name.startswith("main-") and first.suffix == ".json"
     assert first.read_text() == f'{{"program": "{program}"}}'
-    assert first.with_suffix(".p4info.txt").read_text() == "pkg_info {}\n"
+    assert compiled_p4info(first) == first.with_suffix(".p4info.txt")
+    assert compiled_p4info(first).read_text() == P4INFO_PATH.read_text()
     assert len(_calls(tmp_path)) == 1
     assert _calls(tmp_path)[0].endswith(f"-o {out}/{first.stem}.partial.json {program}")
 
@@ -392,12 +394,23 @@ def test_start_compiles_launches_and_proves_readiness(bmv2: Bmv2Process, tmp_pat
         "kind": "bmv2", "data": None, "interfaces": {},
         "p4runtime": f"127.0.0.1:{grpc_port}", "thrift": f"127.0.0.1:{thrift_port}",
         "device_id": 5, "pid": bmv2.pid, "lanes": BMV2_LANES, "slots": BMV2_SLOTS,
-        "json": info["json"], "p4info": str(P4INFO_PATH), "log": str(run / "s1.log"),
+        "json": info["json"], "p4info": str(compiled_p4info(Path(info["json"]))),
+        "log": str(run / "s1.log"),
         "pcap": None,
     }  # fmt: skip
     assert Path(info["json"]).parent == run / "build" and Path(info["json"]).exists()
     # bmv2's stdout and stderr are the log.
     assert (run / "s1.log").read_text().startswith("fake simple_switch_grpc --device-id 5")
+
+
+def test_a_given_p4info_is_pushed_instead_of_the_compiled_one(
+    fake_path: Path, tmp_path: Path
+) -> None:
+    given = tmp_path / "mine.p4info.txtpb"
+    given.write_text(P4INFO_PATH.read_text())
+    with Bmv2Process(tmp_path / "run", p4info_path=given) as proc:
+        assert proc.ready_info["p4info"] == str(given)
+        assert proc.p4info_path == given
 
 
 def test_first_controller_pushes_the_pipeline_and_later_ones_read_it(

@@ -12,7 +12,7 @@ import tomllib
 from pathlib import Path
 
 import pytest
-from conftest import PROBES, capability
+from conftest import PROBES, capability, required_missing
 
 
 @pytest.mark.root
@@ -26,8 +26,8 @@ def test_mininet_probe_means_mnexec() -> None:
 
 
 @pytest.mark.bmv2
-def test_bmv2_probe_means_simple_switch_grpc() -> None:
-    assert shutil.which("simple_switch_grpc")
+def test_bmv2_probe_means_simple_switch_grpc_and_p4c() -> None:
+    assert shutil.which("simple_switch_grpc") and shutil.which("p4c-bm2-ss")
 
 
 def test_every_marker_of_pyproject_has_a_probe() -> None:
@@ -39,3 +39,12 @@ def test_every_marker_of_pyproject_has_a_probe() -> None:
 
 def test_root_probe_agrees_with_the_process() -> None:
     assert capability("root") == (os.geteuid() == 0)
+
+
+def test_required_capabilities_are_checked_by_name() -> None:
+    assert required_missing("") == []
+    missing = required_missing("root, gpu")
+    assert ("gpu: needs a CUDA GPU" in missing) != capability("gpu")
+    assert ("root: needs root" in missing) != capability("root")
+    with pytest.raises(pytest.UsageError, match="'tofino' is not one of"):
+        required_missing("tofino")

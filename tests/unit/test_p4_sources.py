@@ -781,7 +781,8 @@ def type_name_problems(sources: dict[str, str]) -> list[str]:
 def test_no_control_takes_a_v1model_type_name(sources: dict[str, str]) -> None:
     assert type_name_problems(sources) == []
     clash = {"x.p4": "control Deparser(packet_out p, in headers_t h) { apply { } }\n"}
-    assert type_name_problems(clash) == ["x.p4: control Deparser has the name of v1model's Deparser"]
+    want = "x.p4: control Deparser has the name of v1model's Deparser"
+    assert type_name_problems(clash) == [want]
 
 
 def _counted(sources: dict[str, str], control: str, counter: str) -> set[str]:
