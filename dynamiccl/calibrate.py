@@ -108,8 +108,9 @@ def add_arguments(parser: argparse.ArgumentParser, emulated: bool = False) -> No
             help="worker counts (default 4; the ranks share this machine's cores, so fit "
             "the count you will run)")  # fmt: skip
     add("--algos", type=_algos, default=CANDIDATES, help="default ina,ring,tree")
-    add("--lanes", type=int_in(1, MAX_LANES), default=DEFAULT_BENCH_LANES,
-        help=f"int32 lanes per packet (default {DEFAULT_BENCH_LANES})")  # fmt: skip
+    lanes_default = "64 when the topology has a bmv2 switch, else " if emulated else ""
+    add("--lanes", type=int_in(1, MAX_LANES), default=None if emulated else DEFAULT_BENCH_LANES,
+        help=f"int32 lanes per packet (default {lanes_default}{DEFAULT_BENCH_LANES})")  # fmt: skip
     add("--slots", type=int_in(1, MAX_SLOT + 1), default=slots,
         help=f"INA slots and ring/tree window (default {slots})")  # fmt: skip
     add("--timeout", type=positive_float, default=10.0, help="host no-progress deadline (s)")

@@ -43,7 +43,7 @@ if TYPE_CHECKING:
     from emulation.network import Emulation
     from emulation.topology import Topology, TopologyJob
 
-__all__ = ["EmulatedFabric", "add_arguments", "apply_overrides", "run"]
+__all__ = ["EmulatedFabric", "add_arguments", "apply_overrides", "default_lanes", "run"]
 
 PROG = "inalab emulate"
 
@@ -77,6 +77,16 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "calibrate", help="fit a dynamiccl profile across the links (inalab calibrate's flags)"
     )
     calibrate_arguments(cal, emulated=True)
+    only = sub.add_parser(
+        "switch-only", help="load the job's switch from senders in its hosts (no host library)"
+    )
+    only.add_argument("--seconds", type=positive_float, default=5.0,
+                      help="measured interval (default 5)")  # fmt: skip
+    only.add_argument("--window", type=int_in(1, 4096), default=64,
+                      help="slots outstanding per sender: the job's slots (default 64)")
+    only.add_argument("--lanes", type=int_in(1, 2048), default=64,
+                      help="int32 lanes per packet (default 64: p4/'s width)")  # fmt: skip
+    only.add_argument("--json", type=Path, metavar="PATH", help="write the numbers as JSON")
     up = sub.add_parser("up", help="keep the network up until Ctrl-C (the default)")
     up.add_argument("--seconds", type=float, help="stop after this long instead")
 
@@ -105,6 +115,15 @@ def apply_overrides(
     return dataclasses.replace(topo, links=links, switches=switches, _index={})
 
 
+def default_lanes(topo: Topology) -> int:
+    """The INA packet width a bench on ``topo`` takes unless told: bmv2's fixed width
+    when the topology has a bmv2 switch (soft switches follow it), else the bench's."""
+    from emulation.bench.config import DEFAULT_BENCH_LANES
+    from emulation.bmv2 import BMV2_LANES
+
+    return BMV2_LANES if any(s.kind == "bmv2" for s in topo.switches) else DEFAULT_BENCH_LANES
+
+
 def run(args: argparse.Namespace) -> int:
     """Bring the network up, run the action, tear it down; 0 on success, 1 if a run
     failed or gave wrong results, 2 on bad arguments or a machine that cannot emulate."""
@@ -114,9 +133,11 @@ def run(args: argparse.Namespace) -> int:
 
     try:
         topo = load_topology(args.topology)
+        if getattr(args, "lanes", False) is None:  # bench or calibrate without --lanes
+            args.lanes = default_lanes(topo)
         lanes = getattr(args, "lanes", None)
         topo = apply_overrides(topo, args.bw, args.delay, args.link_loss, lanes)
-        job = _job(topo, args.job) if args.action in ("bench", "calibrate") else None
+        job = _job(topo, args.job) if args.action in _JOB_ACTIONS else None
         _check_machine()
     except (TopologyError, _Refused) as exc:
         print(f"{PROG}: error: {exc}", file=sys.stderr)
@@ -158,11 +179,15 @@ def _job(topo: Topology, job_id: int | None) -> TopologyJob:
     raise _Refused(f"topology {topo.name} has no job {job_id}")
 
 
+_JOB_ACTIONS = ("bench", "calibrate", "switch-only")
+"""Actions that install a job of their own (the topology's jobs are not installed)."""
+
+
 def _run(args: argparse.Namespace, topo: Topology, job: TopologyJob | None, run_dir: Path) -> int:
     from emulation.network import emulate
 
-    bench = args.action in ("bench", "calibrate")
-    slots = args.slots if bench else 256
+    bench = args.action in _JOB_ACTIONS
+    slots = getattr(args, "slots", None) or getattr(args, "window", None) or 256
     print(f"# {PROG}: {topo.name}: {len(topo.hosts)} hosts, {len(topo.switches)} switches,"
           f" {len(topo.links)} links; starting", flush=True)  # fmt: skip
     pool = max(args.switch_slots, slots)
@@ -173,6 +198,9 @@ def _run(args: argparse.Namespace, topo: Topology, job: TopologyJob | None, run_
         if args.action == "calibrate":
             assert job is not None
             status = _calibrate(args, em, job, run_dir)
+        elif args.action == "switch-only":
+            assert job is not None
+            status = _switch_only(args, em, job, run_dir)
         elif bench:
             assert job is not None
             status = _bench(args, em, job, run_dir)
@@ -224,6 +252,28 @@ def _calibrate(args: argparse.Namespace, em: Emulation, job: TopologyJob, run_di
     fabric = EmulatedFabric(em, job)
     where = f"{em.topology.name} (Mininet hosts, job {job.job_id})"
     return calibrate(args, (fabric.workers,), run_dir / "calibrate", fabric, where)
+
+
+def _switch_only(args: argparse.Namespace, em: Emulation, job: TopologyJob, run_dir: Path) -> int:
+    from emulation.bench.cli import write_switch_only
+    from emulation.bench.switch_only import SwitchOnlyError, run_switch_only
+
+    fabric = EmulatedFabric(em, job)
+    kinds = sorted({em.topology.switch(s).kind for s in em.installed_switches(job)})
+    try:
+        numbers = run_switch_only(
+            run_dir / "switch-only", fabric, fabric.workers, args.lanes, args.window,
+            args.seconds, in_process=False,
+        )  # fmt: skip
+    except (ValueError, SwitchOnlyError) as exc:
+        print(f"{PROG}: failed: {exc}", file=sys.stderr)
+        return 1
+    print(f"# {PROG} switch-only: {fabric.description}, job {job.job_id}, switches "
+          f"{', '.join(em.installed_switches(job))} ({'/'.join(kinds)})")  # fmt: skip
+    where = {"switch": "/".join(kinds), "fabric": fabric.description, "seconds": args.seconds,
+             "topology": em.topology.name, "job": job.job_id}  # fmt: skip
+    write_switch_only(numbers, where, args.json, run_dir)
+    return 0
 
 
 def _wait(seconds: float | None) -> None:
@@ -304,24 +354,19 @@ class EmulatedFabric:
 
     @contextmanager
     def ina_switch(self, cfg: BenchConfig, run_dir: Path) -> Iterator[InaSwitch]:
+        from emulation.bench.fabric import process_cpu_ms
+
         switches = self.em.installed_switches(self.job)
         for s in switches:
             self.em.controllers[s].set_drops(self.drop_probability, self.drop_probability)
         try:
             before = self.em.counters(switches)
             for name in switches:
-                before[name]["cpu_ms"] = _cpu_ms(self.em.net.get(name).process.pid)
+                before[name]["cpu_ms"] = process_cpu_ms(self.em.net.get(name).process.pid)
             yield _EmulatedSwitch(self.em, self.job, switches, before)
         finally:
             for s in switches:
                 self.em.controllers[s].set_drops(0.0, 0.0)
-
-
-def _cpu_ms(pid: int) -> int:
-    """User + system CPU time of a process in ms (Linux ``/proc/PID/stat``)."""
-    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    ticks = int(fields[11]) + int(fields[12])  # utime, stime (fields 14 and 15)
-    return ticks * 1000 // os.sysconf("SC_CLK_TCK")
 
 
 class _EmulatedSwitch:
@@ -351,9 +396,11 @@ class _EmulatedSwitch:
     def counters(self) -> dict[str, Any]:
         """Each switch's statistics over the run, and ``cpu_ms``, the CPU time its process
         used (near the run's wall time: the switch saturated a core)."""
+        from emulation.bench.fabric import process_cpu_ms
+
         after = self.em.counters(self.switches)
         for name in self.switches:
-            after[name]["cpu_ms"] = _cpu_ms(self.em.net.get(name).process.pid)
+            after[name]["cpu_ms"] = process_cpu_ms(self.em.net.get(name).process.pid)
         return {s: {k: v - self.before[s].get(k, 0) for k, v in after[s].items()} for s in after}
 
     def remove(self, job_id: int) -> None:

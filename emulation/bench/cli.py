@@ -94,11 +94,15 @@ def add_arguments(parser: argparse.ArgumentParser, emulated: bool = False) -> No
         default=0.0,
         help="switch drop probability, in and out (the drop simulator)",
     )
+    lanes_help = f"int32 lanes per INA packet (default {DEFAULT_BENCH_LANES}"
+    if emulated:
+        lanes_help += ", or 64 when the topology has a bmv2 switch: p4/'s fixed width"
+    lanes_help += ")"
     add(
         "--lanes",
         type=int_in(1, MAX_LANES),
-        default=DEFAULT_BENCH_LANES,
-        help=f"int32 lanes per INA packet (default {DEFAULT_BENCH_LANES})",
+        default=None if emulated else DEFAULT_BENCH_LANES,
+        help=lanes_help,
     )
     slots = DEFAULT_EMULATED_SLOTS if emulated else DEFAULT_BENCH_SLOTS
     add(
@@ -415,38 +419,50 @@ def _metadata(args: argparse.Namespace, cfg: BenchConfig, run_dir: Path) -> dict
 
 
 def _run_switch_only(args: argparse.Namespace) -> int:
-    from emulation.softswitch.loadgen import run_switch_only
+    from emulation.bench.switch_only import SwitchOnlyError, run_switch_only
 
     run_dir = _run_dir(args.run_dir)
     try:
         numbers = run_switch_only(
-            workers=args.workers, lanes=args.lanes, seconds=args.seconds, run_dir=run_dir
+            run_dir, workers=args.workers, lanes=args.lanes, seconds=args.seconds
         )
-    except (ValueError, RuntimeError) as exc:  # SwitchStartError is a RuntimeError
+    except (ValueError, SwitchOnlyError) as exc:
         print(f"{PROG}: failed: {exc}", file=sys.stderr)
         return 1
     finally:
         print(f"# logs: {run_dir}")
     print(f"# inalab bench --switch-only: {args.workers} workers, lanes {args.lanes}")
+    where = {"switch": "soft", "fabric": "127.0.0.1", "seconds": args.seconds}
+    write_switch_only(numbers, where, args.json, run_dir)
+    return 0
+
+
+def write_switch_only(
+    numbers: dict[str, Any], where: dict[str, Any], json_path: Path | None, run_dir: Path
+) -> None:
+    """Print a switch-only run's numbers, one per line, and write them as JSON if asked
+    (``where``: the switch kind and fabric, into the metadata)."""
     width = max((len(str(k)) for k in numbers), default=0)
     for key, value in numbers.items():
         shown = f"{value:.6g}" if isinstance(value, float) else str(value)
         print(f"{key:<{width}}  {shown}")
-    if args.json is not None:
-        doc = {
-            "schema": "inalab.bench/1",
-            "metadata": {
-                "mode": "switch-only",
-                "workers": args.workers,
-                "lanes": args.lanes,
-                "seconds": args.seconds,
-                "versions": {"python": platform.python_version(), "inalab": _version("inalab")},
-                "hostname": socket.gethostname(),
-                "date": datetime.now(UTC).isoformat(timespec="seconds"),
-                "run_dir": str(run_dir),
-            },
-            "switch_only": numbers,
-        }
-        args.json.write_text(json.dumps(doc, indent=2, default=str) + "\n")
-        print(f"# json: {args.json}")
-    return 0
+    if json_path is None:
+        return
+    doc = {
+        "schema": "inalab.bench/1",
+        "metadata": {
+            "mode": "switch-only",
+            **where,
+            "workers": numbers["workers"],
+            "lanes": numbers["lanes"],
+            "window": numbers["window"],
+            "versions": {"python": platform.python_version(), "inalab": _version("inalab")},
+            "hostname": socket.gethostname(),
+            "cpu_count": os.cpu_count(),
+            "date": datetime.now(UTC).isoformat(timespec="seconds"),
+            "run_dir": str(run_dir),
+        },
+        "switch_only": numbers,
+    }
+    json_path.write_text(json.dumps(doc, indent=2, default=str) + "\n")
+    print(f"# json: {json_path}")

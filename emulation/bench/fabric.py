@@ -10,6 +10,7 @@ jobs on the topology's switches.
 
 from __future__ import annotations
 
+import os
 from collections.abc import Iterator, Sequence
 from contextlib import AbstractContextManager, contextmanager
 from pathlib import Path
@@ -18,7 +19,7 @@ from typing import Any, Protocol
 from emulation.bench.config import BenchConfig
 from emulation.bench.workers import Placement
 
-__all__ = ["Addr", "Fabric", "FabricError", "InaSwitch", "LoopbackFabric"]
+__all__ = ["Addr", "Fabric", "FabricError", "InaSwitch", "LoopbackFabric", "process_cpu_ms"]
 
 Addr = tuple[str, int]
 
@@ -139,10 +140,22 @@ class _LoopbackSwitch:
         return [((str(data[0]), int(data[1])), i) for i in range(len(addrs))]
 
     def counters(self) -> dict[str, Any]:
-        return dict(self._ctl.counters())
+        """The switch's statistics and ``cpu_ms``, its process's CPU time so far."""
+        return {**self._ctl.counters(), "cpu_ms": process_cpu_ms(self._process.pid)}
 
     def remove(self, job_id: int) -> None:
         self._ctl.remove_job(job_id)
+
+
+def process_cpu_ms(pid: int) -> int:
+    """User + system CPU time of a process in ms (Linux ``/proc/PID/stat``).
+
+    Raises:
+        OSError: no such process.
+    """
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    ticks = int(fields[11]) + int(fields[12])  # utime, stime (fields 14 and 15 of proc(5))
+    return ticks * 1000 // os.sysconf("SC_CLK_TCK")
 
 
 def _free_tcp_port() -> int:

@@ -7,7 +7,6 @@ rank ends the run with that rank's story instead of a hang.
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import os
 import signal
@@ -117,18 +116,18 @@ def test_ina_int32_is_exact(tmp_path: Path) -> None:
     assert all(r["wrong"] == 0 and r["max_abs_err"] == 0 and r["type"] == "int32" for r in rows)
 
 
-@pytest.mark.skipif(
-    importlib.util.find_spec("emulation.softswitch.loadgen") is None,
-    reason="emulation.softswitch.loadgen not present",
-)
 def test_switch_only(tmp_path: Path) -> None:
     out = tmp_path / "switch.json"
-    proc = _bench("--switch-only", "--workers", "2", "--seconds", "1", "--json", str(out))
+    proc = _bench("--switch-only", "--workers", "2", "--seconds", "1", "--lanes", "64",
+                  "--json", str(out))  # fmt: skip
     _ok(proc)
     doc = json.loads(out.read_text())
-    assert doc["metadata"]["mode"] == "switch-only"
-    assert doc["switch_only"]
-    assert proc.stdout.strip()
+    meta, numbers = doc["metadata"], doc["switch_only"]
+    assert (meta["mode"], meta["switch"], meta["lanes"], meta["workers"]) == (
+        "switch-only", "soft", 64, 2
+    )
+    assert numbers["worker_bad_results"] == 0 and numbers["switch_elements_per_s"] > 0
+    assert "switch_pps" in proc.stdout
 
 
 @pytest.mark.parametrize(

@@ -32,14 +32,17 @@ def _interfaces() -> set[str]:
 
 
 def _leftovers(run_dir: Path) -> set[int]:
-    """PIDs of Mininet host shells and of switch processes of this run (by run dir)."""
+    """PIDs of Mininet host shells, of switch processes of this run (by run dir) and of
+    bmv2 switches (whose command line does not name the run dir)."""
     out = set()
     for pid in filter(str.isdigit, os.listdir("/proc")):
         try:
             cmd = Path(f"/proc/{pid}/cmdline").read_bytes()
         except OSError:
             continue
-        if cmd.startswith(b"mnexec") or str(run_dir).encode() in cmd:
+        program = Path(cmd.split(b"\0")[0].decode(errors="replace")).name
+        ours = cmd.startswith(b"mnexec") or str(run_dir).encode() in cmd
+        if ours or program == "simple_switch_grpc":
             out.add(int(pid))
     return out
 
@@ -204,3 +207,81 @@ def test_a_run_dir_that_is_a_file_is_refused(tmp_path: Path, clean: None) -> Non
     proc = _inalab("emulate", str(TOPOLOGIES / "star4.yaml"), "--run-dir", str(taken), "up")
     assert proc.returncode == 2
     assert "run directory" in proc.stderr and "Traceback" not in proc.stderr
+
+
+# ---------------------------------------------------------------------------- bmv2
+# p4/ina.p4 on simple_switch_grpc, configured by the same controller (tables over
+# P4Runtime, registers over Thrift). bmv2 does a few thousand packets a second: small
+# sizes. Its lanes default to 64 (p4/'s fixed width) without --lanes.
+BMV2_TINY = ("-b", "4K", "-e", "64K", "-f", "16", "-n", "2", "-w", "1")
+
+
+@pytest.mark.bmv2
+def test_star4_on_bmv2_int32_exact_and_float32_under_loss(tmp_path: Path, clean: None) -> None:
+    exact, lossy = tmp_path / "exact.json", tmp_path / "lossy.json"
+    star4 = str(TOPOLOGIES / "star4_bmv2.yaml")
+    proc = _inalab("emulate", star4, "--bw", "100", "--run-dir", str(tmp_path / "run"),
+                   "bench", *BMV2_TINY, "-d", "int32", "--algos", "ina,gloo",
+                   "--json", str(exact))  # fmt: skip
+    _ok(proc)
+    doc = json.loads(exact.read_text())
+    assert doc["metadata"]["lanes"] == 64
+    assert all(r["wrong"] == 0 and r["max_abs_err"] == 0 for r in doc["rows"])
+    counters = doc["metadata"]["switch_counters"]["ina"]["s1"]
+    # 2 sizes x 3 calls x count / 64 packets, each slot use completed once.
+    assert counters["completed"] == 3 * (16 + 256)
+    assert counters["drop_bad_source"] == counters["drop_stale"] == 0
+
+    # The drop simulator (in P4: random() against a register over Thrift) at 2% each
+    # way: the hosts retransmit, the switch answers from the stored slot, the sums hold.
+    proc = _inalab("emulate", star4, "--run-dir", str(tmp_path / "run2"), "bench",
+                   *BMV2_TINY, "--loss", "0.02", "--algos", "ina",
+                   "--json", str(lossy))  # fmt: skip
+    _ok(proc)
+    doc = json.loads(lossy.read_text())
+    assert all(r["wrong"] == 0 for r in doc["rows"])  # float32 within the bound
+    counters = doc["metadata"]["switch_counters"]["ina"]["s1"]
+    assert counters["drop_sim_ingress"] > 0 and counters["drop_sim_egress"] > 0
+    assert sum(r["retransmits"] for r in doc["rows"]) > 0
+    assert counters["retransmits_answered"] > 0
+
+
+@pytest.mark.bmv2
+def test_hierarchical_leaf_spine_of_three_bmv2_switches(tmp_path: Path, clean: None) -> None:
+    out = tmp_path / "hier.json"
+    proc = _inalab("emulate", str(TOPOLOGIES / "leaf_spine_hier_bmv2.yaml"), "--run-dir",
+                   str(tmp_path / "run"), "bench", "-b", "4K", "-e", "16K", "-f", "4",
+                   "-n", "2", "-w", "1", "-d", "int32", "--loss", "0.01", "--algos", "ina",
+                   "--json", str(out))  # fmt: skip
+    _ok(proc)
+    doc = json.loads(out.read_text())
+    assert all(r["wrong"] == 0 and r["max_abs_err"] == 0 for r in doc["rows"])
+    assert doc["metadata"]["emulation"]["hierarchical"] is True
+    c = doc["metadata"]["switch_counters"]["ina"]
+    packets = 3 * (16 + 64)
+    assert c["spine"]["completed"] == packets
+    for leaf in ("leaf1", "leaf2"):
+        assert c[leaf]["completed"] == packets  # each leaf's 4 hosts, once per use
+        assert c[leaf]["results_from_upstream"] == packets
+        assert c[leaf]["sent_upstream"] >= packets
+    assert sum(c[s]["drop_sim_ingress"] for s in c) > 0
+
+
+@pytest.mark.bmv2
+@pytest.mark.parametrize("topology", ["star4.yaml", "star4_bmv2.yaml"])
+def test_switch_only_loads_the_topologys_switch(
+    topology: str, tmp_path: Path, clean: None
+) -> None:
+    # The same 64-lane packets from senders in the hosts, to the soft switch and to bmv2.
+    out = tmp_path / "only.json"
+    proc = _inalab("emulate", str(TOPOLOGIES / topology), "--run-dir", str(tmp_path / "run"),
+                   "switch-only", "--seconds", "1", "--json", str(out))  # fmt: skip
+    _ok(proc)
+    doc = json.loads(out.read_text())
+    meta, numbers = doc["metadata"], doc["switch_only"]
+    assert meta["switch"] == ("bmv2" if "bmv2" in topology else "soft")
+    assert (meta["workers"], meta["lanes"], meta["topology"]) == (4, 64, topology[:-5])
+    assert numbers["worker_bad_results"] == 0
+    assert numbers["switch_pps"] > 0 and numbers["switch_elements_per_s"] > 0
+    assert "inproc_pps" not in numbers  # the Python pipeline alone says nothing of bmv2
+

@@ -33,9 +33,11 @@ def small(**changes: Any) -> dict[str, Any]:
 def test_shipped_topologies_load() -> None:
     shapes = {
         "star4.yaml": (4, 1, 4),
+        "star4_bmv2.yaml": (4, 1, 4),
         "star8.yaml": (8, 1, 8),
         "leaf_spine.yaml": (8, 3, 10),
         "leaf_spine_hier.yaml": (8, 3, 10),
+        "leaf_spine_hier_bmv2.yaml": (8, 3, 10),
         "collnet2x2.yaml": (2, 1, 2),
         "fat_tree_k4.yaml": (16, 20, 48),
         "tutorials_triangle.json": (3, 3, 6),
@@ -44,6 +46,15 @@ def test_shipped_topologies_load() -> None:
     for name, (hosts, switches, links) in shapes.items():
         t = load_topology(TOPOLOGIES / name)
         assert (len(t.hosts), len(t.switches), len(t.links)) == (hosts, switches, links), name
+
+
+def test_bmv2_variants_are_their_soft_topologies_on_bmv2() -> None:
+    # The same hosts, links and jobs as the soft-switch file, every switch bmv2 at 64 lanes.
+    for soft, bmv2 in (("star4", "star4_bmv2"), ("leaf_spine_hier", "leaf_spine_hier_bmv2")):
+        a, b = (load_topology(TOPOLOGIES / f"{n}.yaml") for n in (soft, bmv2))
+        assert (a.hosts, a.links, a.jobs) == (b.hosts, b.links, b.jobs)
+        assert [(s.name, s.role) for s in a.switches] == [(s.name, s.role) for s in b.switches]
+        assert {(s.kind, s.lanes) for s in b.switches} == {("bmv2", 64)}
 
 
 def test_fat_tree_is_a_fat_tree() -> None:
