@@ -352,6 +352,11 @@ class EmulatedFabric:
         first = self.em.topology.host(self.job.workers[0]).address
         return f"tcp://{first}:{GLOO_PORT + attempt}"
 
+    def switch_pids(self) -> dict[str, int]:
+        """Every switch process of the network, by name: they forward every algorithm's
+        packets (ring, tree and Gloo too), so the bench reports their CPU for all."""
+        return _EmulatedSwitch.pids_of(self.em, [s.name for s in self.em.topology.switches])
+
     @contextmanager
     def ina_switch(self, cfg: BenchConfig, run_dir: Path) -> Iterator[InaSwitch]:
         from emulation.bench.fabric import process_cpu_ms
@@ -405,3 +410,21 @@ class _EmulatedSwitch:
 
     def remove(self, job_id: int) -> None:
         self.em.remove_job(job_id)
+
+    @property
+    def pids(self) -> dict[str, int]:
+        """The job's switches' processes, by name."""
+        return self.pids_of(self.em, self.switches)
+
+    @staticmethod
+    def pids_of(em: Emulation, names: Sequence[str]) -> dict[str, int]:
+        """The PIDs of the named switches' processes (one never started is left out)."""
+        pids = {}
+        for name in names:
+            process = getattr(em.net.get(name), "process", None)
+            try:
+                if process is not None:
+                    pids[name] = int(process.pid)
+            except RuntimeError:  # RecordedProcess.pid: never started
+                continue
+        return pids

@@ -4,7 +4,7 @@ pytest's default (prepend) import mode puts this file's directory on ``sys.path`
 is what lets test modules ``import helpers`` (tests/ is deliberately not a package).
 
 Capability markers (declared in pyproject.toml) are honoured here: a test marked
-``root``, ``mininet``, ``bmv2``, ``gpu`` or ``rdma`` is skipped, with the reason, when a
+``root``, ``mininet``, ``bmv2``, ``ebpf``, ``gpu`` or ``rdma`` is skipped, with the reason, when a
 probe of this machine finds the capability missing, unless ``INALAB_REQUIRE`` names it:
 then the session stops (CI must not pass by skipping). ``slow`` tests always run unless
 deselected with ``-m "not slow"``.
@@ -33,6 +33,12 @@ def _has_bmv2() -> bool:
     return all(shutil.which(tool) for tool in ("simple_switch_grpc", "p4c-bm2-ss"))
 
 
+def _has_ebpf() -> bool:
+    from emulation.softswitch.ebpf import ebpf_unavailable
+
+    return ebpf_unavailable() is None
+
+
 def _has_gpu() -> bool:
     try:
         import torch
@@ -56,6 +62,7 @@ PROBES: dict[str, tuple[Callable[[], bool], str]] = {
     "root": (_is_root, "needs root"),
     "mininet": (_has_mininet, "needs root and Mininet's mnexec"),
     "bmv2": (_has_bmv2, "needs simple_switch_grpc and p4c-bm2-ss on PATH"),
+    "ebpf": (_has_ebpf, "needs root, clang and libbpf (the eBPF data plane)"),
     "gpu": (_has_gpu, "needs a CUDA GPU"),
     "rdma": (_has_rdma, "needs an RDMA device (pyverbs found none)"),
 }

@@ -1,8 +1,9 @@
 """``inalab bench``: allreduce benchmarks of INA through the soft switch against Gloo.
 
 ``config`` holds the sweep (pure data), ``workers`` the per-rank processes, ``sweep`` the
-coordinator that starts the switch and the ranks, ``report`` the nccl-tests style table,
-JSON and plot, and ``cli`` the subcommand. Importing this package starts nothing and does
+coordinator that starts the switch and the ranks, ``cpu`` the CPU use during each size's
+timed calls, ``report`` the nccl-tests style table, JSON and plot, and ``cli`` the
+subcommand. Importing this package starts nothing and does
 not import torch.
 """
 

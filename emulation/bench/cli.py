@@ -251,7 +251,7 @@ def run_bench(
         return 2
     # auto's decision per size, made once: the sweep runs them, the report explains them.
     decisions = {n: policy.decide(n) for n in cfg.sizes} if policy is not None else {}
-    print(_banner(cfg, fabric.description), flush=True)
+    print(_banner(cfg, fabric.description, isinstance(fabric, LoopbackFabric)), flush=True)
     total = len(cfg.algos) * len(cfg.sizes)
     # disable=None: a bar on a terminal; nothing in a log file or CI, where each
     # refresh would be one more line of carriage returns.
@@ -340,12 +340,19 @@ def _report_auto(
     return section
 
 
-def _banner(cfg: BenchConfig, where: str) -> str:
+LOOPBACK_NOTE = (
+    "# on loopback there is no wire: INA's per-packet work in Python (the soft switch and"
+    " the hosts) sets its speed"
+)
+"""Printed before a loopback run's tables: what its INA times measure."""
+
+
+def _banner(cfg: BenchConfig, where: str, loopback: bool = False) -> str:
     sizes = f"{format_size(cfg.sizes[0])}..{format_size(cfg.sizes[-1])}"
     return (
         f"# inalab bench: allreduce sum, {cfg.workers} workers on {where}, {cfg.dtype},"
         f" sizes {sizes} ({len(cfg.sizes)}), iters {cfg.iters}, warmup {cfg.warmup},"
-        f" seed {cfg.seed}\n#"
+        f" seed {cfg.seed}\n" + (f"{LOOPBACK_NOTE}\n" if loopback else "") + "#"
     )
 
 

@@ -11,7 +11,7 @@ jobs on the topology's switches.
 from __future__ import annotations
 
 import os
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from contextlib import AbstractContextManager, contextmanager
 from pathlib import Path
 from typing import Any, Protocol
@@ -53,6 +53,13 @@ class InaSwitch(Protocol):
         """The switch's statistics after the run."""
         ...
 
+    @property
+    def pids(self) -> Mapping[str, int]:
+        """The processes that run this switch's data plane, by switch name, for the
+        bench's CPU accounting (empty: none, e.g. a data plane inside the kernel, whose
+        time shows only in the machine's softirq share)."""
+        ...
+
     def remove(self, job_id: int) -> None:
         """Remove the job (its slots are cleared)."""
         ...
@@ -77,6 +84,12 @@ class Fabric(Protocol):
         """The switch for one algorithm's run, stopped or cleaned up on exit."""
         ...
 
+    def switch_pids(self) -> Mapping[str, int]:
+        """Switch processes that carry every algorithm's packets while the fabric exists
+        (an emulated network's switches forward ring and Gloo traffic too), by name, for
+        the bench's CPU accounting; empty where a switch runs only for INA (loopback)."""
+        ...
+
 
 class LoopbackFabric:
     """All ranks on 127.0.0.1; ``ranks_per_host`` consecutive ranks form one "host" for
@@ -99,6 +112,9 @@ class LoopbackFabric:
 
     def gloo_init(self, attempt: int) -> str:
         return f"tcp://127.0.0.1:{_free_tcp_port()}"
+
+    def switch_pids(self) -> Mapping[str, int]:
+        return {}  # ring, tree and Gloo talk over loopback; the switch is INA's alone
 
     @contextmanager
     def ina_switch(self, cfg: BenchConfig, run_dir: Path) -> Iterator[InaSwitch]:
@@ -145,6 +161,10 @@ class _LoopbackSwitch:
 
     def remove(self, job_id: int) -> None:
         self._ctl.remove_job(job_id)
+
+    @property
+    def pids(self) -> Mapping[str, int]:
+        return {"switch": self._process.pid}
 
 
 def process_cpu_ms(pid: int) -> int:

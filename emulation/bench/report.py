@@ -5,6 +5,9 @@ Bandwidths follow nccl-tests (doc/PERFORMANCE.md, ``shared/ANCHORS.md`` 3.7):
 That factor assumes an algorithm built from point-to-point sends; with in-network
 aggregation each host sends and receives S once, so INA's busbw can exceed the link rate.
 ``t`` is the largest over ranks of each rank's mean time per call, as nccl-tests reports.
+Each row also carries the CPU use during its timed calls (:mod:`emulation.bench.cpu`),
+and rows where a process or the machine was nearly saturated are flagged CPU-bound in
+the table, the JSON and the plot.
 """
 
 from __future__ import annotations
@@ -15,10 +18,13 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from emulation.bench.cpu import BOUND_FRACTION, CPU_NOTE, RowCpu, worker_cpu
+
 __all__ = [
     "JSON_SCHEMA",
     "OraclePoint",
     "Row",
+    "bound_note",
     "bus_factor",
     "format_oracle",
     "format_table",
@@ -26,6 +32,7 @@ __all__ = [
     "merge_ranks",
     "oracle_points",
     "oracle_summary",
+    "plot_figure",
     "write_json",
     "write_plot",
 ]
@@ -78,6 +85,8 @@ class Row:
     """Packets the hosts sent again (INA), summed over ranks, warm-up calls included."""
     chosen: str | None = None
     """``auto``: the algorithm dynamiccl chose and ran at this size."""
+    cpu: RowCpu | None = None
+    """CPU use during the timed calls (``None``: not measured)."""
 
     @property
     def algbw(self) -> float:
@@ -108,6 +117,7 @@ class Row:
             "max_abs_err": self.max_abs_err,
             "retransmits": self.retransmits,
             **({"chosen": self.chosen} if self.chosen is not None else {}),
+            **({"cpu": self.cpu.to_json()} if self.cpu is not None else {}),
         }
 
 
@@ -115,8 +125,9 @@ def merge_ranks(
     algo: str, dtype: str, per_rank: Sequence[Sequence[Any]], num_workers: int | None = None
 ) -> list[Row]:
     """Merge each rank's per-size results (objects with ``nbytes``, ``count``, ``mean_us``,
-    ``wrong``, ``max_abs_err`` and optionally ``retransmits``) into one :class:`Row` per
-    size.
+    ``wrong``, ``max_abs_err`` and optionally ``retransmits``, ``ran`` and the CPU fields
+    ``cpu_s``, ``t_start``, ``t_end``) into one :class:`Row` per size. The rows' ``cpu``
+    has the ranks' own use; the sweep adds the switches' and the machine's.
 
     Raises:
         ValueError: no ranks, or ranks that measured different sizes.
@@ -145,6 +156,7 @@ def merge_ranks(
                 max_abs_err=max(r.max_abs_err for r in at),
                 retransmits=sum(getattr(r, "retransmits", 0) for r in at),
                 chosen=(getattr(at[0], "ran", "") or None) if algo == "auto" else None,
+                cpu=worker_cpu(at),
             )
         )
     return rows
@@ -152,6 +164,23 @@ def merge_ranks(
 
 # ----------------------------------------------------------------- table
 _COLS = "#{:>11}  {:>12}  {:>8}  {:>6}  {:>9}  {:>7}  {:>7}  {:>6}"
+_CPU_COLS = "  {:>8}  {:>8}  {:>8}"
+"""switch, worker, machine; each value is followed by ``!`` (bound) or a space."""
+
+CPU_COLUMNS_NOTE = (
+    "# cpu during the timed calls: switch = busiest switch process, worker = busiest rank"
+    " (% of one core); machine = % of all cores busy;"
+    f" ! = above {BOUND_FRACTION:.0%}"
+)
+
+
+def bound_note() -> str:
+    """The line under a table with CPU-bound rows: what the flag means."""
+    return (
+        f"# ! CPU-bound: a process or the machine was above {BOUND_FRACTION:.0%} busy during"
+        " the timed calls; that time measures this machine's CPU, not the network or the"
+        " algorithm"
+    )
 
 
 def _fmt_time(us: float) -> str:
@@ -163,34 +192,64 @@ def _fmt_time(us: float) -> str:
     return f"{us:9.2f}"
 
 
+def _fmt_share(share: float | None) -> str:
+    """A share as a whole percentage, ``!`` after it above the bound, ``-`` if unknown."""
+    if share is None:
+        return "-" + " "
+    return f"{share * 100:.0f}" + ("!" if share > BOUND_FRACTION else " ")
+
+
+def _cpu_cells(cpu: RowCpu | None) -> str:
+    if cpu is None:
+        return _CPU_COLS.format("- ", "- ", "- ")
+    shares = (cpu.switch_max, cpu.workers_max, cpu.system.machine)
+    return _CPU_COLS.format(*(_fmt_share(s) for s in shares))
+
+
 def format_table(algo: str, rows: Iterable[Row], description: str = "") -> str:
-    """An nccl-tests style table of one algorithm's rows, with a summary footer."""
+    """An nccl-tests style table of one algorithm's rows, with a summary footer; with CPU
+    columns when any row measured its CPU, and a note when any row was CPU-bound."""
     rows = list(rows)
     chosen = any(r.chosen for r in rows)
-    head = _COLS + ("  {:>7}" if chosen else "")
+    cpu = any(r.cpu is not None for r in rows)
+    head = _COLS + ("  {:>7}" if chosen else "") + (_CPU_COLS if cpu else "")
+    names = ["size", "count", "type", "redop", "time", "algbw", "busbw", "#wrong"]
+    units = ["(B)", "(elements)", "", "", "(us)", "(GB/s)", "(GB/s)", ""]
+    if chosen:
+        names, units = [*names, "chosen"], [*units, ""]
+    if cpu:
+        names += ["switch ", "worker ", "machine "]
+        units += ["(%) ", "(%) ", "(%) "]
     lines = [
         f"# algorithm: {algo}" + (f" ({description})" if description else ""),
         "# time = slowest rank's mean per call; algbw = size/time;"
         " busbw = algbw * 2(n-1)/n (nccl-tests).",
         "# note: INA's busbw can exceed the link rate, because each host sends and receives"
         " S once rather than 2(n-1)/n * S; compare algbw.",
+        *([CPU_COLUMNS_NOTE] if cpu else []),
         "#",
-        head.format("size", "count", "type", "redop", "time", "algbw", "busbw", "#wrong", "chosen"),
-        head.format("(B)", "(elements)", "", "", "(us)", "(GB/s)", "(GB/s)", "", ""),
+        head.format(*names).rstrip(),
+        head.format(*units).rstrip(),
     ]
-    for r in rows:
-        lines.append(
-            f"{r.nbytes:12d}  {r.count:12d}  {r.dtype:>8}  {REDOP:>6}  {_fmt_time(r.time_us_max)}"
-            f"  {r.algbw:7.4f}  {r.busbw:7.4f}  {r.wrong:6d}"
-            + (f"  {r.chosen or '':>7}" if chosen else "")
-        )
+    lines += [_table_line(r, chosen, cpu) for r in rows]
     wrong = sum(r.wrong for r in rows)
     avg = sum(r.busbw for r in rows) / len(rows) if rows else 0.0
     lines += [
         f"# Out of bounds values : {wrong} {'OK' if wrong == 0 else 'FAILED'}",
         f"# Avg bus bandwidth    : {avg:.4f}",
     ]
+    if any(r.cpu is not None and r.cpu.bound for r in rows):
+        lines.append(bound_note())
     return "\n".join(lines)
+
+
+def _table_line(r: Row, chosen: bool, cpu: bool) -> str:
+    return (
+        f"{r.nbytes:12d}  {r.count:12d}  {r.dtype:>8}  {REDOP:>6}  {_fmt_time(r.time_us_max)}"
+        f"  {r.algbw:7.4f}  {r.busbw:7.4f}  {r.wrong:6d}"
+        + (f"  {r.chosen or '':>7}" if chosen else "")
+        + (_cpu_cells(r.cpu) if cpu else "")
+    )
 
 
 # ----------------------------------------------------------------- dynamiccl vs oracle
@@ -318,7 +377,7 @@ def make_document(
     return {
         "schema": JSON_SCHEMA,
         "metadata": dict(metadata),
-        "notes": {"timing": TIMING_NOTE, "busbw": BUSBW_NOTE},
+        "notes": {"timing": TIMING_NOTE, "busbw": BUSBW_NOTE, "cpu": CPU_NOTE},
         "rows": [r.to_json() for r in rows],
         **dict(extra or {}),
     }
@@ -331,25 +390,37 @@ def write_json(path: Path, document: Mapping[str, Any]) -> None:
 
 # ----------------------------------------------------------------- plot
 def write_plot(path: Path, rows: Iterable[Row], title: str = "") -> None:
-    """Two panels, time and algbw against size (log x), one line per algorithm, as PNG.
+    """Two panels, time and algbw against size (log x), one line per algorithm, as PNG;
+    CPU-bound rows are hollow markers.
 
     Uses the Agg canvas directly, so no display and no pyplot global state.
     """
     from matplotlib.backends.backend_agg import FigureCanvasAgg
+
+    fig = plot_figure(rows, title)
+    FigureCanvasAgg(fig)
+    fig.savefig(str(path), format="png", dpi=100)
+
+
+def plot_figure(rows: Iterable[Row], title: str = "") -> Any:
+    """The plot of :func:`write_plot` as a matplotlib ``Figure`` (not drawn)."""
     from matplotlib.figure import Figure
 
     by_algo: dict[str, list[Row]] = {}
     for r in rows:
         by_algo.setdefault(r.algo, []).append(r)
     fig = Figure(figsize=(11, 4.5), layout="constrained")
-    FigureCanvasAgg(fig)
     ax_t, ax_bw = fig.subplots(1, 2)
     for algo, algo_rows in by_algo.items():
         algo_rows.sort(key=lambda r: r.nbytes)
-        x = [r.nbytes for r in algo_rows]
-        ax_t.plot(x, [r.time_us_max for r in algo_rows], marker="o", label=algo)
-        ax_bw.plot(x, [r.algbw for r in algo_rows], marker="o", label=algo)
+        _plot_algo(ax_t, algo, algo_rows, lambda r: r.time_us_max)
+        _plot_algo(ax_bw, algo, algo_rows, lambda r: r.algbw)
+    bound = any(r.cpu is not None and r.cpu.bound for algo_rows in by_algo.values()
+                for r in algo_rows)  # fmt: skip
     for ax, ylabel in ((ax_t, "time per call (us), slowest rank"), (ax_bw, "algbw (GB/s)")):
+        if bound:
+            ax.plot([], [], ls="none", marker="o", mfc="none", mec="gray",
+                    label=f"hollow: CPU-bound (>{BOUND_FRACTION:.0%} busy)")  # fmt: skip
         ax.set_xscale("log", base=2)
         ax.set_xlabel("size (bytes)")
         ax.set_ylabel(ylabel)
@@ -359,4 +430,16 @@ def write_plot(path: Path, rows: Iterable[Row], title: str = "") -> None:
     ax_t.set_yscale("log")
     if title:
         fig.suptitle(title)
-    fig.savefig(str(path), format="png", dpi=100)
+    return fig
+
+
+def _plot_algo(ax: Any, algo: str, rows: Sequence[Row], y: Any) -> None:
+    """One algorithm's line; filled markers, hollow where the row was CPU-bound."""
+    (line,) = ax.plot([r.nbytes for r in rows], [y(r) for r in rows], label=algo)
+    color = line.get_color()
+    for bound in (False, True):
+        at = [r for r in rows if (r.cpu is not None and r.cpu.bound) == bound]
+        face = "none" if bound else color
+        # An explicit color keeps the axes' color cycle for the next algorithm's line.
+        ax.plot([r.nbytes for r in at], [y(r) for r in at], ls="none", marker="o",
+                color=color, mfc=face, mec=color)  # fmt: skip

@@ -8,6 +8,11 @@ then releases the ranks size by size (a barrier it holds) and collects each rank
 timings. It never hangs on a broken rank: it waits on the pipes and the
 process sentinels together, with a deadline, reports the first failing rank's traceback,
 and stops only the processes it started (the switch by its own PID).
+
+While the sweep runs, a :class:`~emulation.bench.cpu.CpuSampler` thread samples the
+machine's CPU counters and those of the switch processes the fabric names (the INA
+switch's while it runs, and the fabric's always-running switches), and each row gets
+the samples of its timed interval (see :mod:`emulation.bench.cpu`).
 """
 
 from __future__ import annotations
@@ -19,7 +24,7 @@ import time
 from collections import Counter
 from collections.abc import Callable, Sequence
 from contextlib import ExitStack
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from multiprocessing.connection import Connection, wait
 from multiprocessing.process import BaseProcess
 from pathlib import Path
@@ -31,6 +36,7 @@ from emulation.bench.config import (
     SWITCH_ALGORITHMS,
     BenchConfig,
 )
+from emulation.bench.cpu import CpuSampler
 from emulation.bench.fabric import Fabric, FabricError, InaSwitch, LoopbackFabric
 from emulation.bench.report import Row, merge_ranks
 from emulation.bench.workers import SizeResult, WorkerPlan, worker_main
@@ -113,21 +119,51 @@ def run_sweep(
         wrong = {a for a in result.choices.values() if a not in AUTO_CHOICES}
         if wrong:
             raise ValueError(f"auto may choose {', '.join(AUTO_CHOICES)}, not {sorted(wrong)}")
-    for attempt, algo in enumerate(cfg.algos):
-        start = time.perf_counter()
-        udp_before = udp_counters()
-        if algo in SWITCH_ALGORITHMS or algo in PEER_ALGORITHMS:
-            choices = [result.choices[n] for n in cfg.sizes] if algo == "auto" else None
-            per_rank = _run_udp(cfg, algo, fabric, run_dir, progress, log_level, result, choices)
-        else:
-            plans = _plans(cfg, algo, fabric, run_dir, log_level, fabric.gloo_init(attempt))
-            with _Fleet(algo, plans, stall_limit(cfg)) as fleet:
-                per_rank = fleet.drive(len(cfg.sizes), progress)
-        result.wall_s[algo] = time.perf_counter() - start
-        udp_after = udp_counters()
-        result.udp_kernel_delta[algo] = {k: v - udp_before[k] for k, v in udp_after.items()}
-        result.rows += merge_ranks(algo, cfg.dtype, per_rank, cfg.workers)
+    with CpuSampler() as sampler, sampler.watching(fabric.switch_pids()):
+        for attempt, algo in enumerate(cfg.algos):
+            _run_algo(cfg, algo, attempt, fabric, run_dir, progress, log_level, result, sampler)
     return result
+
+
+def _run_algo(
+    cfg: BenchConfig,
+    algo: str,
+    attempt: int,
+    fabric: Fabric,
+    run_dir: Path,
+    progress: ProgressFn | None,
+    log_level: int,
+    result: SweepResult,
+    sampler: CpuSampler,
+) -> None:
+    """One algorithm's sweep; its rows, wall time and UDP counters go into ``result``."""
+    start = time.perf_counter()
+    udp_before = udp_counters()
+    if algo in SWITCH_ALGORITHMS or algo in PEER_ALGORITHMS:
+        choices = [result.choices[n] for n in cfg.sizes] if algo == "auto" else None
+        per_rank = _run_udp(
+            cfg, algo, fabric, run_dir, progress, log_level, result, choices, sampler
+        )
+    else:
+        plans = _plans(cfg, algo, fabric, run_dir, log_level, fabric.gloo_init(attempt))
+        with _Fleet(algo, plans, stall_limit(cfg)) as fleet:
+            per_rank = fleet.drive(len(cfg.sizes), progress)
+    result.wall_s[algo] = time.perf_counter() - start
+    udp_after = udp_counters()
+    result.udp_kernel_delta[algo] = {k: v - udp_before[k] for k, v in udp_after.items()}
+    result.rows += _with_system_cpu(merge_ranks(algo, cfg.dtype, per_rank, cfg.workers), sampler)
+
+
+def _with_system_cpu(rows: list[Row], sampler: CpuSampler) -> list[Row]:
+    """``rows`` with the switches' and the machine's CPU use during their timed calls;
+    then the sampler forgets what no later row can need."""
+    sampler.sample()  # one sample after the last timed call, to interpolate its end
+    samples = sampler.samples()
+    out = [replace(r, cpu=r.cpu.with_system(samples)) if r.cpu else r for r in rows]
+    ends = [r.cpu.end for r in rows if r.cpu is not None]
+    if ends:
+        sampler.discard_before(max(ends))
+    return out
 
 
 def udp_counters(path: Path = Path("/proc/net/snmp")) -> dict[str, int]:
@@ -195,6 +231,7 @@ def _run_udp(
     log_level: int,
     result: SweepResult,
     choices: Sequence[str] | None,
+    sampler: CpuSampler,
 ) -> list[list[SizeResult]]:
     """The algorithms of hostlib: flat INA (every rank a worker of the switch's job),
     CollNet (each host's head rank is; the others reduce into it through shared memory),
@@ -207,6 +244,7 @@ def _run_udp(
             if algo in SWITCH_ALGORITHMS:
                 switch = stack.enter_context(fabric.ina_switch(cfg, run_dir))
                 result.switch_log = str(switch.log_path) if switch.log_path else str(run_dir)
+                stack.enter_context(sampler.watching(switch.pids))
             extra = [(groups[p.placement.host],) if groups else () for p in plans]
             log_path = switch.log_path if switch is not None else None
             with _Fleet(algo, plans, stall_limit(cfg), log_path, extra) as fleet:

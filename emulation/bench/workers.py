@@ -127,6 +127,14 @@ class SizeResult:
     """Packets this rank sent again during this size's calls (0 for Gloo: TCP's own)."""
     ran: str = ""
     """The algorithm that ran (auto's choice; otherwise the plan's algorithm)."""
+    cpu_s: float = 0.0
+    """CPU seconds this rank's process used (all its threads) during the timed calls."""
+    t_start: float = 0.0
+    """``time.monotonic()`` when the timed calls began (0: not measured). The coordinator
+    attributes the switches' and the machine's CPU samples to this interval: monotonic
+    time is one clock across the machine's processes and network namespaces."""
+    t_end: float = 0.0
+    """``time.monotonic()`` when the timed calls ended."""
 
 
 # ----------------------------------------------------------------- inputs and checks
@@ -462,18 +470,31 @@ def _run_size(
     resent = coll.retransmits
     for _ in range(plan.warmup):
         call()
-    y = x
-    start = time.perf_counter()
-    for _ in range(plan.iters):
-        y = call()
-    elapsed = time.perf_counter() - start
+    y, (elapsed, cpu_s, t_start, t_end) = _timed(call, plan.iters, x)
     ref, absmax = reference(plan.seed, plan.num_workers, count, plan.dtype)
     wrong, max_err = count_wrong(
         ran, y, ref, absmax, plan.num_workers, plan.lanes, plan.hosts, plan.max_local
     )
     mean_us = elapsed / plan.iters * 1e6
     log.info("rank %d size %d (%s): %.1f us/call, %d wrong", plan.rank, nbytes, ran, mean_us, wrong)
-    return SizeResult(nbytes, count, mean_us, wrong, max_err, coll.retransmits - resent, ran)
+    return SizeResult(
+        nbytes, count, mean_us, wrong, max_err, coll.retransmits - resent, ran,
+        cpu_s, t_start, t_end,
+    )  # fmt: skip
+
+
+def _timed(
+    call: Callable[[], np.ndarray], iters: int, x: np.ndarray
+) -> tuple[np.ndarray, tuple[float, float, float, float]]:
+    """Run ``call`` ``iters`` times back to back; the last result and (wall seconds, this
+    process's CPU seconds, monotonic start, monotonic end). One clock for the time and the
+    interval: on Linux ``monotonic`` reads the CLOCK_MONOTONIC that ``perf_counter`` does."""
+    y = x
+    cpu0, start = time.process_time(), time.monotonic()
+    for _ in range(iters):
+        y = call()
+    end, cpu1 = time.monotonic(), time.process_time()
+    return y, (end - start, cpu1 - cpu0, start, end)
 
 
 _CLONE_NEWNET = 0x40000000

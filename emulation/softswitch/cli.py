@@ -47,6 +47,9 @@ __all__ = [
 
 log = logging.getLogger(__name__)
 
+DATAPATHS = ("python", "ebpf")
+"""The data planes a switch with ports can run: the Python pipeline, or the eBPF program."""
+
 DEFAULT_P4RUNTIME_PORT = 9559
 """P4Runtime's IANA port, simple_switch_grpc's default too."""
 
@@ -104,6 +107,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         metavar="PORT@IFACE",
         help="a switch port on a network interface (repeatable; root): the switch then "
         "takes Ethernet frames on its ports instead of UDP on --listen, as bmv2 does",
+    )
+    a(
+        "--datapath",
+        choices=DATAPATHS,
+        default="python",
+        help="with --interface: python (this process handles every frame; links may "
+        "delay) or ebpf (a TC classifier on each port does, in the kernel: needs root, "
+        "clang and libbpf; links may lose frames but not delay them) (default python)",
     )
     a(
         "--forward-only",
@@ -207,6 +218,12 @@ def run(args: argparse.Namespace) -> int:
     if (message := _ports_error(args, ports)) is not None:
         return _usage_error(message)
     drops = DropSimulator(args.drop_ingress, args.drop_egress, args.seed)
+    if args.datapath == "ebpf":
+        try:
+            server = _make_ebpf_server(args, ports, drops)
+        except (OSError, RuntimeError, ValueError) as exc:
+            return _usage_error(f"--datapath ebpf: {exc}", status=1)
+        return _serve(args, server)
     pipeline = Pipeline(args.lanes, args.slots, drops)
     try:
         pcap = _open_pcap(args, ethernet=bool(ports))
@@ -219,11 +236,17 @@ def run(args: argparse.Namespace) -> int:
             pcap.close()
         where = ", ".join(f"{p}@{n}" for p, n in ports.items()) if ports else args.listen
         return _usage_error(f"cannot bind {where} / {args.p4runtime}: {exc}", status=1)
+    return _serve(args, server)
+
+
+def _serve(args: argparse.Namespace, server: SwitchServer) -> int:
+    """Serve until SIGTERM/SIGINT, writing the link stats and ready files first."""
     with server:
         server.install_signal_handlers()
-        if isinstance(server, FrameSwitchServer):
+        write_link_stats = getattr(server, "write_link_stats", None)  # switches on ports
+        if write_link_stats is not None:
             try:
-                server.write_link_stats()  # a bad path fails now, not while serving
+                write_link_stats()  # a bad path fails now, not while serving
             except OSError as exc:
                 return _usage_error(f"--link-stats: {exc}", status=1)
         if args.ready_file is not None:
@@ -236,6 +259,15 @@ def _ports_error(args: argparse.Namespace, ports: dict[int, str]) -> str | None:
     """What is wrong with the port options together (None: nothing)."""
     if len(ports) != len(args.interface):
         return "--interface: a port is given twice"
+    if args.datapath == "ebpf":
+        if not ports:
+            return "--datapath ebpf needs --interface (the program runs on the ports)"
+        if args.pcap is not None:
+            return ("--datapath ebpf: frames never reach this process, so it cannot record "
+                    "them; capture on the ports (tcpdump -i IFACE) or use --datapath python")
+        if delayed := sorted(p for p, spec in args.link if spec.delay):
+            return (f"--link {delayed[0]}: the eBPF data plane cannot delay frames (no "
+                    "netem here); use --datapath python for links with delay")
     if not ports:
         for given, name in ((args.forward_only, "--forward-only"), (args.link, "--link"),
                             (args.link_stats, "--link-stats")):  # fmt: skip
@@ -276,6 +308,31 @@ def _make_server(
             link_stats=args.link_stats,
         )  # fmt: skip
     return SwitchServer(pipeline, args.listen, args.p4runtime, device_id=args.device_id, pcap=pcap)
+
+
+def _make_ebpf_server(
+    args: argparse.Namespace, ports: dict[int, str], drops: DropSimulator
+) -> SwitchServer:
+    """The switch with the eBPF program on ``ports`` (imported here: the Python data
+    plane does not need libbpf).
+
+    Raises:
+        OSError: an interface or the P4Runtime address cannot be used, or libbpf refused.
+        RuntimeError: clang or libbpf is missing, or clang refused the program.
+        ValueError: a link the program cannot emulate.
+    """
+    from emulation.softswitch.ebpf.dataplane import EbpfDataplane
+    from emulation.softswitch.ebpf.server import EbpfSwitchServer
+
+    dataplane = EbpfDataplane(args.lanes, args.slots, drops, forward_only=args.forward_only)
+    try:
+        return EbpfSwitchServer(
+            dataplane, ports, args.p4runtime, device_id=args.device_id, links=dict(args.link),
+            link_stats=args.link_stats,
+        )  # fmt: skip
+    except BaseException:
+        dataplane.close()
+        raise
 
 
 def _usage_error(message: str, status: int = 2) -> int:

@@ -31,9 +31,7 @@ leave). Frames it ignores (``PACKET_OUTGOING`` copies) are not recorded, nor the
 
 from __future__ import annotations
 
-import json
 import logging
-import os
 import socket
 import struct
 import time
@@ -41,7 +39,7 @@ from collections.abc import Mapping
 from pathlib import Path
 
 from controller.p4info import P4Info
-from emulation.softswitch.links import LinkEmulator, LinkSpec
+from emulation.softswitch.links import LINK_STATS_INTERVAL, LinkEmulator, LinkSpec, LinkStatsFile
 from emulation.softswitch.pcap import LINKTYPE_ETHERNET, PcapWriter
 from emulation.softswitch.pipeline import Addr, Emit, Pipeline
 from emulation.softswitch.server import CONTROL_EVERY, SwitchServer
@@ -59,9 +57,6 @@ _IP = 20
 _UDP = 8
 _INA_PORT_BYTES = INA_UDP_PORT.to_bytes(2, "big")
 _IPV4 = b"\x08\x00"
-
-LINK_STATS_INTERVAL = 1.0
-"""Seconds between two writes of the link stats file while serving (only on change)."""
 
 
 def _checksum(header: bytes) -> int:
@@ -133,9 +128,7 @@ class FrameSwitchServer(SwitchServer):
         # Empty when nothing is emulated: a truth test per frame received, none sent.
         self._egress = self.links.egress
         self._ingress = self.links.ingress
-        self.link_stats = link_stats
-        self._link_stats_text = ""
-        self._link_stats_due = 0.0
+        self.link_stats = LinkStatsFile(link_stats, self.links.stats)
         super().__init__(
             pipeline, ("0.0.0.0", 0), p4runtime_addr, p4info, device_id, poll_interval, pcap
         )
@@ -169,35 +162,20 @@ class FrameSwitchServer(SwitchServer):
     def serve_forever(self) -> dict[str, int]:
         """As :meth:`SwitchServer.serve_forever`; the link stats file is written first
         and last (frames still in a delay line when it stops are never delivered)."""
-        self._write_link_stats_logged()
+        self.link_stats.write_logged()
         try:
             return super().serve_forever()
         finally:
-            self._write_link_stats_logged()
+            self.link_stats.write_logged()
 
     def write_link_stats(self) -> None:
-        """Write the links' counts to ``link_stats`` (if set) atomically, as
+        """Write the links' counts to the ``link_stats`` file (if set) atomically, as
         ``{"ports": {"1": {"egress": {...}, "ingress": {...}}}}`` (see ``links.py``).
 
         Raises:
             OSError: the file cannot be written.
         """
-        if self.link_stats is None:
-            return
-        text = json.dumps(self.links.stats(), sort_keys=True) + "\n"
-        if text == self._link_stats_text:
-            return
-        tmp = self.link_stats.with_name(self.link_stats.name + ".tmp")
-        tmp.write_text(text)
-        os.replace(tmp, self.link_stats)
-        self._link_stats_text = text
-
-    def _write_link_stats_logged(self) -> None:
-        # While serving, a full disk must not stop the data plane: log and go on.
-        try:
-            self.write_link_stats()
-        except OSError as exc:
-            log.warning("cannot write link stats %s: %s", self.link_stats, exc)
+        self.link_stats.write()
 
     def _idle_timeout(self) -> float:
         due = self.links.next_due()
@@ -241,8 +219,7 @@ class FrameSwitchServer(SwitchServer):
             done += got
             if emulating:
                 self._release_due()
-        if self.link_stats is not None:
-            self._link_stats_tick()
+        self.link_stats.tick()
         return min(done, CONTROL_EVERY)
 
     def _release_due(self) -> None:
@@ -256,12 +233,6 @@ class FrameSwitchServer(SwitchServer):
                 self._transmit(port, frame)
             else:
                 self._accept(port, memoryview(frame))
-
-    def _link_stats_tick(self) -> None:
-        now = time.monotonic()
-        if now >= self._link_stats_due:
-            self._link_stats_due = now + LINK_STATS_INTERVAL
-            self._write_link_stats_logged()
 
     def _port_down(self, port: int, exc: OSError) -> None:
         """Stop using a port whose interface failed; the switch goes on with the others."""

@@ -16,11 +16,15 @@ This module is pure logic: no sockets, an injected clock; the switch supplies bo
 from __future__ import annotations
 
 import argparse
+import json
+import logging
+import os
 import random
 import time
 from collections import deque
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any, TypeVar
 
 from emulation.argtypes import parse_delay_ms
@@ -28,10 +32,12 @@ from emulation.argtypes import parse_delay_ms
 __all__ = [
     "DEFAULT_QUEUE",
     "DIRECTIONS",
+    "LINK_STATS_INTERVAL",
     "LinkCounters",
     "LinkDirection",
     "LinkEmulator",
     "LinkSpec",
+    "LinkStatsFile",
     "format_link",
     "parse_delay",
     "parse_link",
@@ -44,6 +50,11 @@ DIRECTIONS = ("egress", "ingress")
 """The two directions of a port, as named in counters and in the link stats file."""
 
 F = TypeVar("F", bound=bytes | memoryview)
+
+LINK_STATS_INTERVAL = 1.0
+"""Seconds between two writes of the link stats file while serving (only on change)."""
+
+log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
@@ -297,3 +308,52 @@ def _stream(seed: int, port: int, direction: str) -> random.Random:
     # A str seed is hashed with SHA-512: stable across runs and PYTHONHASHSEED, and
     # unrelated to the DropSimulator's Random(seed).
     return random.Random(f"inalab-link:{seed}:{port}:{direction}")
+
+
+class LinkStatsFile:
+    """Where a switch writes its links' counts (``--link-stats``): JSON from ``stats``
+    (:meth:`LinkEmulator.stats`'s shape), replaced atomically, only when it changed.
+
+    Args:
+        path: the file; None writes nothing.
+        stats: what to write, called at each write.
+    """
+
+    def __init__(self, path: Path | None, stats: Callable[[], dict[str, Any]]) -> None:
+        self.path = path
+        self._stats = stats
+        self._text = ""
+        self._due = 0.0
+
+    def write(self) -> None:
+        """Write the counts now (if they changed).
+
+        Raises:
+            OSError: the file cannot be written.
+        """
+        if self.path is None:
+            return
+        text = json.dumps(self._stats(), sort_keys=True) + "\n"
+        if text == self._text:
+            return
+        tmp = self.path.with_name(self.path.name + ".tmp")
+        tmp.write_text(text)
+        os.replace(tmp, self.path)
+        self._text = text
+
+    def write_logged(self) -> None:
+        """:meth:`write`, logging a failure: while serving, a full disk must not stop the
+        data plane."""
+        try:
+            self.write()
+        except OSError as exc:
+            log.warning("cannot write link stats %s: %s", self.path, exc)
+
+    def tick(self) -> None:
+        """Write if :data:`LINK_STATS_INTERVAL` has passed since the last tick's write."""
+        if self.path is None:
+            return
+        now = time.monotonic()
+        if now >= self._due:
+            self._due = now + LINK_STATS_INTERVAL
+            self.write_logged()

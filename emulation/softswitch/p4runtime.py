@@ -41,14 +41,18 @@ from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
 import grpc
-import numpy as np
 from google.protobuf import any_pb2
 from google.rpc import code_pb2, status_pb2
 from p4.config.v1 import p4info_pb2
 from p4.v1 import p4runtime_pb2, p4runtime_pb2_grpc
 
 from controller.p4info import P4Info, P4InfoError
-from emulation.softswitch.pipeline import JobTableError, Pipeline
+from emulation.softswitch.pipeline import (
+    SIGNED_REGISTERS,
+    JobTableError,
+    Pipeline,
+    RegisterCell,
+)
 from hostlib.protocol import SWITCH_DROPS, SWITCH_STATS
 
 __all__ = [
@@ -302,14 +306,14 @@ class _Hooks:
                 )
         elif table == "Ingress.forwarder.forward":
             if kind == p4runtime_pb2.Update.DELETE:
-                del p.forward[match["eth_dst"]]
+                p.delete_forward(match["eth_dst"])
             else:
-                p.forward[match["eth_dst"]] = _forwarding(action, params)
+                p.set_forward(match["eth_dst"], _forwarding(action, params))
 
     def default(self, table: str, action: str | None, params: dict[str, int]) -> None:
         """A table's default entry was modified (None: reset to the program's)."""
         if table == "Ingress.forwarder.forward":
-            self.pipeline.forward_default = (
+            self.pipeline.set_forward_default(
                 ("drop", 0) if action is None else _forwarding(action, params)
             )
 
@@ -325,8 +329,8 @@ def _forwarding(action: str, params: dict[str, int]) -> tuple[str, int]:
 
 class _Registers:
     """Register cells of the pipeline by P4Info register id: read and write as P4 does
-    (unsigned values of the register's width; the pipeline's int32/int8 arrays hold the
-    same bits)."""
+    (unsigned values of the register's width; the pipeline's signed arrays hold the same
+    bits)."""
 
     def __init__(self, pipeline: Pipeline, p4info: P4Info) -> None:
         self.pipeline = pipeline
@@ -335,51 +339,41 @@ class _Registers:
     def size(self, register_id: int) -> int:
         return int(self.p4info.register(register_id).size)
 
-    def read(self, register_id: int, index: int) -> int:
-        array, i, width = self._cell(register_id, index)
-        if array is None:
-            return round(self._drops(register_id) * _SIM_SCALE)
-        return int(array[i]) & ((1 << width) - 1)
+    def read(self, register_id: int, indices: Sequence[int]) -> list[int]:
+        """The unsigned values of cells ``indices`` of one register, in one pipeline call."""
+        reg = self.p4info.register(register_id)
+        for index in indices:
+            _check_index(reg.name, index, reg.size)
+        width = int(reg.bitwidth)
+        if _register_cell(reg.name, 0) is None:  # a drop simulator's probability
+            return [round(self._drops(register_id) * _SIM_SCALE)] * len(indices)
+        cells = [_register_cell(reg.name, i) for i in indices]
+        values = self.pipeline.register_read([c for c in cells if c is not None])
+        return [v & ((1 << width) - 1) for v in values]
 
     def write(self, register_id: int, index: int, value: int) -> None:
-        array, i, width = self._cell(register_id, index)
-        if array is None:
+        reg = self.p4info.register(register_id)
+        _check_index(reg.name, index, reg.size)
+        width = int(reg.bitwidth)
+        cell = _register_cell(reg.name, index)
+        if cell is None:
             if value > _SIM_SCALE:
                 raise _fail(grpc.StatusCode.OUT_OF_RANGE, f"drop probability {value} above 2**31")
             self._set_drops(register_id, value / _SIM_SCALE)
             return
-        if array.dtype.kind == "i" and value >> (width - 1):
+        if cell.array in SIGNED_REGISTERS and value >> (width - 1):
             value -= 1 << width  # the same bits in a signed array
-        array[i] = value
-
-    def _cell(self, register_id: int, index: int) -> tuple[np.ndarray | None, int, int]:
-        reg = self.p4info.register(register_id)
-        _check_index(reg.name, index, reg.size)
-        p, name, width = self.pipeline, reg.name, int(reg.bitwidth)
-        if name == "Ingress.seq":
-            return p.seq, index, width
-        if name == "Ingress.remaining":
-            return p.counter, index, width
-        if name == "Ingress.final":
-            return p.final, index, width
-        if name == "Ingress.exponents.exponent":
-            return p.exponent, index, width
-        if name.startswith("Ingress.bitmap.bitmap_set"):
-            return p.bitmap[int(name[-1])], index, width
-        if name.startswith(_LANE_PREFIX):
-            return p.values[:, int(name[len(_LANE_PREFIX) :])], index, width
-        return None, 0, width  # the drop simulator's probability cells
+        self.pipeline.register_write(cell, value)
 
     def _drops(self, register_id: int) -> float:
         drops = self.pipeline.drops
         return drops.ingress if self._is_ingress_sim(register_id) else drops.egress
 
     def _set_drops(self, register_id: int, p: float) -> None:
-        drops = self.pipeline.drops
         if self._is_ingress_sim(register_id):
-            drops.ingress = p
+            self.pipeline.set_drop_rates(ingress=p)
         else:
-            drops.egress = p
+            self.pipeline.set_drop_rates(egress=p)
 
     def _is_ingress_sim(self, register_id: int) -> bool:
         name = self.p4info.register(register_id).name
@@ -389,6 +383,26 @@ class _Registers:
         ):
             raise _fail(grpc.StatusCode.UNIMPLEMENTED, f"register {name} has no binding")
         return name.startswith("Ingress.")
+
+
+_REGISTER_ARRAYS = {
+    "Ingress.seq": "seq",
+    "Ingress.remaining": "remaining",
+    "Ingress.final": "final",
+    "Ingress.exponents.exponent": "exponent",
+    "Ingress.bitmap.bitmap_set0": "bitmap_set0",
+    "Ingress.bitmap.bitmap_set1": "bitmap_set1",
+}
+"""P4 register names -> the pipeline's register arrays (the lanes: ``values``)."""
+
+
+def _register_cell(name: str, index: int) -> RegisterCell | None:
+    """The pipeline cell of P4 register ``name`` at ``index``; None for the drop
+    simulator's probabilities, which are the pipeline's drop rates, not cells."""
+    if name.startswith(_LANE_PREFIX):
+        return RegisterCell("values", index, int(name[len(_LANE_PREFIX) :]))
+    array = _REGISTER_ARRAYS.get(name)
+    return None if array is None else RegisterCell(array, index)
 
 
 class _Entities:
@@ -669,10 +683,11 @@ class _Entities:
         out = []
         for reg in regs:
             indices = [want.index.index] if want.HasField("index") else range(reg.size)
-            for index in indices:
+            values = self.registers.read(reg.id, indices)
+            for index, value in zip(indices, values, strict=True):
                 entry = p4runtime_pb2.RegisterEntry(register_id=reg.id)
                 entry.index.index = index
-                entry.data.bitstring = _canonical(self.registers.read(reg.id, index))
+                entry.data.bitstring = _canonical(value)
                 out.append(_entity(register_entry=entry))
         return out
 

@@ -84,6 +84,8 @@ from hostlib.protocol import (
 )
 
 __all__ = [
+    "REGISTER_ARRAYS",
+    "SIGNED_REGISTERS",
     "Addr",
     "Dataplane",
     "DropReason",
@@ -92,6 +94,7 @@ __all__ = [
     "JobConfig",
     "JobTableError",
     "Pipeline",
+    "RegisterCell",
     "SlotState",
     "Upstream",
 ]
@@ -229,6 +232,26 @@ class DropSimulator:
         return self.egress > 0.0 and self._random() < self.egress
 
 
+REGISTER_ARRAYS = ("seq", "remaining", "final", "exponent", "bitmap_set0", "bitmap_set1", "values")
+"""The register arrays of the pipeline, by the last part of their P4 names
+(``Ingress.seq``, ``Ingress.bitmap.bitmap_set0``, ``Ingress.values.lane_NN``: ``values``
+with a lane). The bitmaps are indexed by slot, the others by set * slots + slot."""
+
+SIGNED_REGISTERS = frozenset(["exponent", "values"])
+"""Arrays whose cells hold signed numbers (int8 exponents, int32 lane sums); a P4Runtime
+write of their unsigned bits is taken as two's complement."""
+
+
+@dataclass(frozen=True, slots=True)
+class RegisterCell:
+    """One cell of a register array: the array (:data:`REGISTER_ARRAYS`), its index and,
+    for ``values``, the lane."""
+
+    array: str
+    index: int
+    lane: int = 0
+
+
 class Dataplane(Protocol):
     """What any INA backend offers: the job API, per-packet processing, registers, counters."""
 
@@ -268,18 +291,7 @@ class Pipeline:
         self.slots = slots
         self.drops = drops or DropSimulator()
         self._size = HEADER_SIZE + lanes * LANE_BYTES
-        # Registers. Index [set, slot] / [set * slots + slot]; values are native int32 so
-        # the ALU add wraps exactly as a switch's does.
-        self.bitmap = np.zeros((2, slots), dtype=np.uint32)
-        self.counter = np.zeros(2 * slots, dtype=np.int32)
-        self.exponent = np.full(2 * slots, EXPONENT_MIN, dtype=np.int8)
-        self.seq = np.zeros(2 * slots, dtype=np.uint32)
-        self.values = np.zeros((2 * slots, lanes), dtype=np.int32)
-        # 1: the slot holds the upstream switch's result, 0: only the local partial sum.
-        # The data path uses the bytearray (an item write is half a numpy one's cost, on
-        # every first contribution); the register API its numpy view.
-        self._final = bytearray(2 * slots)
-        self.final = np.frombuffer(self._final, dtype=np.uint8)
+        self._alloc_registers(slots, lanes)
         self._jobs: dict[int, _Job] = {}
         self._upstream: dict[int, _Route] = {}  # the upstream table, by job id
         self._workers: dict[int, dict[int, set[Addr]]] = {}  # job id -> rank -> sources
@@ -306,6 +318,23 @@ class Pipeline:
         }
         for reason in DropReason:
             self.stats["drop_" + reason.value] = 0
+
+    def _alloc_registers(self, slots: int, lanes: int) -> None:
+        """The register arrays (a backend that keeps them elsewhere overrides this).
+
+        Index [set, slot] / [set * slots + slot]; values are native int32 so the ALU add
+        wraps exactly as a switch's does.
+        """
+        self.bitmap = np.zeros((2, slots), dtype=np.uint32)
+        self.counter = np.zeros(2 * slots, dtype=np.int32)
+        self.exponent = np.full(2 * slots, EXPONENT_MIN, dtype=np.int8)
+        self.seq = np.zeros(2 * slots, dtype=np.uint32)
+        self.values = np.zeros((2 * slots, lanes), dtype=np.int32)
+        # 1: the slot holds the upstream switch's result, 0: only the local partial sum.
+        # The data path uses the bytearray (an item write is half a numpy one's cost, on
+        # every first contribution); the register API its numpy view.
+        self._final = bytearray(2 * slots)
+        self.final = np.frombuffer(self._final, dtype=np.uint8)
 
     # ----------------------------------------------------------------- job table API
     # Whole jobs at once: what tests, --job and the load generator use. The controller
@@ -495,6 +524,76 @@ class Pipeline:
         """The upstream entry of ``job_id``, or None."""
         route = self._upstream.get(job_id)
         return None if route is None else route.entry
+
+    def set_forward(self, mac: int, action: tuple[str, int]) -> None:
+        """Create or replace the forwarder entry of destination MAC ``mac``: ``("port",
+        p)``, ``("flood", mgid)`` or ``("drop", 0)``."""
+        self.forward[mac] = action
+
+    def delete_forward(self, mac: int) -> None:
+        """Delete the forwarder entry of ``mac``.
+
+        Raises:
+            JobTableError: no such entry.
+        """
+        if self.forward.pop(mac, None) is None:
+            raise JobTableError(f"no forwarding entry for MAC {mac:#014x}")
+
+    def set_forward_default(self, action: tuple[str, int]) -> None:
+        """The forwarder's action for a destination MAC without an entry."""
+        self.forward_default = action
+
+    def set_drop_rates(self, ingress: float | None = None, egress: float | None = None) -> None:
+        """Set the drop simulator's probabilities (None: leave as is).
+
+        Raises:
+            ValueError: a probability outside 0..1.
+        """
+        for name, p in (("ingress", ingress), ("egress", egress)):
+            if p is not None and not 0.0 <= p <= 1.0:
+                raise ValueError(f"{name} drop probability {p} outside 0..1")
+        if ingress is not None:
+            self.drops.ingress = ingress
+        if egress is not None:
+            self.drops.egress = egress
+
+    # ----------------------------------------------------------------- registers
+    def register_read(self, cells: Sequence[RegisterCell]) -> list[int]:
+        """The values of register ``cells`` (signed for :data:`SIGNED_REGISTERS`).
+
+        Raises:
+            JobTableError: an unknown array, or an index or lane outside it.
+        """
+        return [int(self._register_array(c)[c.index]) for c in cells]
+
+    def register_write(self, cell: RegisterCell, value: int) -> None:
+        """Write one register cell (a signed value for :data:`SIGNED_REGISTERS`).
+
+        Raises:
+            JobTableError: an unknown array, or an index or lane outside it.
+        """
+        self._register_array(cell)[cell.index] = value
+
+    def _register_array(self, cell: RegisterCell) -> np.ndarray:
+        arrays = {
+            "seq": self.seq,
+            "remaining": self.counter,
+            "final": self.final,
+            "exponent": self.exponent,
+            "bitmap_set0": self.bitmap[0],
+            "bitmap_set1": self.bitmap[1],
+        }
+        if cell.array == "values":
+            if not 0 <= cell.lane < self.lanes:
+                raise JobTableError(f"lane {cell.lane} outside 0..{self.lanes - 1}")
+            array = self.values[:, cell.lane]
+        elif cell.array in arrays:
+            array = arrays[cell.array]
+        else:
+            raise JobTableError(f"no register array {cell.array!r}")
+        if not 0 <= cell.index < len(array):
+            raise JobTableError(f"{cell.array}[{cell.index}] outside 0..{len(array) - 1}")
+        return array
 
     def free_mgid(self) -> int:
         """The lowest multicast group id neither defined nor named by a job."""

@@ -378,6 +378,7 @@ class SoftPortsTarget(Bmv2Target):
     --interface``), configured by the same controller (registers over P4Runtime)."""
 
     name = "soft-ports"
+    datapath = "python"
 
     def __init__(self) -> None:
         super().__init__()
@@ -389,7 +390,7 @@ class SoftPortsTarget(Bmv2Target):
         ports = self._make_ports(vector)
         self._switch = SoftSwitchProcess(
             run_dir, name=f"switch-{vector.name}", lanes=vector.lanes, slots=SOFT_SLOTS,
-            interfaces=ports,
+            interfaces=ports, extra_args=("--datapath", self.datapath),
         ).start()  # fmt: skip
         self._control = control_factory()(self._switch.p4runtime_address, None)
         self._control.push_pipeline(None, None)
@@ -406,3 +407,19 @@ class SoftPortsTarget(Bmv2Target):
         super().close()
         if code != 0:
             raise VectorFailure(f"soft switch exited with status {code}; log {log_path}")
+
+
+class EbpfTarget(SoftPortsTarget):
+    """The soft switch with the eBPF data plane (``inalab switch --datapath ebpf``): the
+    same veths, raw sockets and controller; the frames are handled by the TC program."""
+
+    name = "ebpf"
+    datapath = "ebpf"
+
+    def configure(self, vector: Vector, run_dir: Path) -> None:
+        from emulation.softswitch.ebpf import ebpf_unavailable
+
+        if (why := ebpf_unavailable()) is not None:
+            raise TargetUnavailable(why)
+        super().configure(vector, run_dir)
+

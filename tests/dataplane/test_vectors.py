@@ -24,9 +24,10 @@ VECTORS = load_vectors()
 def _target(name: str) -> Target:
     if name == "soft":
         return SoftSwitchTarget()
-    from bmv2_target import Bmv2Target, SoftPortsTarget  # veth pairs, raw sockets: root
+    from bmv2_target import Bmv2Target, EbpfTarget, SoftPortsTarget  # veths, raw sockets
 
-    return SoftPortsTarget() if name == "soft-ports" else Bmv2Target()
+    targets = {"soft-ports": SoftPortsTarget, "ebpf": EbpfTarget, "bmv2": Bmv2Target}
+    return targets[name]()
 
 
 def _params() -> list[object]:
@@ -37,6 +38,8 @@ def _params() -> list[object]:
         params.append(
             pytest.param(vector, "soft-ports", id=f"{vector.name}-soft-ports", marks=ports)
         )
+        marks = [pytest.mark.ebpf, pytest.mark.root]
+        params.append(pytest.param(vector, "ebpf", id=f"{vector.name}-ebpf", marks=marks))
         marks = [pytest.mark.bmv2, pytest.mark.root]
         params.append(pytest.param(vector, "bmv2", id=f"{vector.name}-bmv2", marks=marks))
     return params

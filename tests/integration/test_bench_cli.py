@@ -261,3 +261,32 @@ def test_auto_with_an_unreadable_profile_exits_2(tmp_path: Path) -> None:
     proc = _bench(*TINY, "--algos", "auto", "--profile", str(bad))
     assert proc.returncode == 2
     assert "--profile" in proc.stderr and "Traceback" not in proc.stderr
+
+
+def test_rows_carry_the_cpu_use_of_their_timed_calls(tmp_path: Path) -> None:
+    out = tmp_path / "cpu.json"
+    proc = _bench(*TINY, "--algos", "ina,ring", "--json", str(out))
+    _ok(proc)
+    rows = json.loads(out.read_text())["rows"]
+    assert [r["algo"] for r in rows] == ["ina"] * 3 + ["ring"] * 3
+    cores = os.cpu_count() or 1
+    for r in rows:
+        cpu = r["cpu"]
+        assert len(cpu["workers"]) == 2
+        # A process's CPU seconds over wall seconds: at most every core, all its threads.
+        assert all(0.0 <= w <= cores * 1.05 for w in cpu["workers"])
+        assert cpu["workers_max"] == max(cpu["workers"])
+        assert 0.0 <= cpu["softirq"] <= cpu["machine"] <= 1.0
+        assert cpu["interval_s"] > 0 and cpu["samples"] >= 0
+        assert cpu["span_s"] >= cpu["interval_s"] * 0.999
+        assert isinstance(cpu["bound"], bool)
+        assert cpu["bound"] == bool(cpu["bound_by"])
+    # The soft switch runs for INA only: ring's packets never meet it on loopback.
+    assert all(set(r["cpu"]["switch"]) == {"switch"} for r in rows if r["algo"] == "ina")
+    assert all(0.0 <= r["cpu"]["switch"]["switch"] <= cores for r in rows if r["algo"] == "ina")
+    assert all(r["cpu"]["switch"] is None for r in rows if r["algo"] == "ring")
+    # The table shows the busiest of each and explains a flag when it raises one.
+    assert proc.stdout.count("switch    worker   machine") == 2
+    assert "on loopback there is no wire" in proc.stdout.splitlines()[1]
+    bound = any(r["cpu"]["bound"] for r in rows)
+    assert ("# ! CPU-bound:" in proc.stdout) == bound

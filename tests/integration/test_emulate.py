@@ -84,6 +84,11 @@ def test_bench_on_star4_runs_ina_and_gloo_in_the_hosts(tmp_path: Path, clean: No
     # 2 sizes x 3 calls x ceil(count / 256) packets per call, each completed once.
     assert counters["completed"] == 3 * (4 + 64) and counters["drop_bad_source"] == 0
     assert "star4 (Mininet hosts)" in proc.stdout
+    assert "on loopback" not in proc.stdout  # the links, not only Python, set the pace here
+    # Every algorithm's packets cross s1, so its CPU is in Gloo's rows as in INA's.
+    for r in doc["rows"]:
+        assert len(r["cpu"]["workers"]) == 4 and set(r["cpu"]["switch"]) == {"s1"}
+        assert 0.0 <= r["cpu"]["machine"] <= 1.0
     assert png.read_bytes()[:4] == b"\x89PNG"
     manifest = json.loads((tmp_path / "run" / "manifest.json").read_text())
     assert manifest["schema"] == "inalab.emulation/1"
@@ -119,6 +124,8 @@ def test_ring_tree_and_auto_across_the_leaf_spine_links(tmp_path: Path, clean: N
         (a, s) for a in ("ring", "tree", "auto") for s in (4096, 65536)
     ]
     assert all(r["wrong"] == 0 and r["max_abs_err"] == 0 for r in doc["rows"])
+    # The forwarding switches' CPU is reported for the point-to-point algorithms too.
+    assert all(set(r["cpu"]["switch"]) == {"spine", "leaf1", "leaf2"} for r in doc["rows"])
     section = doc["dynamiccl"]
     assert section["topology"]["link_bandwidth"] == 1000e6 / 8
     chosen = [r["chosen"] for r in doc["rows"] if r["algo"] == "auto"]

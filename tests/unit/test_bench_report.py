@@ -3,6 +3,7 @@ plot, inputs and correctness checks. No processes, no sockets."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from dataclasses import dataclass
 from pathlib import Path
@@ -22,6 +23,7 @@ from emulation.bench.config import (
 from emulation.bench.report import (
     JSON_SCHEMA,
     Row,
+    bound_note,
     bus_factor,
     format_oracle,
     format_table,
@@ -416,3 +418,96 @@ def test_count_wrong_ring_and_tree_use_the_float32_summation_bound() -> None:
     off[7] += np.float32(1e-2 + 10 * absmax[7])  # far beyond (n-1) * 2**-23 * n * max|x|
     wrong, _ = count_wrong("tree", off, ref, absmax, n, 64)
     assert wrong == 1
+
+
+# ----------------------------------------------------------------- CPU use per row
+def _cpu_row(
+    nbytes: int, workers: tuple[float, ...], switch: float | None, machine: float | None
+) -> Row:
+    from emulation.bench.cpu import RowCpu, SystemCpu
+
+    system = SystemCpu(
+        machine=machine,
+        softirq=0.0 if machine is not None else None,
+        switch=None if switch is None else (("switch", switch),),
+        samples=3,
+        span_s=0.1,
+    )
+    return dataclasses.replace(_row(nbytes=nbytes), cpu=RowCpu(workers, 1.0, 1.08, system))
+
+
+def test_merge_ranks_records_each_ranks_cpu() -> None:
+    from emulation.bench.workers import SizeResult
+
+    per_rank = [
+        [SizeResult(4096, 1024, 10.0, 0, 0.0, cpu_s=0.05, t_start=5.0, t_end=5.1)],
+        [SizeResult(4096, 1024, 12.0, 0, 0.0, cpu_s=0.1, t_start=5.02, t_end=5.12)],
+    ]
+    (row,) = merge_ranks("ina", "float32", per_rank)
+    assert row.cpu is not None
+    assert row.cpu.workers == pytest.approx((0.5, 1.0))
+    assert (row.cpu.start, row.cpu.end) == (5.0, 5.12)
+    assert row.cpu.bound_by == ["rank 1"]
+    assert row.to_json()["cpu"]["workers"] == [0.5, 1.0]
+
+
+def test_table_shows_cpu_and_flags_bound_rows() -> None:
+    rows = [
+        _cpu_row(4096, (0.2, 0.3), 0.5, 0.6),
+        _cpu_row(65536, (0.2, 0.3), 0.97, 0.8),
+        _cpu_row(1 << 20, (0.2, 0.3), None, None),
+    ]
+    text = format_table("ina", rows)
+    lines = text.splitlines()
+    header = next(line for line in lines if "#wrong" in line)
+    assert header.split()[-3:] == ["switch", "worker", "machine"]
+    data = [line for line in lines if not line.startswith("#")]
+    assert [line.split()[-3:] for line in data] == [
+        ["50", "30", "60"],
+        ["97!", "30", "80"],
+        ["-", "30", "-"],
+    ]
+    assert len({len(line) for line in data}) == 1  # still fixed width
+    # The numbers' last digits line up under the headers' last letters.
+    assert header.rstrip().rindex("machine") + len("machine") == data[0].rstrip().rindex("60") + 2
+    assert lines[-1] == bound_note()
+    assert "not the network or the algorithm" in lines[-1]
+    quiet = format_table("ina", rows[:1])
+    assert bound_note() not in quiet and "machine" in quiet
+
+
+def test_json_rows_carry_a_cpu_object(tmp_path: Path) -> None:
+    rows = [_cpu_row(4096, (0.2, 0.95), 0.5, 0.6), _row("gloo")]
+    path = tmp_path / "bench.json"
+    write_json(path, make_document({}, rows))
+    doc = json.loads(path.read_text())
+    cpu = doc["rows"][0]["cpu"]
+    assert cpu["workers"] == [0.2, 0.95] and cpu["workers_max"] == 0.95
+    assert cpu["switch"] == {"switch": 0.5} and cpu["machine"] == 0.6 and cpu["softirq"] == 0.0
+    assert cpu["bound"] is True and cpu["bound_by"] == ["rank 1"]
+    assert cpu["interval_s"] == pytest.approx(0.08) and cpu["samples"] == 3
+    assert "cpu" not in doc["rows"][1]  # not measured: no key, as before
+    assert "not the network" in doc["notes"]["cpu"]
+
+
+def test_plot_marks_cpu_bound_points_hollow(tmp_path: Path) -> None:
+    from emulation.bench.report import plot_figure
+
+    rows = [
+        _cpu_row(4096, (0.2,), 0.5, 0.5),
+        _cpu_row(65536, (0.2,), 0.5, 0.99),
+        _cpu_row(1 << 20, (0.2,), 0.95, 0.5),
+    ]
+    fig = plot_figure(rows, "t")
+    for ax in fig.axes:
+        hollow = [ln for ln in ax.lines if ln.get_markerfacecolor() == "none"]
+        marked = [list(ln.get_xdata()) for ln in hollow if len(ln.get_xdata())]
+        assert marked == [[65536, 1 << 20]]
+        filled = [ln for ln in ax.lines if ln.get_marker() == "o" and ln not in hollow]
+        assert [list(ln.get_xdata()) for ln in filled] == [[4096]]
+        assert any("CPU-bound" in t.get_text() for t in ax.get_legend().get_texts())
+    unbound = plot_figure([_cpu_row(4096, (0.2,), 0.5, 0.5)])
+    assert not any("CPU-bound" in t.get_text() for t in unbound.axes[0].get_legend().get_texts())
+    path = tmp_path / "bound.png"
+    write_plot(path, rows)
+    assert path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"

@@ -1,0 +1,428 @@
+"""CPU use during ``inalab bench``'s timed calls: which core was full while a row was timed.
+
+Emulation layer (bench). On one machine the switch and the ranks share its cores, so a
+row's time can measure the CPU rather than the network or the algorithm. This module
+owns the measurement: reading ``/proc``, a sampler thread, and the arithmetic that turns
+samples into one row's CPU fractions (:class:`RowCpu`), including the CPU-bound flag.
+
+Design. The timed calls run inside the worker processes, so only they know where each
+size's timed loop starts and ends. Each worker therefore measures its own CPU
+(``time.process_time()``: every thread of the process, nanosecond resolution) and reports
+the ``time.monotonic()`` ends of its loop; CLOCK_MONOTONIC is one clock for every process
+and every network namespace of the machine, so those ends are comparable with the
+coordinator's clock. What no worker owns, the switch processes and the machine as a
+whole, the coordinator observes: :class:`CpuSampler` is a thread that, while a sweep runs,
+reads ``/proc/stat`` and ``/proc/PID/stat`` of the watched switch processes every
+``SAMPLE_PERIOD_S``. :func:`attribute` takes a row's interval (the union of the ranks'
+timed loops, so every timed call of every rank is inside), reads each cumulative counter
+at both ends by linear interpolation between the two samples around that end, and divides
+the difference by the interval.
+
+Alternatives not taken: a sampler inside each worker would run in the very processes
+being timed; samples only at the coordinator's barriers would include the untimed warm-up
+calls and the correctness check. The price of the sampler is resolution: a row shorter
+than the period has no sample inside and gets the average rate over the period around it,
+and the kernel counts in clock ticks (``SC_CLK_TCK``, usually 100 per second). Rows say
+so instead of hiding it: ``interval_s``, ``samples`` (inside the interval) and ``span_s``
+(the time between the samples the numbers rest on) are in their JSON.
+
+Where ``/proc`` cannot be read (not Linux, a process gone) the numbers are ``None``;
+nothing here raises for it.
+"""
+
+from __future__ import annotations
+
+import bisect
+import os
+import threading
+import time
+from collections import Counter
+from collections.abc import Iterable, Iterator, Mapping, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import Any
+
+__all__ = [
+    "BOUND_FRACTION",
+    "CPU_NOTE",
+    "SAMPLE_PERIOD_S",
+    "CpuSampler",
+    "MachineTicks",
+    "RowCpu",
+    "Sample",
+    "SystemCpu",
+    "attribute",
+    "clock_ticks",
+    "counter_at",
+    "read_machine",
+    "read_process_ticks",
+    "worker_cpu",
+]
+
+BOUND_FRACTION = 0.9
+"""A process above this share of one core, or the machine above this share of all its
+cores, during a row's timed calls marks the row CPU-bound."""
+
+SAMPLE_PERIOD_S = 0.025
+"""Seconds between samples: a few clock ticks (10 ms each at the usual 100 Hz), so each
+period sees the counters move; 40 small reads a second cost the coordinator little."""
+
+PROC = Path("/proc")
+
+CPU_NOTE = (
+    "cpu: CPU use during the row's timed calls (the union of the ranks' timed loops,"
+    " interval_s). workers: each rank's own CPU seconds over its wall seconds (all its"
+    " threads), in rank order; switch: each switch process's share of one core, by name"
+    " (null when no switch process ran: a loopback algorithm without INA; under inalab"
+    " emulate every algorithm's packets cross the switches, so they are reported for"
+    " all); machine and softirq: share of all cores busy, and busy in softirq (an"
+    " in-kernel data plane's time), from /proc/stat. switch, machine and softirq come"
+    " from /proc samples every ~25 ms, interpolated at the interval's ends: samples"
+    f" counts those inside, span_s the time they rest on, so short rows are coarse. bound:"
+    f" some process above {BOUND_FRACTION:.0%} of a core or the machine above"
+    f" {BOUND_FRACTION:.0%} busy (bound_by says which): the time then measures this"
+    " machine's CPU, not the network or the algorithm"
+)
+
+ProcKey = tuple[str, int]
+"""A watched process: its label (the switch's name) and PID (a restarted switch is new)."""
+
+
+# ----------------------------------------------------------------- reading /proc
+@dataclass(frozen=True)
+class MachineTicks:
+    """The aggregate ``cpu`` line of ``/proc/stat``, in clock ticks summed over cores."""
+
+    busy: int
+    """Everything but idle and iowait."""
+    total: int
+    """user + nice + system + idle + iowait + irq + softirq + steal (guest is in user)."""
+    softirq: int
+
+
+@dataclass(frozen=True)
+class Sample:
+    """Cumulative counters at one instant (``time.monotonic()``)."""
+
+    t: float
+    machine: MachineTicks | None
+    procs: Mapping[ProcKey, int] = field(default_factory=dict)
+    """Each watched process's user + system CPU time in clock ticks (all its threads)."""
+
+
+def clock_ticks() -> int:
+    """The kernel's clock ticks per second for ``/proc`` times (``SC_CLK_TCK``)."""
+    try:
+        return int(os.sysconf("SC_CLK_TCK"))
+    except (ValueError, OSError, AttributeError):
+        return 100  # Linux's USER_HZ on every architecture we run on
+
+
+def read_machine(path: Path = PROC / "stat") -> MachineTicks | None:
+    """The machine's CPU counters from ``/proc/stat``; ``None`` where unreadable."""
+    try:
+        with path.open() as f:
+            fields = f.readline().split()
+        values = [int(v) for v in fields[1:9]]
+    except (OSError, ValueError):
+        return None
+    if not fields or fields[0] != "cpu" or len(values) < 4:
+        return None
+    values += [0] * (8 - len(values))  # old kernels lack the later columns
+    total = sum(values)
+    return MachineTicks(busy=total - values[3] - values[4], total=total, softirq=values[6])
+
+
+def read_process_ticks(pid: int, proc: Path = PROC) -> int | None:
+    """User + system CPU time of process ``pid`` in clock ticks (``/proc/PID/stat``, every
+    thread); ``None`` where unreadable (the process is gone, no ``/proc``)."""
+    try:
+        # The command name may hold spaces and parentheses: split after the last ")".
+        fields = (proc / str(pid) / "stat").read_text().rsplit(")", 1)[1].split()
+        return int(fields[11]) + int(fields[12])  # utime, stime: fields 14, 15 of proc(5)
+    except (OSError, IndexError, ValueError):
+        return None
+
+
+def take_sample(keys: Iterable[ProcKey], proc: Path = PROC) -> Sample:
+    """The machine's and the processes' counters now (unreadable ones left out)."""
+    t = time.monotonic()
+    machine = read_machine(proc / "stat")
+    ticks = {key: read_process_ticks(key[1], proc) for key in keys}
+    return Sample(t, machine, {k: v for k, v in ticks.items() if v is not None})
+
+
+# ----------------------------------------------------------------- the sampler
+class CpuSampler:
+    """A thread that samples ``/proc`` every ``period_s`` while started (a sweep runs).
+
+    Processes are watched through :meth:`watching`; each start and end of a watch takes a
+    sample at once, so the watched processes have samples just before the first and just
+    after the last timed call of a run. Where ``/proc/stat`` cannot be read the sampler
+    starts no thread and records nothing.
+
+    Args:
+        period_s: seconds between samples.
+        proc: the proc filesystem (tests point it elsewhere).
+
+    Raises:
+        ValueError: ``period_s`` is not positive.
+    """
+
+    def __init__(self, period_s: float = SAMPLE_PERIOD_S, proc: Path = PROC) -> None:
+        if not period_s > 0:
+            raise ValueError(f"sampling period {period_s} must be positive")
+        self.period_s, self.proc = period_s, proc
+        self.available = read_machine(proc / "stat") is not None
+        self._watched: Counter[ProcKey] = Counter()
+        self._samples: list[Sample] = []
+        self._lock = threading.Lock()
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+
+    def __enter__(self) -> CpuSampler:
+        self.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+    def start(self) -> None:
+        """Take a sample and start sampling in the background (if ``/proc`` is there)."""
+        if not self.available or self._thread is not None:
+            return
+        self.sample()
+        self._stop.clear()
+        self._thread = threading.Thread(target=self._loop, name="inalab-cpu", daemon=True)
+        self._thread.start()
+
+    def stop(self) -> None:
+        """Stop the thread (the samples stay)."""
+        if self._thread is not None:
+            self._stop.set()
+            self._thread.join()
+            self._thread = None
+
+    def _loop(self) -> None:
+        while not self._stop.wait(self.period_s):
+            self.sample()
+
+    def sample(self) -> None:
+        """Take one sample now (any thread)."""
+        if not self.available:
+            return
+        # Under the lock, so a sample is never of a set of processes since unwatched.
+        with self._lock:
+            self._samples.append(take_sample(list(self._watched), self.proc))
+
+    @contextmanager
+    def watching(self, pids: Mapping[str, int]) -> Iterator[None]:
+        """Watch the processes ``pids`` (label -> PID) inside the ``with``."""
+        keys = list(pids.items())
+        with self._lock:
+            self._watched.update(keys)
+        self.sample()
+        try:
+            yield
+        finally:
+            self.sample()
+            with self._lock:
+                self._watched.subtract(keys)
+                self._watched = +self._watched  # drop the keys no longer watched
+
+    def samples(self) -> list[Sample]:
+        """The samples so far, oldest first."""
+        with self._lock:
+            return list(self._samples)
+
+    def discard_before(self, t: float) -> None:
+        """Forget samples before ``t`` except the last of them (it brackets ``t``)."""
+        with self._lock:
+            i = bisect.bisect_right(self._samples, t, key=lambda s: s.t)
+            del self._samples[: max(i - 1, 0)]
+
+
+# ----------------------------------------------------------------- attribution
+@dataclass(frozen=True)
+class SystemCpu:
+    """What the samples say about one interval: the machine's and switches' CPU use."""
+
+    machine: float | None = None
+    """Share of all cores busy (0..1)."""
+    softirq: float | None = None
+    """Share of all cores in softirq (0..1)."""
+    switch: tuple[tuple[str, float], ...] | None = None
+    """(label, share of one core) of each watched process covering the interval."""
+    samples: int = 0
+    """Samples strictly inside the interval."""
+    span_s: float | None = None
+    """From the last sample at or before the interval to the first at or after it."""
+
+
+def counter_at(points: Sequence[tuple[float, float]], t: float) -> float | None:
+    """The value at ``t`` of a cumulative counter sampled at ``points`` ((time, value),
+    sorted by time), linear between the samples around ``t``; ``None`` outside them."""
+    if not points or not points[0][0] <= t <= points[-1][0]:
+        return None
+    i = bisect.bisect_left(points, t, key=lambda p: p[0])
+    t1, v1 = points[i]
+    if t1 == t:
+        return v1
+    t0, v0 = points[i - 1]
+    return v0 + (v1 - v0) * (t - t0) / (t1 - t0)
+
+
+def _rate(points: Sequence[tuple[float, float]], start: float, end: float) -> float | None:
+    """Counter units per second over [start, end] (end > start)."""
+    a, b = counter_at(points, start), counter_at(points, end)
+    return None if a is None or b is None else (b - a) / (end - start)
+
+
+def _machine(samples: Sequence[Sample], start: float, end: float) -> tuple[float | None, ...]:
+    """(busy, softirq) shares of all cores over [start, end], each ``None`` if unknown."""
+    known = [(s.t, s.machine) for s in samples if s.machine is not None]
+    total = _rate([(t, m.total) for t, m in known], start, end)
+    if total is None or total <= 0:
+        return None, None
+    busy = _rate([(t, m.busy) for t, m in known], start, end) or 0.0
+    softirq = _rate([(t, m.softirq) for t, m in known], start, end) or 0.0
+    # iowait may step backwards on tickless kernels: keep the shares inside 0..1.
+    return min(max(busy / total, 0.0), 1.0), min(max(softirq / total, 0.0), 1.0)
+
+
+def _processes(
+    samples: Sequence[Sample], start: float, end: float, ticks: int
+) -> tuple[tuple[str, float], ...] | None:
+    """Each process's share of one core over [start, end], by label; ``None`` if none."""
+    shares: dict[str, float] = {}
+    for key in dict.fromkeys(k for s in samples for k in s.procs):
+        rate = _rate([(s.t, s.procs[key]) for s in samples if key in s.procs], start, end)
+        if rate is not None:
+            shares[key[0]] = max(shares.get(key[0], 0.0), max(rate, 0.0) / ticks)
+    return tuple(sorted(shares.items())) or None
+
+
+def attribute(
+    samples: Sequence[Sample], start: float, end: float, ticks: int | None = None
+) -> SystemCpu:
+    """The machine's and the watched processes' CPU use over [start, end] (monotonic
+    seconds) from ``samples`` (oldest first), interpolated at both ends.
+
+    Args:
+        samples: the sampler's samples.
+        start, end: the interval.
+        ticks: clock ticks per second of the counters (default: this machine's).
+
+    Raises:
+        ValueError: ``end`` is not after ``start``.
+    """
+    if not end > start:
+        raise ValueError(f"interval end {end} is not after its start {start}")
+    ticks = ticks or clock_ticks()
+    before = [s.t for s in samples if s.t <= start]
+    after = [s.t for s in samples if s.t >= end]
+    machine, softirq = _machine(samples, start, end)
+    return SystemCpu(
+        machine=machine,
+        softirq=softirq,
+        switch=_processes(samples, start, end, ticks),
+        samples=sum(start < s.t < end for s in samples),
+        span_s=min(after) - max(before) if before and after else None,
+    )
+
+
+# ----------------------------------------------------------------- one row
+@dataclass(frozen=True)
+class RowCpu:
+    """CPU use during one row's timed calls: the ranks' own, then the switches' and the
+    machine's (:meth:`with_system`). Processes in shares of one core, the machine in
+    shares of all its cores; ``None``: not measured."""
+
+    workers: tuple[float | None, ...]
+    """Each rank's CPU seconds over wall seconds of its timed loop, index = rank."""
+    start: float
+    """``time.monotonic()`` at the first rank's start of its timed calls."""
+    end: float
+    """``time.monotonic()`` at the last rank's end of its timed calls."""
+    system: SystemCpu = field(default_factory=SystemCpu)
+
+    @property
+    def interval_s(self) -> float:
+        return self.end - self.start
+
+    def with_system(self, samples: Sequence[Sample], ticks: int | None = None) -> RowCpu:
+        """This row with the switches' and the machine's use from the sampler's
+        ``samples`` (unchanged if the interval is empty)."""
+        if self.end <= self.start:
+            return self
+        return replace(self, system=attribute(samples, self.start, self.end, ticks))
+
+    def shares(self) -> list[tuple[str, float]]:
+        """Every known share, named as in ``bound_by``: ranks, switches, the machine."""
+        named = [(f"rank {r}", w) for r, w in enumerate(self.workers) if w is not None]
+        for label, share in self.system.switch or ():
+            named.append(("switch" if label == "switch" else f"switch {label}", share))
+        if self.system.machine is not None:
+            named.append(("machine", self.system.machine))
+        return named
+
+    @property
+    def bound_by(self) -> list[str]:
+        """What was above :data:`BOUND_FRACTION`: ``rank N``, ``switch [NAME]``, ``machine``."""
+        return [who for who, share in self.shares() if share > BOUND_FRACTION]
+
+    @property
+    def bound(self) -> bool:
+        """Whether the row's time measures this machine's CPU (see ``bound_by``)."""
+        return bool(self.bound_by)
+
+    @property
+    def workers_max(self) -> float | None:
+        known = [w for w in self.workers if w is not None]
+        return max(known) if known else None
+
+    @property
+    def switch_max(self) -> float | None:
+        return max((s for _, s in self.system.switch), default=None) if self.system.switch else None
+
+    def to_json(self) -> dict[str, Any]:
+        """The row's ``cpu`` object (``CPU_NOTE`` describes it); shares to 1e-4."""
+        known = [w for w in self.workers if w is not None]
+        sw = self.system.switch
+        return {
+            "workers": [_round(w) for w in self.workers],
+            "workers_max": _round(self.workers_max),
+            "workers_mean": _round(sum(known) / len(known) if known else None),
+            "switch": {k: _round(v) for k, v in sw} if sw is not None else None,
+            "switch_max": _round(self.switch_max),
+            "machine": _round(self.system.machine),
+            "softirq": _round(self.system.softirq),
+            "interval_s": _round(self.interval_s, 6),
+            "samples": self.system.samples,
+            "span_s": _round(self.system.span_s, 6),
+            "bound": self.bound,
+            "bound_by": self.bound_by,
+        }
+
+
+def _round(x: float | None, digits: int = 4) -> float | None:
+    # The counters are no better than this: more digits would only be noise.
+    return None if x is None else round(x, digits)
+
+
+def worker_cpu(per_rank: Sequence[Any]) -> RowCpu | None:
+    """The ranks' part of a row from their results at one size (objects with ``cpu_s``,
+    ``t_start`` and ``t_end``, index = rank); ``None`` if no rank measured it."""
+    fractions: list[float | None] = []
+    spans: list[tuple[float, float]] = []
+    for r in per_rank:
+        t0, t1 = getattr(r, "t_start", 0.0), getattr(r, "t_end", 0.0)
+        if t1 > t0 > 0:
+            fractions.append(max(getattr(r, "cpu_s", 0.0), 0.0) / (t1 - t0))
+            spans.append((t0, t1))
+        else:
+            fractions.append(None)
+    if not spans:
+        return None
+    return RowCpu(tuple(fractions), min(a for a, _ in spans), max(b for _, b in spans))

@@ -1,0 +1,399 @@
+"""The eBPF data plane behind the :class:`~emulation.softswitch.pipeline.Pipeline` API.
+
+:class:`EbpfDataplane` is a :class:`Pipeline` whose packets never reach Python: the
+program ``ina.bpf.c`` runs on every switch port (a TC classifier), and the Python object
+keeps the control plane's view. Every table write goes through the pipeline's own
+table API first (its checks and errors, :class:`JobTableError`, are the reference
+switch's) and is then written to the map of the same table, so the P4Runtime server and
+the controller see the same switch whichever data plane runs. Registers (the slots) and
+counters live only in the kernel: reads and writes of them go to the maps, the slots
+under their spin lock (``BPF_F_LOCK``).
+
+Map layouts: :mod:`emulation.softswitch.ebpf.layout`. Loading and attaching:
+:mod:`emulation.softswitch.ebpf.libbpf`.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import logging
+import socket
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from emulation.softswitch.ebpf import layout
+from emulation.softswitch.ebpf.build import build_program
+from emulation.softswitch.ebpf.layout import (
+    COUNTERS,
+    DIRECTIONS,
+    LINK_COUNTS,
+    MAX_PORTS,
+    MAX_REPLICAS,
+    FwdKind,
+    be16,
+    be32_ip,
+    link_index,
+    probability_threshold,
+)
+from emulation.softswitch.ebpf.libbpf import (
+    BPF_F_LOCK,
+    BpfMap,
+    BpfObject,
+    LibbpfError,
+    TcAttachment,
+    possible_cpus,
+)
+from emulation.softswitch.links import LinkSpec
+from emulation.softswitch.pipeline import (
+    Addr,
+    DropSimulator,
+    Emit,
+    JobTableError,
+    Pipeline,
+    RegisterCell,
+    SlotState,
+)
+from hostlib.protocol import EXPONENT_MIN, LANES_PER_PACKET, SWITCH_SLOTS
+
+__all__ = ["EbpfDataplane"]
+
+log = logging.getLogger(__name__)
+
+_PROGRAM = "ina_port"
+_FWD_KINDS = {"drop": FwdKind.DROP, "port": FwdKind.PORT, "flood": FwdKind.FLOOD}
+_U32 = ctypes.c_uint32
+_U64 = ctypes.c_uint64
+
+
+def _mac_bytes(mac: int) -> Any:
+    return (ctypes.c_uint8 * 6)(*mac.to_bytes(6, "big"))
+
+
+class EbpfDataplane(Pipeline):
+    """The INA pipeline as an eBPF program on the switch's ports.
+
+    Args:
+        lanes: int32 lanes per packet (the program is compiled for it).
+        slots: slots per set in the pool (the ``slots`` map's size).
+        drops: the drop simulator's initial rates (its seed is not used: the kernel's
+            random numbers cannot be seeded, as bmv2's cannot).
+        forward_only: forward INA packets like any frame.
+        program: a compiled object; by default built (and cached) for ``lanes``.
+
+    Raises:
+        ValueError: lanes or slots out of range.
+        EbpfUnavailable, EbpfBuildError: no clang, or it refused the program.
+        LibbpfError: no libbpf, or the kernel refused the program or a map.
+    """
+
+    def __init__(
+        self,
+        lanes: int = LANES_PER_PACKET,
+        slots: int = SWITCH_SLOTS,
+        drops: DropSimulator | None = None,
+        *,
+        forward_only: bool = False,
+        program: Path | None = None,
+    ) -> None:
+        super().__init__(lanes, slots, drops)
+        self.forward_only = forward_only
+        self._slot_type = layout.slot_struct(lanes)
+        path = program or build_program(lanes)
+        self.object = BpfObject(path, {"slots": slots})
+        self._maps = self._open_maps()
+        self._cpus = possible_cpus()
+        self._attached: list[TcAttachment] = []
+        self._ports: dict[int, str] = {}
+        self._links: dict[int, LinkSpec] = {}
+        self._write_cfg()
+        self._clear(0, slots)
+
+    def _alloc_registers(self, slots: int, lanes: int) -> None:
+        """The registers live in the kernel's ``slots`` map, not in numpy arrays."""
+
+    def _open_maps(self) -> dict[str, BpfMap]:
+        sizes = {
+            "cfg": (4, ctypes.sizeof(layout.InaCfg)),
+            "jobs": (4, ctypes.sizeof(layout.InaJob)),
+            "workers": (ctypes.sizeof(layout.InaWorkerKey), 4),
+            "groups": (4, ctypes.sizeof(layout.InaGroup)),
+            "replicas": (ctypes.sizeof(layout.InaReplicaKey), ctypes.sizeof(layout.InaDest)),
+            "upstream": (4, ctypes.sizeof(layout.InaUpstream)),
+            "forward": (8, ctypes.sizeof(layout.InaFwd)),
+            "ports": (4, ctypes.sizeof(layout.InaPort)),
+            "ifports": (4, 4),
+            "slots": (4, ctypes.sizeof(self._slot_type)),
+            "stats": (4, 8),
+            "links": (4, 8),
+        }
+        return {name: self.object.map(name, k, v) for name, (k, v) in sizes.items()}
+
+    # ----------------------------------------------------------------- ports
+    def attach(self, interfaces: Mapping[int, str], links: Mapping[int, LinkSpec]) -> None:
+        """Put the program on each port's interface, with the port's link loss.
+
+        Raises:
+            ValueError: a port outside 0..511, or a link with a delay (the kernel cannot
+                delay in TC without netem: the Python data plane has a delay line).
+            OSError: an interface does not exist, or attaching failed (not root).
+        """
+        for port, spec in links.items():
+            if spec.delay:
+                raise ValueError(
+                    f"port {port}: the eBPF data plane cannot delay frames (no netem): "
+                    "use the Python data plane (--datapath python) for a link with delay"
+                )
+        prog = self.object.program_fd(_PROGRAM)
+        for port, name in sorted(interfaces.items()):
+            if not 0 <= port < MAX_PORTS:
+                raise ValueError(f"port {port} outside 0..{MAX_PORTS - 1}")
+            ifindex = socket.if_nametoindex(name)
+            entry = layout.InaPort(ifindex=ifindex)
+            link = links.get(port)
+            if link is not None:
+                entry.link = 1 | (2 if link.ingress else 0)
+                entry.loss_eg = probability_threshold(link.loss)
+                entry.loss_in = probability_threshold(link.loss) if link.ingress else 0
+            self._maps["ports"].update(_U32(port), entry)
+            self._maps["ifports"].update(_U32(ifindex), _U32(port))
+            self._attached.append(TcAttachment(ifindex, prog))
+            self._ports[port] = name
+        self._links = dict(links)
+
+    def detach(self) -> None:
+        """Take the program off every port it was put on; idempotent."""
+        while self._attached:
+            attachment = self._attached.pop()
+            try:
+                attachment.detach()
+            except LibbpfError as exc:  # the switch is stopping: say so, go on
+                log.warning("detaching from ifindex %d: %s", attachment.ifindex, exc)
+
+    def close(self) -> None:
+        """Detach, then release the program and its maps."""
+        self.detach()
+        self.object.close()
+
+    # ----------------------------------------------------------------- table API
+    def insert_job(
+        self, job_id: int, num_workers: int, slot_base: int, slot_count: int, mgid: int
+    ) -> None:
+        super().insert_job(job_id, num_workers, slot_base, slot_count, mgid)
+        self._put_job(job_id)
+
+    def modify_job(
+        self, job_id: int, num_workers: int, slot_base: int, slot_count: int, mgid: int
+    ) -> None:
+        super().modify_job(job_id, num_workers, slot_base, slot_count, mgid)
+        self._put_job(job_id)
+
+    def delete_job(self, job_id: int) -> None:
+        super().delete_job(job_id)
+        self._maps["jobs"].delete(_U32(job_id))
+
+    def insert_worker(self, job_id: int, rank: int, addr: Addr) -> None:
+        super().insert_worker(job_id, rank, addr)
+        self._maps["workers"].update(self._worker_key(job_id, rank, addr), _U32(1))
+
+    def delete_worker(self, job_id: int, rank: int, addr: Addr) -> None:
+        super().delete_worker(job_id, rank, addr)
+        self._maps["workers"].delete(self._worker_key(job_id, rank, addr))
+
+    def set_group(self, mgid: int, replicas: Sequence[tuple[int, int]]) -> None:
+        if len(replicas) > MAX_REPLICAS:
+            raise JobTableError(f"multicast group {mgid}: {len(replicas)} replicas, at most "
+                                f"{MAX_REPLICAS} on the eBPF data plane")  # fmt: skip
+        super().set_group(mgid, replicas)
+        group = layout.InaGroup(count=len(replicas))
+        for i, (port, rid) in enumerate(replicas):
+            group.replicas[i] = layout.InaReplica(port=port, rid=rid)
+        self._maps["groups"].update(_U32(mgid), group)
+
+    def delete_group(self, mgid: int) -> None:
+        super().delete_group(mgid)
+        self._maps["groups"].delete(_U32(mgid))
+
+    def set_replica(self, job_id: int, rid: int, port: int, addr: Addr, mac: int = 0) -> None:
+        super().set_replica(job_id, rid, port, addr, mac)
+        dest = layout.InaDest(ip=be32_ip(addr[0]), udp_port=be16(addr[1]), mac=_mac_bytes(mac))
+        self._maps["replicas"].update(layout.InaReplicaKey(job=job_id, rid=rid, port=port), dest)
+
+    def delete_replica(self, job_id: int, rid: int, port: int) -> None:
+        super().delete_replica(job_id, rid, port)
+        self._maps["replicas"].delete(layout.InaReplicaKey(job=job_id, rid=rid, port=port))
+
+    def set_upstream(self, job_id: int, rank: int, addr: Addr, mac: int = 0, port: int = 0) -> None:
+        super().set_upstream(job_id, rank, addr, mac, port)
+        entry = layout.InaUpstream(ip=be32_ip(addr[0]), udp_port=be16(addr[1]),
+                                   mac=_mac_bytes(mac), rank=rank, egress_port=port)  # fmt: skip
+        self._maps["upstream"].update(_U32(job_id), entry)
+
+    def delete_upstream(self, job_id: int) -> None:
+        super().delete_upstream(job_id)
+        self._maps["upstream"].delete(_U32(job_id))
+
+    def remove_job(self, job_id: int) -> None:
+        mgid = self._job(job_id).mgid
+        super().remove_job(job_id)  # its table deletes are synced; these two are not
+        self._maps["upstream"].delete(_U32(job_id))
+        self._maps["groups"].delete(_U32(mgid))
+
+    def set_forward(self, mac: int, action: tuple[str, int]) -> None:
+        super().set_forward(mac, action)
+        self._maps["forward"].update(_U64(mac), layout.InaFwd(_FWD_KINDS[action[0]], action[1]))
+
+    def delete_forward(self, mac: int) -> None:
+        super().delete_forward(mac)
+        self._maps["forward"].delete(_U64(mac))
+
+    def set_forward_default(self, action: tuple[str, int]) -> None:
+        super().set_forward_default(action)
+        self._write_cfg()
+
+    def set_drop_rates(self, ingress: float | None = None, egress: float | None = None) -> None:
+        super().set_drop_rates(ingress, egress)
+        self._write_cfg()
+
+    def reset(self) -> None:
+        """Empty every table map, clear the slots, counters and link counters."""
+        super().reset()
+        for name, key_type in (("jobs", _U32), ("workers", layout.InaWorkerKey),
+                               ("groups", _U32), ("replicas", layout.InaReplicaKey),
+                               ("upstream", _U32), ("forward", _U64)):  # fmt: skip
+            table = self._maps[name]
+            for key in list(table.keys(key_type)):
+                table.delete(key)
+        zero = (_U64 * self._cpus)()
+        for name, size in (("stats", len(COUNTERS)), ("links", layout.link_index(MAX_PORTS, 0, 0))):
+            for i in range(size):
+                self._maps[name].update(_U32(i), zero)
+        self._write_cfg()
+
+    def _put_job(self, job_id: int) -> None:
+        j = self._job(job_id)
+        entry = layout.InaJob(j.num_workers, j.slot_base, j.slot_count, j.mgid)
+        self._maps["jobs"].update(_U32(job_id), entry)
+
+    @staticmethod
+    def _worker_key(job_id: int, rank: int, addr: Addr) -> Any:
+        return layout.InaWorkerKey(ip=be32_ip(addr[0]), udp_port=be16(addr[1]), job=job_id,
+                                   rank=rank)  # fmt: skip
+
+    def _write_cfg(self) -> None:
+        kind, value = self.forward_default
+        cfg = layout.InaCfg(
+            drop_in=probability_threshold(self.drops.ingress),
+            drop_eg=probability_threshold(self.drops.egress),
+            forward_only=int(self.forward_only), fwd_kind=_FWD_KINDS[kind], fwd_value=value,
+            slots=self.slots,
+        )  # fmt: skip
+        self._maps["cfg"].update(_U32(0), cfg)
+
+    # ----------------------------------------------------------------- registers
+    def _slot(self, s: int) -> Any:
+        entry = self._slot_type()
+        if not self._maps["slots"].lookup(_U32(s), entry, BPF_F_LOCK):
+            raise JobTableError(f"slot {s} outside the pool of {self.slots}")
+        return entry
+
+    def _put_slot(self, s: int, entry: Any) -> None:
+        self._maps["slots"].update(_U32(s), entry, BPF_F_LOCK)
+
+    def _clear(self, base: int, count: int) -> None:
+        empty = self._slot_type()
+        for pool_set in (0, 1):
+            empty.sets[pool_set].exponent = EXPONENT_MIN
+        for s in range(base, base + count):
+            self._put_slot(s, empty)
+
+    def read_slot(self, job_id: int, slot: int, pool_set: int) -> SlotState:
+        job = self._job(job_id)
+        if not 0 <= slot < job.slot_count or pool_set not in (0, 1):
+            raise JobTableError(f"slot {slot} set {pool_set} outside job {job_id}")
+        e = self._slot(job.slot_base + slot)
+        st = e.sets[pool_set]
+        values = np.frombuffer(e.values[pool_set], dtype=np.int32).copy()
+        return SlotState(int(e.bitmap[pool_set]), int(e.bitmap[1 - pool_set]),
+                         int(st.remaining), int(st.exponent), values)  # fmt: skip
+
+    def register_read(self, cells: Sequence[RegisterCell]) -> list[int]:
+        entries: dict[int, Any] = {}
+        out = []
+        for cell in cells:
+            s, pool_set = self._locate(cell)
+            if s not in entries:
+                entries[s] = self._slot(s)
+            out.append(self._get(entries[s], cell, pool_set))
+        return out
+
+    def register_write(self, cell: RegisterCell, value: int) -> None:
+        # Read, change one field, write back (both under the slot's lock, not between:
+        # the controller writes registers of slots no packet uses, as bmv2's Thrift does).
+        s, pool_set = self._locate(cell)
+        entry = self._slot(s)
+        st = entry.sets[pool_set]
+        if cell.array.startswith("bitmap_set"):
+            entry.bitmap[int(cell.array[-1])] = value
+        elif cell.array == "values":
+            entry.values[pool_set][cell.lane] = value
+        else:
+            setattr(st, _SET_FIELDS[cell.array], value)
+        self._put_slot(s, entry)
+
+    def _locate(self, cell: RegisterCell) -> tuple[int, int]:
+        """(slot, set) of a register cell; raises JobTableError out of range."""
+        if cell.array.startswith("bitmap_set") and cell.array in ("bitmap_set0", "bitmap_set1"):
+            size, s, pool_set = self.slots, cell.index, int(cell.array[-1])
+        elif cell.array in _SET_FIELDS or cell.array == "values":
+            size, s, pool_set = 2 * self.slots, cell.index % self.slots, cell.index // self.slots
+        else:
+            raise JobTableError(f"no register array {cell.array!r}")
+        if not 0 <= cell.index < size:
+            raise JobTableError(f"{cell.array}[{cell.index}] outside 0..{size - 1}")
+        if cell.array == "values" and not 0 <= cell.lane < self.lanes:
+            raise JobTableError(f"lane {cell.lane} outside 0..{self.lanes - 1}")
+        return s, pool_set
+
+    @staticmethod
+    def _get(entry: Any, cell: RegisterCell, pool_set: int) -> int:
+        if cell.array.startswith("bitmap_set"):
+            return int(entry.bitmap[pool_set])
+        if cell.array == "values":
+            return int(entry.values[pool_set][cell.lane])
+        return int(getattr(entry.sets[pool_set], _SET_FIELDS[cell.array]))
+
+    # ----------------------------------------------------------------- counters
+    def _percpu(self, name: str, index: int) -> int:
+        values = (_U64 * self._cpus)()
+        self._maps[name].lookup(_U32(index), values)
+        return int(sum(values))
+
+    def counters(self) -> dict[str, int]:
+        """The program's counters, summed over CPUs (the protocol's statistics and drop
+        reasons, then frames_in, frames_out, forwarded, not_forwarded)."""
+        return {name: self._percpu("stats", i) for i, name in enumerate(COUNTERS)}
+
+    def link_stats(self) -> dict[str, Any]:
+        """``links.LinkEmulator.stats``'s shape for the ports with a link: nothing waits in
+        a delay line here (``queue_dropped``, ``in_flight``: 0)."""
+        ports: dict[str, Any] = {}
+        for port, spec in sorted(self._links.items()):
+            entry = {}
+            for d, direction in enumerate(DIRECTIONS):
+                if direction == "ingress" and not spec.ingress:
+                    continue
+                counts = {k: self._percpu("links", link_index(port, d, c))
+                          for c, k in enumerate(LINK_COUNTS)}  # fmt: skip
+                entry[direction] = {**counts, "queue_dropped": 0, "in_flight": 0}
+            ports[str(port)] = entry
+        return {"ports": ports}
+
+    def process(self, data: memoryview, src: Addr) -> Emit | None:
+        raise RuntimeError("the eBPF data plane processes packets in the kernel, not here")
+
+
+_SET_FIELDS = {"seq": "seq", "remaining": "remaining", "final": "final", "exponent": "exponent"}
+"""Register arrays held per set in the slot struct -> its field."""

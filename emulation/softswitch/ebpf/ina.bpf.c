@@ -1,0 +1,662 @@
+/* ina.bpf.c: the INA switch as an eBPF TC classifier (clsact ingress, direct action) on
+ * every switch port: the semantics of emulation/softswitch/pipeline.py (Pipeline.process,
+ * the reference) and of p4/ina.p4, in the kernel.
+ *
+ * One frame arriving on a port is, as p4/ina.p4 and frames.py take it:
+ * - IPv4 without options, not fragmented, UDP to INA_UDP_PORT: an INA packet, run
+ *   through the pipeline's checks in its order, then the slot's registers under the
+ *   slot's spin lock (seq check, bitmaps, first-write-then-add, down-counter, max
+ *   exponent, final), then one of: consumed, dropped (counted by reason), the result
+ *   multicast to the job's replicas (bpf_clone_redirect per copy, bpf_redirect for the
+ *   last), the unicast answer to a retransmission out of its ingress port, or the
+ *   partial sum sent to the upstream switch (hierarchical aggregation);
+ * - anything else: the forwarder table by destination MAC (a port, a flood group but
+ *   the ingress port, or drop).
+ * Frames leave through bpf_redirect to the egress port's device, so the port's egress
+ * qdisc (HTB: the link's bandwidth) still shapes them. A port's emulated link loses
+ * frames on egress, and with its ingress flag on ingress too (links.py's semantics,
+ * without the delay line: a kernel without netem cannot delay in TC).
+ *
+ * Constants and every struct shared with Python come from ina_gen.h, generated at
+ * compile time by layout.py from hostlib/protocol.py. Counters are per CPU.
+ */
+#include <linux/bpf.h>
+#include <linux/if_ether.h>
+#include <linux/in.h>
+#include <linux/ip.h>
+#include <linux/pkt_cls.h>
+#include <linux/udp.h>
+#include <bpf/bpf_endian.h>
+#include <bpf/bpf_helpers.h>
+
+#include "ina_gen.h"
+
+char LICENSE[] SEC("license") = "Dual BSD/GPL";
+
+#define ETH_BYTES 14
+#define IP_BYTES 20
+#define UDP_BYTES 8
+#define INA_OFF (ETH_BYTES + IP_BYTES + UDP_BYTES)
+#define INA_FRAME (INA_OFF + INA_HEADER_SIZE + INA_PAYLOAD_BYTES)
+#define IP_DF 0x4000
+
+/* ------------------------------------------------------------------ maps (tables) */
+struct {
+    __uint(type, BPF_MAP_TYPE_ARRAY);
+    __uint(max_entries, 1);
+    __type(key, __u32);
+    __type(value, struct ina_cfg);
+} cfg SEC(".maps");
+
+struct {
+    __uint(type, BPF_MAP_TYPE_HASH);
+    __uint(max_entries, 1024);
+    __type(key, __u32);
+    __type(value, struct ina_job);
+} jobs SEC(".maps");
+
+struct {
+    __uint(type, BPF_MAP_TYPE_HASH);
+    __uint(max_entries, 32768);
+    __type(key, struct ina_worker_key);
+    __type(value, __u32);
+} workers SEC(".maps");
+
+struct {
+    __uint(type, BPF_MAP_TYPE_HASH);
+    __uint(max_entries, 4096);
+    __type(key, __u32);
+    __type(value, struct ina_group);
+} groups SEC(".maps");
+
+struct {
+    __uint(type, BPF_MAP_TYPE_HASH);
+    __uint(max_entries, 32768);
+    __type(key, struct ina_replica_key);
+    __type(value, struct ina_dest);
+} replicas SEC(".maps");
+
+struct {
+    __uint(type, BPF_MAP_TYPE_HASH);
+    __uint(max_entries, 1024);
+    __type(key, __u32);
+    __type(value, struct ina_upstream);
+} upstream SEC(".maps");
+
+struct {
+    __uint(type, BPF_MAP_TYPE_HASH);
+    __uint(max_entries, 1024);
+    __type(key, __u64);
+    __type(value, struct ina_fwd);
+} forward SEC(".maps");
+
+struct {
+    __uint(type, BPF_MAP_TYPE_ARRAY);
+    __uint(max_entries, INA_MAX_PORTS);
+    __type(key, __u32);
+    __type(value, struct ina_port);
+} ports SEC(".maps");
+
+struct {
+    __uint(type, BPF_MAP_TYPE_HASH);
+    __uint(max_entries, INA_MAX_PORTS);
+    __type(key, __u32);
+    __type(value, __u32);
+} ifports SEC(".maps");
+
+/* The registers: max_entries is set to the pool's slots per set before loading. */
+struct {
+    __uint(type, BPF_MAP_TYPE_ARRAY);
+    __uint(max_entries, 1);
+    __type(key, __u32);
+    __type(value, struct ina_slot);
+} slots SEC(".maps");
+
+struct {
+    __uint(type, BPF_MAP_TYPE_PERCPU_ARRAY);
+    __uint(max_entries, INA_NUM_COUNTERS);
+    __type(key, __u32);
+    __type(value, __u64);
+} stats SEC(".maps");
+
+struct {
+    __uint(type, BPF_MAP_TYPE_PERCPU_ARRAY);
+    __uint(max_entries, INA_NUM_LINK_COUNTERS);
+    __type(key, __u32);
+    __type(value, __u64);
+} links SEC(".maps");
+
+/* ------------------------------------------------------------------ helpers */
+struct ina_hdr {
+    __u8 vt;
+    __u8 flags;
+    __be16 job;
+    __u8 rank;
+    __s8 exponent;
+    __be16 lanes;
+    __be16 pool_index;
+    __be16 reserved;
+    __be32 seq;
+} __attribute__((packed));
+
+_Static_assert(sizeof(struct ina_hdr) == INA_HEADER_SIZE, "INA header size");
+
+static __always_inline void count(__u32 index)
+{
+    __u64 *c = bpf_map_lookup_elem(&stats, &index);
+    if (c)
+        *c += 1;
+}
+
+static __always_inline void count_link(__u32 port, __u32 dir, __u32 what)
+{
+    __u32 index = (port * 2 + dir) * 3 + what;
+    __u64 *c = bpf_map_lookup_elem(&links, &index);
+    if (c)
+        *c += 1;
+}
+
+/* Bernoulli(threshold / 2**32): never for 0, always for 2**32. */
+static __always_inline int chance(__u64 threshold)
+{
+    return threshold && (__u64)bpf_get_prandom_u32() < threshold;
+}
+
+static __always_inline int drop(__u32 reason)
+{
+    count(reason);
+    return TC_ACT_SHOT;
+}
+
+/* The port's egress link: 1 if the frame may leave, 0 if the link loses it. */
+static __always_inline int egress_link(__u32 port, struct ina_port *p)
+{
+    if (!(p->link & 1))
+        return 1;
+    count_link(port, DIR_EGRESS, LINK_OFFERED);
+    if (chance(p->loss_eg)) {
+        count_link(port, DIR_EGRESS, LINK_LOST);
+        return 0;
+    }
+    count_link(port, DIR_EGRESS, LINK_DELIVERED);
+    return 1;
+}
+
+/* The interface of switch port `port`, 0 if it has none; `p` its entry. */
+static __always_inline __u32 port_ifindex(__u32 port, struct ina_port **p)
+{
+    struct ina_port *entry = bpf_map_lookup_elem(&ports, &port);
+    *p = entry;
+    return entry ? entry->ifindex : 0;
+}
+
+static __always_inline __u16 ip_checksum(struct iphdr *ip)
+{
+    __u16 *w = (__u16 *)ip;
+    __u32 sum = 0;
+#pragma unroll
+    for (int i = 0; i < IP_BYTES / 2; i++)
+        sum += w[i];
+    sum = (sum & 0xFFFF) + (sum >> 16);
+    sum = (sum & 0xFFFF) + (sum >> 16);
+    return (__u16)~sum;
+}
+
+/* Rewrite the frame's Ethernet, IPv4 and UDP headers into one from the switch's INA
+ * address (`own_mac`/`own_ip`, what the worker sent to) to `dst`, as frames.py's
+ * build_result_frame does: IPv4 id 0, DF, TTL 64; UDP from INA_UDP_PORT, checksum 0. */
+static __always_inline int rewrite(struct __sk_buff *skb, const __u8 *dst_mac,
+                                   const __u8 *own_mac, __be32 own_ip, __be32 dst_ip,
+                                   __be16 dst_port)
+{
+    void *data = (void *)(long)skb->data;
+    void *end = (void *)(long)skb->data_end;
+    struct ethhdr *eth = data;
+    struct iphdr *ip = data + ETH_BYTES;
+    struct udphdr *udp = data + ETH_BYTES + IP_BYTES;
+    if ((void *)(udp + 1) > end)
+        return -1;
+    __builtin_memcpy(eth->h_dest, dst_mac, ETH_ALEN);
+    __builtin_memcpy(eth->h_source, own_mac, ETH_ALEN);
+    ip->tos = 0;
+    ip->id = 0;
+    ip->frag_off = bpf_htons(IP_DF);
+    ip->ttl = 64;
+    ip->saddr = own_ip;
+    ip->daddr = dst_ip;
+    ip->check = 0;
+    ip->check = ip_checksum(ip);
+    udp->source = bpf_htons(INA_UDP_PORT);
+    udp->dest = dst_port;
+    udp->check = 0;
+    return 0;
+}
+
+/* What the frame the switch answers came with: the worker's and the switch's
+ * addresses, read before any rewrite. */
+struct origin {
+    __u8 src_mac[ETH_ALEN];
+    __u8 own_mac[ETH_ALEN];
+    __be32 src_ip;
+    __be32 own_ip;
+    __be16 src_port;
+};
+
+/* ------------------------------------------------------------------ emitting */
+static __always_inline int emit_one(struct __sk_buff *skb, const struct origin *o,
+                                    const __u8 *mac, __be32 ip, __be16 udp_port, __u32 port,
+                                    int last)
+{
+    struct ina_port *p;
+    __u32 ifindex = port_ifindex(port, &p);
+    if (!ifindex || !p)
+        return last ? TC_ACT_SHOT : 0;
+    if (!egress_link(port, p))
+        return last ? TC_ACT_SHOT : 0;
+    if (rewrite(skb, mac, o->own_mac, o->own_ip, ip, udp_port) < 0)
+        return last ? TC_ACT_SHOT : 0;
+    count(C_FRAMES_OUT);
+    if (last)
+        return bpf_redirect(ifindex, 0);
+    bpf_clone_redirect(skb, ifindex, 0);
+    return 0;
+}
+
+/* The packet (its INA header and payload already the result) to every replica of the
+ * job's group that has a replicas entry; the egress drop simulator per replica. Each
+ * copy is a bpf_clone_redirect and the frame itself is consumed: one pass, whose
+ * iterations the verifier can prune alike (deciding first which copy is the last, to
+ * bpf_redirect it, would make every subset of kept replicas a state of its own). */
+static __always_inline int emit_multicast(struct __sk_buff *skb, const struct origin *o,
+                                          __u32 job_id, struct ina_job *job,
+                                          struct ina_cfg *c)
+{
+    __u32 mgid = job->mgid;
+    struct ina_group *g = bpf_map_lookup_elem(&groups, &mgid);
+    if (!g)
+        return TC_ACT_SHOT;
+    __u32 n = g->count;
+    for (__u32 i = 0; i < INA_MAX_REPLICAS; i++) {
+        if (i >= n)
+            break;
+        g = bpf_map_lookup_elem(&groups, &mgid); /* a clone invalidates nothing here, */
+        if (!g)                                  /* but the verifier wants it fresh */
+            break;
+        struct ina_replica_key k = {.job = job_id, .rid = g->replicas[i].rid,
+                                    .port = g->replicas[i].port};
+        struct ina_dest *d = bpf_map_lookup_elem(&replicas, &k);
+        if (!d)
+            continue; /* no replicas entry: not a destination (pipeline._refresh_dests) */
+        if (chance(c->drop_eg)) {
+            count(C_DROP_SIM_EGRESS);
+            continue;
+        }
+        count(C_RESULTS_SENT);
+        emit_one(skb, o, d->mac, d->ip, d->udp_port, k.port, 0);
+    }
+    return TC_ACT_SHOT;
+}
+
+/* The answer to a retransmission: back to its sender out of its ingress port. */
+static __always_inline int emit_unicast(struct __sk_buff *skb, const struct origin *o,
+                                        __u32 in_port, struct ina_cfg *c)
+{
+    if (chance(c->drop_eg))
+        return drop(C_DROP_SIM_EGRESS);
+    count(C_RESULTS_SENT);
+    return emit_one(skb, o, o->src_mac, o->src_ip, o->src_port, in_port, 1);
+}
+
+/* The slot's partial sum to the upstream switch, as its worker `rank`. */
+static __always_inline int emit_upward(struct __sk_buff *skb, const struct origin *o,
+                                       struct ina_upstream *up, struct ina_cfg *c)
+{
+    void *data = (void *)(long)skb->data;
+    void *end = (void *)(long)skb->data_end;
+    struct ina_hdr *h = data + INA_OFF;
+    if ((void *)(h + 1) > end)
+        return TC_ACT_SHOT;
+    h->vt = INA_VT_DATA;
+    h->rank = (__u8)up->rank;
+    if (chance(c->drop_eg))
+        return drop(C_DROP_SIM_EGRESS);
+    count(C_SENT_UPSTREAM);
+    return emit_one(skb, o, up->mac, up->ip, up->udp_port, up->egress_port, 1);
+}
+
+/* ------------------------------------------------------------------ the slot */
+enum verdict {
+    V_STALE,
+    V_DUPLICATE,
+    V_AGGREGATED,  /* a contribution; the slot still waits for others */
+    V_COMPLETED,   /* the last contribution: the payload now holds the result */
+    V_ANSWER,      /* a retransmission of a finished use: payload = the stored result */
+    V_RESEND_UP,   /* ... whose result has not come from upstream: the partial, again */
+    V_TAKEN,       /* the upstream switch's result, stored: multicast it */
+};
+
+/* Lane loops, inside the slot's lock: no helper may be called there. */
+static __always_inline void lanes_write(__s32 *values, __be32 *pkt)
+{
+    for (int j = 0; j < INA_LANES; j++)
+        values[j] = (__s32)bpf_ntohl(pkt[j]);
+}
+
+static __always_inline void lanes_add(__s32 *values, __be32 *pkt)
+{
+    for (int j = 0; j < INA_LANES; j++)
+        values[j] = (__s32)((__u32)values[j] + bpf_ntohl(pkt[j])); /* wrapping int32 */
+}
+
+static __always_inline void lanes_read(__s32 *values, __be32 *pkt)
+{
+    for (int j = 0; j < INA_LANES; j++)
+        pkt[j] = bpf_htonl((__u32)values[j]);
+}
+
+/* Steps 1-4 of Pipeline.process for a DATA packet, under the lock: the verdict, and the
+ * exponent the emitted packet carries. */
+static __always_inline enum verdict slot_data(struct ina_slot *slot, __u32 set, __u32 rank,
+                                              __u32 seq, __s32 exp, __u32 workers,
+                                              int has_upstream, __be32 *pkt, __s32 *out_exp)
+{
+    enum verdict v;
+    set &= 1;
+    bpf_spin_lock(&slot->lock);
+    struct ina_set *st = &slot->sets[set];
+    __u32 left = st->remaining, stored = st->seq;
+    if (seq == stored && (stored || left)) {
+        if (left == 0) {
+            /* Before the bitmaps: the sender's next use may have cleared its bit. */
+            v = (has_upstream && !st->final) ? V_RESEND_UP : V_ANSWER;
+            lanes_read(slot->values[set], pkt);
+            *out_exp = st->exponent;
+            goto out;
+        }
+    } else if (left || (stored && ((seq - stored) & 0x80000000))) {
+        v = V_STALE; /* another use while this one runs, or older than the finished one */
+        goto out;
+    }
+    __u32 bit = 1U << (rank & 31);
+    __u32 seen = slot->bitmap[set] & bit;
+    slot->bitmap[set] |= bit;
+    slot->bitmap[set ^ 1] &= ~bit;
+    if (seen) {
+        v = V_DUPLICATE;
+        goto out;
+    }
+    if (left == 0) { /* first contribution: write, no clearing between uses */
+        left = workers - 1;
+        st->seq = seq;
+        st->final = 0;
+        lanes_write(slot->values[set], pkt);
+        st->exponent = exp;
+    } else {
+        left -= 1;
+        lanes_add(slot->values[set], pkt);
+        if (exp > st->exponent)
+            st->exponent = exp;
+    }
+    st->remaining = left;
+    if (left) {
+        v = V_AGGREGATED;
+        goto out;
+    }
+    v = V_COMPLETED;
+    lanes_read(slot->values[set], pkt);
+    *out_exp = st->exponent;
+out:
+    bpf_spin_unlock(&slot->lock);
+    return v;
+}
+
+/* A RESULT from the upstream switch for a slot whose partial this switch sent up. */
+static __always_inline enum verdict slot_result(struct ina_slot *slot, __u32 set, __u32 seq,
+                                                __s32 exp, __be32 *pkt)
+{
+    enum verdict v;
+    set &= 1;
+    bpf_spin_lock(&slot->lock);
+    struct ina_set *st = &slot->sets[set];
+    if (seq != st->seq || seq == 0 || st->remaining) {
+        v = V_STALE; /* not the use the slot holds, finished here */
+    } else if (st->final) {
+        v = V_DUPLICATE; /* another copy: the first was multicast */
+    } else {
+        lanes_write(slot->values[set], pkt);
+        st->exponent = exp;
+        st->final = 1;
+        v = V_TAKEN;
+    }
+    bpf_spin_unlock(&slot->lock);
+    return v;
+}
+
+/* ------------------------------------------------------------------ INA */
+static __always_inline int ina(struct __sk_buff *skb, __u32 in_port, struct ina_cfg *c)
+{
+    count(C_RECEIVED);
+    if (chance(c->drop_in))
+        return drop(C_DROP_SIM_INGRESS);
+    void *data = (void *)(long)skb->data;
+    void *end = (void *)(long)skb->data_end;
+    struct udphdr *udp = data + ETH_BYTES + IP_BYTES;
+    if ((void *)(udp + 1) > end)
+        return drop(C_DROP_TRUNCATED);
+    /* The datagram is what the UDP length says, as far as the frame holds it. */
+    __u32 n = bpf_ntohs(udp->len);
+    n = n > UDP_BYTES ? n - UDP_BYTES : 0;
+    __u32 avail = skb->len > INA_OFF ? skb->len - INA_OFF : 0;
+    if (n > avail)
+        n = avail;
+    if (n < INA_HEADER_SIZE)
+        return drop(C_DROP_TRUNCATED);
+    __u32 want = n == INA_HEADER_SIZE + INA_PAYLOAD_BYTES ? INA_FRAME : INA_OFF + INA_HEADER_SIZE;
+    if (bpf_skb_pull_data(skb, want) < 0)
+        return drop(C_DROP_TRUNCATED);
+    data = (void *)(long)skb->data;
+    end = (void *)(long)skb->data_end;
+    struct ethhdr *eth = data;
+    struct iphdr *ip = data + ETH_BYTES;
+    udp = data + ETH_BYTES + IP_BYTES;
+    struct ina_hdr *h = data + INA_OFF;
+    if ((void *)(h + 1) > end)
+        return drop(C_DROP_TRUNCATED);
+    struct origin o;
+    __builtin_memcpy(o.src_mac, eth->h_source, ETH_ALEN);
+    __builtin_memcpy(o.own_mac, eth->h_dest, ETH_ALEN);
+    o.src_ip = ip->saddr;
+    o.own_ip = ip->daddr;
+    o.src_port = udp->source;
+    __u8 vt = h->vt;
+    __u32 job_id = bpf_ntohs(h->job), rank = h->rank, lanes = bpf_ntohs(h->lanes);
+    __u32 pidx = bpf_ntohs(h->pool_index), seq = bpf_ntohl(h->seq);
+    __s32 exp = h->exponent;
+    int from_upstream = 0;
+    struct ina_upstream *up = NULL;
+    if (vt != INA_VT_DATA) {
+        if (vt != INA_VT_RESULT)
+            return drop(C_DROP_MALFORMED);
+        up = bpf_map_lookup_elem(&upstream, &job_id);
+        if (!up)
+            return drop(C_DROP_MALFORMED); /* results never go to a switch, else */
+        from_upstream = 1;
+    }
+    struct ina_job *job = bpf_map_lookup_elem(&jobs, &job_id);
+    if (!job)
+        return drop(C_DROP_UNKNOWN_JOB);
+    if (from_upstream) {
+        if (o.src_ip != up->ip || o.src_port != up->udp_port)
+            return drop(C_DROP_BAD_SOURCE);
+    } else {
+        if (rank >= job->num_workers)
+            return drop(C_DROP_BAD_RANK);
+        struct ina_worker_key wk = {.ip = o.src_ip, .udp_port = o.src_port,
+                                    .job = job_id, .rank = rank};
+        if (!bpf_map_lookup_elem(&workers, &wk))
+            return drop(C_DROP_BAD_SOURCE);
+    }
+    __u32 slot_rel = pidx & INA_SLOT_MASK;
+    if (slot_rel >= job->slot_count)
+        return drop(C_DROP_BAD_SLOT);
+    if (lanes != INA_LANES)
+        return drop(C_DROP_BAD_LANES);
+    if (n != INA_HEADER_SIZE + INA_PAYLOAD_BYTES)
+        return drop(C_DROP_BAD_LENGTH);
+    __be32 *pkt = data + INA_OFF + INA_HEADER_SIZE;
+    if ((void *)(pkt + INA_LANES) > end)
+        return drop(C_DROP_BAD_LENGTH);
+    __u32 index = job->slot_base + slot_rel;
+    struct ina_slot *slot = bpf_map_lookup_elem(&slots, &index);
+    if (!slot)
+        return drop(C_DROP_BAD_SLOT); /* a job entry outside the pool: no register */
+    __u32 set = pidx & INA_POOL_SET_BIT ? 1 : 0;
+    __s32 out_exp = exp;
+    enum verdict v;
+    if (from_upstream) {
+        v = slot_result(slot, set, seq, exp, pkt);
+    } else {
+        if (!up)
+            up = bpf_map_lookup_elem(&upstream, &job_id);
+        v = slot_data(slot, set, rank, seq, exp, job->num_workers, up != NULL, pkt, &out_exp);
+    }
+    switch (v) {
+    case V_STALE:
+        return drop(C_DROP_STALE);
+    case V_DUPLICATE:
+        count(C_DUPLICATES_IGNORED);
+        return TC_ACT_SHOT;
+    case V_AGGREGATED:
+        count(C_AGGREGATED);
+        return TC_ACT_SHOT;
+    default:
+        break;
+    }
+    h->exponent = (__s8)out_exp;
+    if (v == V_TAKEN) {
+        count(C_RESULTS_FROM_UPSTREAM);
+        return emit_multicast(skb, &o, job_id, job, c);
+    }
+    h->vt = INA_VT_RESULT;
+    if (v == V_ANSWER) {
+        count(C_RETRANSMITS_ANSWERED);
+        return emit_unicast(skb, &o, in_port, c);
+    }
+    if (v == V_RESEND_UP) {
+        count(C_UPSTREAM_RESENT);
+        return up ? emit_upward(skb, &o, up, c) : TC_ACT_SHOT;
+    }
+    count(C_AGGREGATED); /* V_COMPLETED */
+    count(C_COMPLETED);
+    if (up)
+        return emit_upward(skb, &o, up, c);
+    return emit_multicast(skb, &o, job_id, job, c);
+}
+
+/* ------------------------------------------------------------------ forwarding */
+static __always_inline __u64 mac_key(const __u8 *m)
+{
+    return ((__u64)m[0] << 40) | ((__u64)m[1] << 32) | ((__u64)m[2] << 24) |
+           ((__u64)m[3] << 16) | ((__u64)m[4] << 8) | (__u64)m[5];
+}
+
+static __always_inline int flood(struct __sk_buff *skb, __u32 mgid, __u32 in_port)
+{
+    struct ina_group *g = bpf_map_lookup_elem(&groups, &mgid);
+    if (!g)
+        return TC_ACT_SHOT;
+    __u32 n = g->count;
+    for (__u32 i = 0; i < INA_MAX_REPLICAS; i++) {
+        if (i >= n)
+            break;
+        g = bpf_map_lookup_elem(&groups, &mgid);
+        if (!g)
+            break;
+        __u32 port = g->replicas[i].port;
+        if (port == in_port)
+            continue; /* forwarder.p4: no flooded copy back out of its ingress port */
+        struct ina_port *p;
+        __u32 ifindex = port_ifindex(port, &p);
+        if (!ifindex || !p || !egress_link(port, p))
+            continue;
+        count(C_FRAMES_OUT);
+        bpf_clone_redirect(skb, ifindex, 0);
+    }
+    return TC_ACT_SHOT;
+}
+
+static __always_inline int forward_frame(struct __sk_buff *skb, __u32 in_port,
+                                         struct ina_cfg *c)
+{
+    void *data = (void *)(long)skb->data;
+    void *end = (void *)(long)skb->data_end;
+    struct ethhdr *eth = data;
+    if ((void *)(eth + 1) > end)
+        return drop(C_NOT_FORWARDED);
+    __u64 mac = mac_key(eth->h_dest);
+    struct ina_fwd *f = bpf_map_lookup_elem(&forward, &mac);
+    __u32 kind = f ? f->kind : c->fwd_kind;
+    __u32 value = f ? f->value : c->fwd_value;
+    if (kind == FWD_PORT) {
+        struct ina_port *p;
+        __u32 ifindex = port_ifindex(value, &p);
+        if (!ifindex || !p)
+            return drop(C_NOT_FORWARDED);
+        count(C_FORWARDED);
+        if (!egress_link(value, p))
+            return TC_ACT_SHOT;
+        count(C_FRAMES_OUT);
+        return bpf_redirect(ifindex, 0);
+    }
+    if (kind == FWD_FLOOD) {
+        count(C_FORWARDED);
+        return flood(skb, value, in_port);
+    }
+    return drop(C_NOT_FORWARDED);
+}
+
+/* ------------------------------------------------------------------ the classifier */
+static __always_inline int is_ina(struct __sk_buff *skb)
+{
+    void *data = (void *)(long)skb->data;
+    void *end = (void *)(long)skb->data_end;
+    struct ethhdr *eth = data;
+    struct iphdr *ip = data + ETH_BYTES;
+    struct udphdr *udp = data + ETH_BYTES + IP_BYTES;
+    if ((void *)(udp + 1) > end)
+        return 0;
+    return eth->h_proto == bpf_htons(ETH_P_IP) && *(__u8 *)ip == 0x45 &&
+           ip->protocol == IPPROTO_UDP && !(ip->frag_off & bpf_htons(0x3FFF)) &&
+           udp->dest == bpf_htons(INA_UDP_PORT);
+}
+
+SEC("tc")
+int ina_port(struct __sk_buff *skb)
+{
+    __u32 ifindex = skb->ifindex;
+    __u32 *pp = bpf_map_lookup_elem(&ifports, &ifindex);
+    if (!pp)
+        return TC_ACT_OK; /* not a port of this switch */
+    __u32 in_port = *pp;
+    __u32 zero = 0;
+    struct ina_cfg *c = bpf_map_lookup_elem(&cfg, &zero);
+    struct ina_port *p = bpf_map_lookup_elem(&ports, &in_port);
+    if (!c || !p)
+        return TC_ACT_SHOT;
+    count(C_FRAMES_IN);
+    if (p->link & 2) {
+        count_link(in_port, DIR_INGRESS, LINK_OFFERED);
+        if (chance(p->loss_in)) {
+            count_link(in_port, DIR_INGRESS, LINK_LOST);
+            return TC_ACT_SHOT;
+        }
+        count_link(in_port, DIR_INGRESS, LINK_DELIVERED);
+    }
+    /* The headers linear, whatever the device gave (a short frame pulls what it has). */
+    __u32 head = skb->len < INA_OFF ? skb->len : INA_OFF;
+    if (bpf_skb_pull_data(skb, head) < 0)
+        return TC_ACT_SHOT;
+    if (!c->forward_only && is_ina(skb))
+        return ina(skb, in_port, c);
+    return forward_frame(skb, in_port, c);
+}

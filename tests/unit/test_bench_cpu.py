@@ -1,0 +1,285 @@
+"""Unit tests of the bench's CPU accounting: /proc parsing, the sampler, attributing samples
+to a row's timed interval, and the CPU-bound flag. No bench processes; the sampler runs on
+a fake /proc tree (and once, briefly, on the real one)."""
+
+from __future__ import annotations
+
+import os
+import time
+from pathlib import Path
+
+import pytest
+
+from emulation.bench.cpu import (
+    BOUND_FRACTION,
+    CpuSampler,
+    MachineTicks,
+    RowCpu,
+    Sample,
+    SystemCpu,
+    attribute,
+    counter_at,
+    read_machine,
+    read_process_ticks,
+    worker_cpu,
+)
+from emulation.bench.workers import SizeResult
+
+HZ = 100
+
+
+# ----------------------------------------------------------------- reading /proc
+def _stat_line(user: int, system: int, idle: int, iowait: int = 0, softirq: int = 0) -> str:
+    # user nice system idle iowait irq softirq steal guest guest_nice
+    return f"cpu  {user} 0 {system} {idle} {iowait} 0 {softirq} 0 7 0\ncpu0 1 2 3 4\n"
+
+
+def test_read_machine_counts_busy_total_and_softirq(tmp_path: Path) -> None:
+    stat = tmp_path / "stat"
+    stat.write_text(_stat_line(user=100, system=50, idle=300, iowait=20, softirq=10))
+    # guest (7) is already inside user: not counted twice.
+    assert read_machine(stat) == MachineTicks(busy=160, total=480, softirq=10)
+
+
+def test_read_machine_pads_old_kernels_and_fails_soft(tmp_path: Path) -> None:
+    stat = tmp_path / "stat"
+    stat.write_text("cpu 10 0 5 85\n")
+    assert read_machine(stat) == MachineTicks(busy=15, total=100, softirq=0)
+    stat.write_text("intr 1 2 3\n")
+    assert read_machine(stat) is None
+    stat.write_text("cpu x y z w\n")
+    assert read_machine(stat) is None
+    assert read_machine(tmp_path / "missing") is None
+
+
+def test_read_process_ticks_sums_utime_and_stime(tmp_path: Path) -> None:
+    (tmp_path / "42").mkdir()
+    # A command name with spaces and a ")" must not shift the fields.
+    fields = ["S", *["0"] * 10, "70", "30", *["0"] * 30]
+    (tmp_path / "42" / "stat").write_text(f"42 (odd ) name) {' '.join(fields)}\n")
+    assert read_process_ticks(42, tmp_path) == 100
+    assert read_process_ticks(43, tmp_path) is None
+    (tmp_path / "42" / "stat").write_text("42 (short) S 1\n")
+    assert read_process_ticks(42, tmp_path) is None
+
+
+def test_read_process_ticks_of_this_process() -> None:
+    if not Path("/proc/self/stat").exists():
+        pytest.skip("no /proc")
+    ticks = read_process_ticks(os.getpid())
+    assert ticks is not None and ticks >= 0
+
+
+# ----------------------------------------------------------------- attribution arithmetic
+def _sample(t: float, busy: int, total: int, softirq: int = 0, **procs: int) -> Sample:
+    return Sample(t, MachineTicks(busy, total, softirq), {(k, 7): v for k, v in procs.items()})
+
+
+# Two cores at 100 Hz: 200 ticks of total a second. From t=1 to t=2 both cores are busy.
+SAMPLES = [
+    _sample(0.0, busy=0, total=0, softirq=0, s1=0),
+    _sample(1.0, busy=100, total=200, softirq=20, s1=50),
+    _sample(2.0, busy=300, total=400, softirq=20, s1=150),
+]
+
+
+def test_counter_at_interpolates_between_samples() -> None:
+    points = [(0.0, 0.0), (1.0, 100.0), (2.0, 300.0)]
+    assert counter_at(points, 0.5) == pytest.approx(50.0)
+    assert counter_at(points, 1.5) == pytest.approx(200.0)
+    assert counter_at(points, 1.0) == 100.0  # on a sample: its value
+    assert counter_at(points, 2.0) == 300.0
+    assert counter_at(points, -0.1) is None
+    assert counter_at(points, 2.1) is None
+    assert counter_at([], 1.0) is None
+
+
+def test_attribute_interpolates_at_both_ends_of_the_interval() -> None:
+    cpu = attribute(SAMPLES, 0.5, 1.5, ticks=HZ)
+    # busy 50 -> 200 (150) of total 100 -> 300 (200); softirq 10 -> 20 (10 of 200).
+    assert cpu.machine == pytest.approx(0.75)
+    assert cpu.softirq == pytest.approx(0.05)
+    # s1: 25 -> 100 ticks in 1 s at 100 Hz = 0.75 of a core.
+    assert dict(cpu.switch or ()) == {"s1": pytest.approx(0.75)}
+    assert cpu.samples == 1  # t=1.0 is inside
+    assert cpu.span_s == pytest.approx(2.0)  # rests on the samples at 0 and 2
+
+
+def test_attribute_without_samples_inside_takes_the_surrounding_period() -> None:
+    cpu = attribute(SAMPLES, 1.2, 1.3, ticks=HZ)
+    assert cpu.machine == pytest.approx(1.0)
+    assert cpu.softirq == pytest.approx(0.0)
+    assert dict(cpu.switch or ()) == {"s1": pytest.approx(1.0)}
+    assert cpu.samples == 0
+    assert cpu.span_s == pytest.approx(1.0)  # coarse, and says so
+
+
+def test_attribute_outside_the_samples_knows_nothing() -> None:
+    cpu = attribute(SAMPLES, 1.5, 2.5, ticks=HZ)  # ends after the last sample
+    assert cpu == SystemCpu(machine=None, softirq=None, switch=None, samples=1, span_s=None)
+    assert attribute([], 0.0, 1.0, ticks=HZ) == SystemCpu()
+
+
+def test_attribute_needs_the_process_on_both_sides_of_each_end() -> None:
+    # The switch is watched from t=1 on (started for this algorithm's run).
+    samples = [
+        _sample(0.0, 0, 0),
+        _sample(1.0, 100, 200, s1=0),
+        _sample(2.0, 300, 400, s1=40),
+    ]
+    assert attribute(samples, 0.5, 1.5, ticks=HZ).switch is None
+    late = attribute(samples, 1.5, 2.0, ticks=HZ)
+    assert dict(late.switch or ()) == {"s1": pytest.approx(0.4)}
+    assert late.machine == pytest.approx(1.0)
+
+
+def test_a_restarted_switch_is_not_one_counter() -> None:
+    # Same name, new PID: its counter restarts at 0 and must not count as negative time.
+    samples = [
+        Sample(0.0, MachineTicks(0, 0, 0), {("switch", 1): 500}),
+        Sample(1.0, MachineTicks(100, 200, 0), {("switch", 1): 600}),
+        Sample(2.0, MachineTicks(200, 400, 0), {("switch", 2): 10}),
+        Sample(3.0, MachineTicks(300, 600, 0), {("switch", 2): 60}),
+    ]
+    assert dict(attribute(samples, 0.2, 0.8, ticks=HZ).switch or ()) == {
+        "switch": pytest.approx(1.0)
+    }
+    assert dict(attribute(samples, 2.2, 2.8, ticks=HZ).switch or ()) == {
+        "switch": pytest.approx(0.5)
+    }
+
+
+def test_attribute_rejects_an_empty_interval() -> None:
+    with pytest.raises(ValueError, match="not after"):
+        attribute(SAMPLES, 1.0, 1.0)
+
+
+def test_machine_share_stays_within_one_when_iowait_steps_back() -> None:
+    samples = [_sample(0.0, busy=0, total=0), _sample(1.0, busy=210, total=200)]
+    assert attribute(samples, 0.0, 1.0, ticks=HZ).machine == 1.0
+
+
+# ----------------------------------------------------------------- a row's CPU and the flag
+def _result(cpu_s: float, t0: float, t1: float) -> SizeResult:
+    return SizeResult(4096, 1024, 1.0, 0, 0.0, cpu_s=cpu_s, t_start=t0, t_end=t1)
+
+
+def test_worker_cpu_is_each_ranks_own_over_the_union_of_intervals() -> None:
+    cpu = worker_cpu([_result(0.5, 10.0, 11.0), _result(0.2, 10.1, 11.2)])
+    assert cpu is not None
+    assert cpu.workers == pytest.approx((0.5, 0.2 / 1.1))
+    assert (cpu.start, cpu.end) == (10.0, 11.2)
+    assert cpu.interval_s == pytest.approx(1.2)
+    assert worker_cpu([SizeResult(4096, 1024, 1.0, 0, 0.0)]) is None  # not measured
+    partial = worker_cpu([_result(0.5, 10.0, 11.0), SizeResult(4096, 1024, 1.0, 0, 0.0)])
+    assert partial is not None and partial.workers == (0.5, None)
+
+
+def test_with_system_attaches_the_samples_of_the_rows_interval() -> None:
+    row = RowCpu((0.3, 0.4), 0.5, 1.5).with_system(SAMPLES, ticks=HZ)
+    assert row.system.machine == pytest.approx(0.75)
+    assert row.switch_max == pytest.approx(0.75)
+    assert RowCpu((0.3,), 1.0, 1.0).with_system(SAMPLES) == RowCpu((0.3,), 1.0, 1.0)
+
+
+@pytest.mark.parametrize(
+    ("workers", "switch", "machine", "bound_by"),
+    [
+        ((0.5, 0.6), (("s1", 0.5),), 0.7, []),
+        ((0.5, 0.95), None, 0.7, ["rank 1"]),
+        ((0.5, 0.6), (("s1", 0.93), ("s2", 0.1)), 0.7, ["switch s1"]),
+        ((0.5,), (("switch", 1.2),), 0.95, ["switch", "machine"]),
+        ((0.5,), None, 0.97, ["machine"]),
+        ((BOUND_FRACTION,), None, BOUND_FRACTION, []),  # at the bound is not above it
+        ((None, 0.2), None, None, []),
+    ],
+)
+def test_cpu_bound_flag_names_what_was_busy(
+    workers: tuple[float | None, ...],
+    switch: tuple[tuple[str, float], ...] | None,
+    machine: float | None,
+    bound_by: list[str],
+) -> None:
+    cpu = RowCpu(workers, 0.0, 1.0, SystemCpu(machine=machine, switch=switch))
+    assert cpu.bound_by == bound_by
+    assert cpu.bound is bool(bound_by)
+    doc = cpu.to_json()
+    assert doc["bound"] is bool(bound_by) and doc["bound_by"] == bound_by
+
+
+def test_row_cpu_json_has_every_field() -> None:
+    cpu = RowCpu(
+        (0.25, 0.75),
+        10.0,
+        10.004,
+        SystemCpu(machine=0.5, softirq=0.125, switch=(("s1", 0.9375),), samples=0, span_s=0.03),
+    )
+    assert cpu.to_json() == {
+        "workers": [0.25, 0.75],
+        "workers_max": 0.75,
+        "workers_mean": 0.5,
+        "switch": {"s1": 0.9375},
+        "switch_max": 0.9375,
+        "machine": 0.5,
+        "softirq": 0.125,
+        "interval_s": pytest.approx(0.004),
+        "samples": 0,
+        "span_s": 0.03,
+        "bound": True,
+        "bound_by": ["switch s1"],
+    }
+    empty = RowCpu((None,), 0.0, 1.0).to_json()
+    assert empty["switch"] is None and empty["machine"] is None and empty["workers_max"] is None
+    assert empty["bound"] is False
+
+
+# ----------------------------------------------------------------- the sampler
+def _fake_proc(root: Path, busy: int, total: int, switch_ticks: int) -> None:
+    (root / "stat").write_text(_stat_line(user=busy, system=0, idle=total - busy))
+    (root / "77").mkdir(exist_ok=True)
+    fields = ["S", *["0"] * 10, str(switch_ticks), "0", *["0"] * 30]
+    (root / "77" / "stat").write_text(f"77 (python) {' '.join(fields)}\n")
+
+
+def test_sampler_samples_watched_processes_only_while_watched(tmp_path: Path) -> None:
+    _fake_proc(tmp_path, busy=10, total=100, switch_ticks=5)
+    with CpuSampler(period_s=0.005, proc=tmp_path) as sampler:
+        with sampler.watching({"s1": 77}):
+            _fake_proc(tmp_path, busy=20, total=200, switch_ticks=9)
+            time.sleep(0.05)
+        after = time.monotonic()
+        time.sleep(0.02)
+    samples = sampler.samples()
+    assert len(samples) >= 4
+    assert [s.t for s in samples] == sorted(s.t for s in samples)
+    assert all(s.machine is not None for s in samples)
+    watched = [s for s in samples if ("s1", 77) in s.procs]
+    assert watched and watched[-1].procs[("s1", 77)] == 9
+    assert not [s for s in samples if s.t > after and s.procs]  # the watch ended
+    sampler.discard_before(after)
+    kept = sampler.samples()
+    assert kept[0].t <= after < kept[1].t  # the sample before ``after`` stays: it brackets it
+
+
+def test_sampler_without_proc_records_nothing_and_raises_nothing(tmp_path: Path) -> None:
+    with CpuSampler(period_s=0.005, proc=tmp_path / "none") as sampler:
+        assert not sampler.available
+        with sampler.watching({"switch": 1}):
+            sampler.sample()
+    assert sampler.samples() == []
+    assert RowCpu((0.5,), 0.0, 1.0).with_system(sampler.samples()).system == SystemCpu()
+    with pytest.raises(ValueError, match="positive"):
+        CpuSampler(period_s=0)
+
+
+def test_sampler_on_this_machine() -> None:
+    if read_machine() is None:
+        pytest.skip("no /proc/stat")
+    with CpuSampler(period_s=0.01) as sampler, sampler.watching({"me": os.getpid()}):
+        start = time.monotonic()
+        time.sleep(0.05)
+        end = time.monotonic()
+    cpu = attribute(sampler.samples(), start, end)
+    assert cpu.machine is not None and 0.0 <= cpu.machine <= 1.0
+    assert cpu.softirq is not None and 0.0 <= cpu.softirq <= cpu.machine
+    assert cpu.switch is not None and cpu.switch[0][0] == "me" and cpu.switch[0][1] >= 0.0
