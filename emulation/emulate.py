@@ -61,11 +61,18 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     add("--run-dir", type=Path, help="logs, pcaps, manifest.json (default: a new temp dir)")
     add("--bw", type=positive_float, metavar="MBIT", help="set every link's bandwidth")
     add("--delay", type=delay, metavar="DELAY", help="set every link's one-way delay")
+    add("--jitter", type=delay, metavar="DELAY",
+        help="set every link's delay jitter (needs a kernel with netem)")  # fmt: skip
     add("--link-loss", type=probability(allow_one=False), metavar="P",
         help="set every link's loss probability (each way)")  # fmt: skip
     add("--switch-slots", type=int_in(1, 1 << 15), default=1024,
         help="each switch's slot pool per set (default 1024)")  # fmt: skip
     add("--pcap", action="store_true", help="switches record their ports into RUN_DIR/NAME.pcap")
+    add("--datapath", choices=("auto", "python", "ebpf"),
+        help="every soft switch's data plane: ebpf (a TC program on its ports, in the "
+        "kernel), python (the pipeline in the switch process; its links may delay), or "
+        "auto: ebpf where it runs (root, clang, libbpf) and no link needs the Python delay "
+        "line (default: each switch's datapath in the topology, auto unless set)")  # fmt: skip
     add("--job", type=int, help="the topology job the bench uses (default: its first)")
     add("--cli", action="store_true", help="open Mininet's CLI once the network is up")
     sub = parser.add_subparsers(dest="action", metavar="ACTION")
@@ -97,10 +104,13 @@ def apply_overrides(
     delay: float | None = None,
     loss: float | None = None,
     lanes: int | None = None,
+    jitter: float | None = None,
 ) -> Topology:
-    """``topo`` with every link's bw/delay/loss and every soft switch's lanes replaced
-    where given (a pure function: the topology object stays data)."""
+    """``topo`` with every link's bw/delay/loss/jitter and every soft switch's lanes
+    replaced where given (a pure function: the topology object stays data)."""
     changes: dict[str, Any] = {}
+    if jitter is not None:
+        changes["jitter"] = jitter
     if bw is not None:
         changes["bw"] = bw
     if delay is not None:
@@ -136,7 +146,7 @@ def run(args: argparse.Namespace) -> int:
         if getattr(args, "lanes", False) is None:  # bench or calibrate without --lanes
             args.lanes = default_lanes(topo)
         lanes = getattr(args, "lanes", None)
-        topo = apply_overrides(topo, args.bw, args.delay, args.link_loss, lanes)
+        topo = apply_overrides(topo, args.bw, args.delay, args.link_loss, lanes, args.jitter)
         job = _job(topo, args.job) if args.action in _JOB_ACTIONS else None
         _check_machine()
     except (TopologyError, _Refused) as exc:
@@ -192,7 +202,8 @@ def _run(args: argparse.Namespace, topo: Topology, job: TopologyJob | None, run_
           f" {len(topo.links)} links; starting", flush=True)  # fmt: skip
     pool = max(args.switch_slots, slots)
     seed = getattr(args, "seed", 0)
-    with emulate(topo, run_dir, pool, not bench, args.pcap, seed, slots) as em:
+    with emulate(topo, run_dir, pool, not bench, args.pcap, seed, slots, args.datapath) as em:
+        _report_plan(em)
         print(f"# manifest: {run_dir / 'manifest.json'}", flush=True)
         status = 0
         if args.action == "calibrate":
@@ -294,6 +305,20 @@ def _wait(seconds: float | None) -> None:
         pass
     finally:
         signal.signal(signal.SIGTERM, old)
+
+
+def _report_plan(em: Emulation) -> None:
+    """One line on who emulates the links, one per soft switch on its data plane."""
+    plan = em.plan
+    if plan is None:
+        return
+    shaped = any(link.delay or link.loss or link.jitter for link in em.topology.links)
+    if shaped:
+        who = "netem" if plan.netem else "the soft switches' ports (this kernel has no netem)"
+        print(f"# links: delay, jitter and loss by {who}", flush=True)
+    for name, choice in plan.datapaths.items():
+        where = "eBPF (TC on its ports)" if choice.datapath == "ebpf" else "Python"
+        print(f"# {name}: {where} data plane: {choice.reason}", flush=True)
 
 
 def _report_links(em: Emulation, run_dir: Path) -> None:

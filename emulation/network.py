@@ -14,11 +14,13 @@ Once started, :meth:`Emulation.configure` drives every switch through the contro
   leaves sending partial sums upward; rank k of a host binds
   :data:`WORKER_UDP_PORT` + k.
 
-Links: ``bw`` is HTB (Mininet's TCLink); this kernel has no netem, so ``delay`` and
-``loss`` are applied by the soft switches' ports (:func:`link_specs`) and ``queue`` is a
-pfifo under HTB's class. The MTU is raised to :data:`JUMBO_MTU` when the widest INA
-packet needs it. After start, ``run_dir/manifest.json`` names every switch's P4Runtime
-endpoint, INA address, log and pcap, and every host's address and namespace.
+Links: ``bw`` is HTB (Mininet's TCLink) and ``queue`` a pfifo under HTB's class;
+``delay``, ``jitter`` and ``loss`` are netem's where the kernel has it, else the soft
+switches' ports apply delay and loss (:mod:`emulation.datapaths` decides, and picks
+each soft switch's data plane: the eBPF program on its ports or the Python pipeline).
+The MTU is raised to :data:`JUMBO_MTU` when the widest INA packet needs it. After
+start, ``run_dir/manifest.json`` names every switch's P4Runtime endpoint, INA address,
+data plane, log and pcap, and every host's address and namespace.
 
 Switch kinds are injected by name (:data:`SWITCH_CLASSES`). Cleanup is Mininet's
 ``stop`` for what it built and each switch process's recorded PID: never ``mn -c``,
@@ -39,10 +41,10 @@ from typing import Any
 from controller.forwarder import HostRoute
 from controller.switch import SwitchController, WorkerAddress
 from emulation.bmv2 import Bmv2Unavailable, bmv2_switch_class, check_bmv2_switch, find_bmv2
+from emulation.datapaths import LinkPlan, netem_available, plan_links
 from emulation.softswitch.process import SoftSwitchProcess
 from emulation.topology import (
     AggregationTree,
-    Switch,
     Topology,
     TopologyJob,
     aggregation_tree,
@@ -59,7 +61,6 @@ __all__ = [
     "EmulationError",
     "emulate",
     "ina_address",
-    "link_specs",
 ]
 
 log = logging.getLogger(__name__)
@@ -104,15 +105,19 @@ def _soft_switch_class() -> type:
             links: dict[int, str] | None = None,
             pcap: bool = False,
             seed: int = 0,
+            datapath: str = "python",
             **params: Any,
         ) -> None:
             super().__init__(name, **params)
             self.run_dir, self.lanes, self.slots = Path(run_dir), lanes, slots
             self.forward_only, self.links, self.pcap, self.seed = forward_only, links, pcap, seed
+            self.datapath = datapath
             self.process: SoftSwitchProcess | None = None
 
         def _args(self) -> tuple[str, ...]:
-            args: list[str] = ["--forward-only"] if self.forward_only else []
+            args: list[str] = ["--datapath", self.datapath]
+            if self.forward_only:
+                args.append("--forward-only")
             for port, spec in sorted((self.links or {}).items()):
                 args += ["--link", f"{port}:{spec}"]
             if self.links:
@@ -154,6 +159,8 @@ class Emulation:
     run_dir: Path
     controllers: dict[str, SwitchController]
     slot_count: int = 256
+    plan: LinkPlan | None = None
+    """Who emulates the links, and each soft switch's data plane (with the reason)."""
     installed: dict[int, list[str]] = field(default_factory=dict)
     """Job id -> the switches it is installed on (what :meth:`remove_job` undoes)."""
 
@@ -292,6 +299,9 @@ class Emulation:
                 log=str(node.process.log_path),
                 ina_address={"ip": ip, "mac": mac, "udp_port": INA_UDP_PORT},
             )  # fmt: skip
+            if self.plan is not None and s.name in self.plan.datapaths:
+                choice = self.plan.datapaths[s.name]
+                info.update(datapath=choice.datapath, datapath_reason=choice.reason)
             argv = node.process.argv
             for key, suffix in (("pcap", ".pcap"), ("link_stats", ".links.json")):
                 if f"--{key.replace('_', '-')}" in argv:  # the soft switch's files
@@ -318,6 +328,7 @@ class Emulation:
             "topology": topo.name,
             "run_dir": str(self.run_dir),
             "slot_count": self.slot_count,
+            "links_emulated_by": "netem" if self.plan and self.plan.netem else "switches",
             "switches": switches,
             "hosts": hosts,
             "jobs": jobs,
@@ -379,38 +390,39 @@ def _check_supported(topo: Topology, slots: int) -> None:
                 check_bmv2_switch(s.lanes, slots, s.role == "forward")
             except (Bmv2Unavailable, ValueError) as exc:
                 raise EmulationError(f"switch {s.name}: {exc}") from None
-    for link in topo.links:
-        if link.delay or link.loss:
-            ends = [e for e in (link.a, link.b) if isinstance(topo.node(e), Switch)]
-            if not any(topo.switch(e).kind == "soft" for e in ends):
-                raise EmulationError(
-                    f"link {link.a}-{link.b} asks for delay or loss, which only the soft "
-                    "switch applies (no netem here): put a soft switch at one end"
-                )
 
 
-def link_specs(topo: Topology) -> dict[str, dict[int, str]]:
-    """Per soft switch: ``--link`` specs (``delay=..ms,loss=..[,ingress]``) per port.
+def _plan(topo: Topology, datapath: str | None, pcap: bool, netem: bool | None) -> LinkPlan:
+    """The link plan of ``topo`` on this machine (:func:`emulation.datapaths.plan_links`).
 
-    Each direction of a link is emulated once: on egress by the switch it leaves, and
-    for a host's link (no switch of ours at the host's end) on ingress at the switch
-    too. A link between two switches is applied by each on its own egress; if only one
-    end is a soft switch, that one applies both directions.
+    Raises:
+        EmulationError: the topology or ``datapath`` asks for what cannot be here.
     """
-    out: dict[str, dict[int, str]] = {}
-    for link in topo.links:
-        if not (link.delay or link.loss):
-            continue
-        spec = f"delay={link.delay:g}ms,loss={link.loss:g}"
-        ends = [(link.a, link.a_port), (link.b, link.b_port)]
-        soft = [
-            (n, p) for n, p in ends
-            if p is not None and isinstance(topo.node(n), Switch) and topo.switch(n).kind == "soft"
-        ]  # fmt: skip
-        for name, port in soft:
-            both = len(soft) == 1
-            out.setdefault(name, {})[port] = spec + (",ingress" if both else "")
-    return out
+    from emulation.softswitch.ebpf import ebpf_unavailable
+
+    try:
+        return plan_links(
+            topo, netem=netem_available() if netem is None else netem,
+            ebpf_reason=ebpf_unavailable(), override=datapath, pcap=pcap,
+        )  # fmt: skip
+    except ValueError as exc:
+        raise EmulationError(str(exc)) from None
+
+
+def _link_params(link: Any, plan: LinkPlan) -> dict[str, Any]:
+    """Mininet TCLink parameters of a topology link: HTB's bw, and netem's delay, jitter
+    and loss (a percentage in Mininet) where netem emulates the links."""
+    params: dict[str, Any] = {"port1": link.a_port, "port2": link.b_port}
+    if link.bw is not None:
+        params["bw"] = link.bw
+    if plan.netem:
+        if link.delay:
+            params["delay"] = f"{link.delay:g}ms"
+        if link.jitter:
+            params["jitter"] = f"{link.jitter:g}ms"
+        if link.loss:
+            params["loss"] = link.loss * 100
+    return params
 
 
 def _mtu_for(topo: Topology) -> int | None:
@@ -450,6 +462,8 @@ def emulate(
     pcap: bool = False,
     seed: int = 0,
     slot_count: int = 256,
+    datapath: str | None = None,
+    netem: bool | None = None,
 ) -> Iterator[Emulation]:
     """Build, start and configure ``topo`` in Mininet; stop and remove it on exit.
 
@@ -462,6 +476,9 @@ def emulate(
         pcap: each soft switch records its ports' frames into ``run_dir/NAME.pcap``.
         seed: seeds the switches' loss emulation (switch i uses ``seed + i``).
         slot_count: slots each job takes on each switch (its window).
+        datapath: every soft switch's data plane (``auto``/``python``/``ebpf``); None
+            keeps each switch's own (:mod:`emulation.datapaths`).
+        netem: whether links use netem; None probes the kernel.
 
     Raises:
         EmulationError: the topology asks for what cannot be emulated here.
@@ -471,24 +488,24 @@ def emulate(
     from mininet.node import Host
 
     _check_supported(topo, slots)
+    plan = _plan(topo, datapath, pcap, netem)
     run_dir = Path(run_dir)
     run_dir.mkdir(parents=True, exist_ok=True)
     net = Mininet(topo=None, switch=None, host=Host, controller=None, link=TCLink, build=False)
     started = False
-    emulation = Emulation(topo, net, run_dir, {}, min(slot_count, slots))
-    links = link_specs(topo)
+    emulation = Emulation(topo, net, run_dir, {}, min(slot_count, slots), plan=plan)
     try:
         for h in topo.hosts:
             net.addHost(h.name, ip=h.ip, mac=h.mac)
         for i, s in enumerate(topo.switches, 1):
             cls = SWITCH_CLASSES[s.kind]()
+            extra = {"datapath": plan.datapaths[s.name].datapath} if s.kind == "soft" else {}
             net.addSwitch(s.name, cls=cls, dpid=f"{i:016x}", run_dir=run_dir,
                           lanes=s.lanes, slots=slots, forward_only=s.role == "forward",
-                          links=links.get(s.name), pcap=pcap, seed=seed + i)  # fmt: skip
+                          links=plan.specs.get(s.name), pcap=pcap, seed=seed + i,
+                          **extra)  # fmt: skip
         for link in topo.links:
-            params: dict[str, Any] = {"port1": link.a_port, "port2": link.b_port}
-            if link.bw is not None:
-                params["bw"] = link.bw
+            params = _link_params(link, plan)
             try:
                 net.addLink(link.a, link.b, **params)
             except Exception as exc:  # Mininet raises bare Exception for ip link errors

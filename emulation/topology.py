@@ -12,9 +12,9 @@ Conventions, so a file can stay short:
   link names the port (``s1-p3`` in tutorials files, ``ports: [1, 3]`` in ours);
 - a host without ``ip`` gets 10.0.0.N/24 and without ``mac`` 00:00:00:00:HH:LL (N in
   hex), N its position among the hosts (from 1);
-- a link's ``bw`` is in Mbit/s, ``delay`` in ms (a number, or text such as ``"250us"``
-  or ``"2ms"``), ``loss`` a probability per packet; ``defaults`` give values to links
-  that do not set them.
+- a link's ``bw`` is in Mbit/s, ``delay`` and ``jitter`` in ms (a number, or text such
+  as ``"250us"`` or ``"2ms"``), ``loss`` a probability per packet; ``defaults`` give
+  values to links that do not set them.
 """
 
 from __future__ import annotations
@@ -32,6 +32,7 @@ from emulation.argtypes import parse_delay_ms
 from hostlib.protocol import MAX_WORKERS
 
 __all__ = [
+    "SWITCH_DATAPATHS",
     "SWITCH_KINDS",
     "SWITCH_ROLES",
     "AggregationTree",
@@ -49,6 +50,11 @@ __all__ = [
 
 SWITCH_KINDS = ("soft", "bmv2")
 """``soft``: inalab's software switch; ``bmv2``: simple_switch_grpc running ``p4/``."""
+
+SWITCH_DATAPATHS = ("auto", "python", "ebpf")
+"""A soft switch's data plane: ``python`` (the pipeline in the switch process; links may
+delay), ``ebpf`` (the program on its ports, in the kernel) or ``auto`` (the emulator picks
+ebpf where it can run and no link needs the Python delay line)."""
 
 SWITCH_ROLES = ("aggregate", "forward")
 """``aggregate``: runs INA for the jobs that name it; ``forward``: forwards only."""
@@ -83,6 +89,7 @@ class Switch:
     kind: str = "soft"
     role: str = "aggregate"
     lanes: int = 64
+    datapath: str = "auto"
 
 
 @dataclass(frozen=True)
@@ -94,6 +101,7 @@ class Link:
         delay: one-way delay in ms.
         loss: probability a packet is lost, each way.
         queue: the shaper's queue in packets, or None for the default.
+        jitter: the delay's variation in ms (netem's jitter; only where netem exists).
     """
 
     a: str
@@ -104,6 +112,7 @@ class Link:
     delay: float = 0.0
     loss: float = 0.0
     queue: int | None = None
+    jitter: float = 0.0
 
 
 @dataclass(frozen=True)
@@ -381,7 +390,8 @@ def _name(value: Any, at: _At) -> str:
     return value
 
 
-_LINK_KEYS = {"a", "b", "ports", "bw", "delay", "loss", "queue"}
+_LINK_KEYS = {"a", "b", "ports", "bw", "delay", "loss", "queue", "jitter"}
+_LINK_VALUES = ("bw", "delay", "loss", "queue", "jitter")
 
 
 def parse_topology(doc: Any, name: str = "topology", source: str = "<topology>") -> Topology:
@@ -393,7 +403,7 @@ def parse_topology(doc: Any, name: str = "topology", source: str = "<topology>")
     at = _At(source)
     top = _mapping(doc, at, {"name", "defaults", "hosts", "switches", "links", "jobs"})
     name = str(top.get("name", name))
-    defaults = _mapping(top.get("defaults"), at / "defaults", {"bw", "delay", "loss", "queue"})
+    defaults = _mapping(top.get("defaults"), at / "defaults", set(_LINK_VALUES))
     switches = _switches(top.get("switches"), at / "switches")
     hosts = _hosts(top.get("hosts"), at / "hosts")
     clash = sorted({s.name for s in switches} & {h.name for h in hosts})
@@ -416,14 +426,21 @@ def _switches(value: Any, at: _At) -> list[Switch]:
     for key, spec in _mapping(value, at, set(map(str, value))).items():
         where = at / key
         _name(key, where)
-        s = _mapping(spec, where, {"kind", "role", "lanes"})
+        s = _mapping(spec, where, {"kind", "role", "lanes", "datapath"})
         kind, role = s.get("kind", "soft"), s.get("role", "aggregate")
         if kind not in SWITCH_KINDS:
             raise (where / "kind").error(f"{kind!r} is not one of {', '.join(SWITCH_KINDS)}")
         if role not in SWITCH_ROLES:
             raise (where / "role").error(f"{role!r} is not one of {', '.join(SWITCH_ROLES)}")
+        datapath = s.get("datapath", "auto")
+        if datapath not in SWITCH_DATAPATHS:
+            raise (where / "datapath").error(
+                f"{datapath!r} is not one of {', '.join(SWITCH_DATAPATHS)}"
+            )
+        if kind != "soft" and "datapath" in s:
+            raise (where / "datapath").error(f"only a soft switch has a datapath, not {kind}")
         lanes = _int(s.get("lanes", 64), where / "lanes", 1, 2048)
-        out.append(Switch(key, kind, role, lanes))
+        out.append(Switch(key, kind, role, lanes, datapath))
     return out
 
 
@@ -517,7 +534,7 @@ def _links(value: Any, at: _At, kinds: dict[str, str], defaults: dict[str, Any])
             ports.append(port)
         merged = {
             **defaults,
-            **{k: v for k, v in s.items() if k in ("bw", "delay", "loss", "queue")},
+            **{k: v for k, v in s.items() if k in _LINK_VALUES},
         }
         bw = merged.get("bw")
         queue = merged.get("queue")
@@ -528,6 +545,7 @@ def _links(value: Any, at: _At, kinds: dict[str, str], defaults: dict[str, Any])
                 delay=_delay(merged.get("delay", 0.0), where / "delay"),
                 loss=_number(merged.get("loss", 0.0), where / "loss", 0.0, 1.0, open_hi=True),
                 queue=None if queue is None else _int(queue, where / "queue", 1, 1_000_000),
+                jitter=_delay(merged.get("jitter", 0.0), where / "jitter"),
             )
         )  # fmt: skip
     return out

@@ -3,7 +3,9 @@
 :class:`SwitchController` drives a real in-process P4Runtime server (the soft switch's,
 over gRPC on port 0) that records every WriteRequest; the sequence for installing and
 removing a two-worker job must equal tests/golden/add_job.txtpb and remove_job.txtpb
-(the order matters: the jobs entry is written last and deleted first). A leaf's job
+(the order matters: the jobs entry is written last and deleted first), with the Python
+pipeline and with the eBPF data plane behind the server (whose maps must then hold the
+job: marked ``ebpf``). A leaf's job
 installed with ``upstream=`` writes the upstream entry after the workers and before the
 jobs entry (which turns the job on), and ``remove_job`` deletes it right after the jobs
 entry: add_job_upstream.txtpb and remove_job_upstream.txtpb. Set INALAB_REGEN_GOLDEN=1
@@ -12,6 +14,7 @@ to rewrite the files after an intended change, and review the diff.
 
 from __future__ import annotations
 
+import ctypes
 import os
 from collections.abc import Iterator
 from pathlib import Path
@@ -40,15 +43,22 @@ class RecordingService(SoftSwitchP4Runtime):
         return super().Write(request, context)
 
 
-@pytest.fixture
-def served() -> Iterator[tuple[RecordingService, str, Pipeline]]:
-    pipeline = Pipeline(lanes=2, slots=4)
+@pytest.fixture(params=["python", pytest.param("ebpf", marks=[pytest.mark.ebpf, pytest.mark.root])])
+def served(request: pytest.FixtureRequest) -> Iterator[tuple[RecordingService, str, Pipeline]]:
+    if request.param == "ebpf":
+        from emulation.softswitch.ebpf.dataplane import EbpfDataplane
+
+        pipeline: Pipeline = EbpfDataplane(lanes=2, slots=4)
+    else:
+        pipeline = Pipeline(lanes=2, slots=4)
     service = RecordingService(pipeline, softswitch_p4info(P4Info.load(), 2, 4))
     server, port = serve_p4runtime(service, "127.0.0.1:0")
     try:
         yield service, f"127.0.0.1:{port}", pipeline
     finally:
         server.stop(grace=None).wait()
+        if request.param == "ebpf":
+            pipeline.close()  # type: ignore[attr-defined]
 
 
 def _check(name: str, writes: list[Any]) -> None:
@@ -72,7 +82,7 @@ def _check(name: str, writes: list[Any]) -> None:
 def test_add_and_remove_job_send_the_golden_writes(
     served: tuple[RecordingService, str, Pipeline],
 ) -> None:
-    service, address, _ = served
+    service, address, pipeline = served
     workers = [
         WorkerAddress("10.0.0.1", 40001, "02:00:00:00:00:01", 1),
         WorkerAddress("10.0.0.2", 40002, "02:00:00:00:00:02", 2),
@@ -80,9 +90,20 @@ def test_add_and_remove_job_send_the_golden_writes(
     with SwitchController.connect(address) as ctl:
         ctl.add_job(7, workers, slot_count=2, slot_base=1)
         _check("add_job", service.writes)
+        assert [j.job_id for j in pipeline.jobs()] == [7]
+        assert _map_jobs(pipeline) in ({7}, None)  # the eBPF maps hold it too
         service.writes.clear()
         ctl.remove_job(7)
         _check("remove_job", service.writes)
+        assert pipeline.jobs() == [] and _map_jobs(pipeline) in (set(), None)
+
+
+def _map_jobs(pipeline: Pipeline) -> set[int] | None:
+    """The job ids in the eBPF program's jobs map (None: the Python pipeline)."""
+    maps = getattr(pipeline, "_maps", None)
+    if maps is None:
+        return None
+    return {int(k.value) for k in maps["jobs"].keys(ctypes.c_uint32)}
 
 
 def _tables(writes: list[Any]) -> list[tuple[str, int]]:

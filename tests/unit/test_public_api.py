@@ -53,6 +53,9 @@ PINNED = {
         "unpack_header",
     },
     "emulation.softswitch.pipeline": {
+        "REGISTER_ARRAYS",
+        "SIGNED_REGISTERS",
+        "RegisterCell",
         "Addr",
         "Dataplane",
         "DropReason",

@@ -20,6 +20,7 @@ import shutil
 import subprocess
 import sysconfig
 import tempfile
+from collections.abc import Sequence
 from pathlib import Path
 
 from emulation.softswitch.ebpf.layout import render_header
@@ -68,19 +69,34 @@ def cache_dir() -> Path:
     return Path(base) / "inalab" / "ebpf"
 
 
-def clang_command(clang: Path, include_dir: Path, output: Path) -> list[str]:
+def clang_command(
+    clang: Path, include_dir: Path, output: Path, defines: Sequence[str] = ()
+) -> list[str]:
     """The clang command compiling :data:`SOURCE` with the generated header in
-    ``include_dir``."""
+    ``include_dir`` (and ``-D`` each of ``defines``)."""
     arch = sysconfig.get_config_var("MULTIARCH") or "x86_64-linux-gnu"
     return [
         str(clang), "-O2", "-g", "-target", "bpf", "-mcpu=v3", "-Wall", "-Werror",
+        *(f"-D{d}" for d in defines),
         "-I", str(include_dir), "-I", f"/usr/include/{arch}",
         "-c", str(SOURCE), "-o", str(output),
     ]  # fmt: skip
 
 
-def build_program(lanes: int, directory: Path | None = None, clang: Path | None = None) -> Path:
+def build_program(
+    lanes: int,
+    directory: Path | None = None,
+    clang: Path | None = None,
+    defines: Sequence[str] = (),
+) -> Path:
     """The compiled object for ``lanes`` lanes, from the cache or compiled now.
+
+    Args:
+        lanes: int32 lanes per packet.
+        directory: the cache (default :func:`cache_dir`).
+        clang: the compiler (default: on PATH).
+        defines: preprocessor macros (``INA_NO_LOCK``: the test-only build without the
+            slot lock).
 
     Raises:
         ValueError: lanes out of range.
@@ -91,7 +107,8 @@ def build_program(lanes: int, directory: Path | None = None, clang: Path | None 
     clang = clang or find_clang()
     directory = directory or cache_dir()
     digest = hashlib.sha256()
-    for part in (SOURCE.read_bytes(), header.encode(), _clang_identity(clang)):
+    identity = _clang_identity(clang)
+    for part in (SOURCE.read_bytes(), header.encode(), identity, " ".join(defines).encode()):
         digest.update(part + b"\0")
     target = directory / f"ina-{lanes}-{digest.hexdigest()[:16]}.o"
     if target.exists():
@@ -100,7 +117,7 @@ def build_program(lanes: int, directory: Path | None = None, clang: Path | None 
     with tempfile.TemporaryDirectory(dir=directory, prefix=".build-") as tmp:
         (Path(tmp) / "ina_gen.h").write_text(header)
         output = Path(tmp) / "ina.o"
-        command = clang_command(clang, Path(tmp), output)
+        command = clang_command(clang, Path(tmp), output, defines)
         done = subprocess.run(command, capture_output=True, text=True, check=False)
         if done.returncode != 0:
             raise EbpfBuildError(f"{' '.join(command)}: exit {done.returncode}\n{done.stderr}")

@@ -1,0 +1,89 @@
+"""emulation.datapaths: who emulates the links, which data plane each soft switch runs."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from emulation.datapaths import link_specs, netem_available, plan_links
+from emulation.topology import Topology, parse_topology
+
+NO_EBPF = "the eBPF data plane needs clang"
+
+
+def _topo(link: dict[str, Any] | None = None, **switch: Any) -> Topology:
+    return parse_topology({
+        "switches": {"s1": switch or {}, "s2": {"kind": "bmv2"}},
+        "hosts": {"h1": {}, "h2": {}},
+        "links": [{"a": "h1", "b": "s1", **(link or {})}, ["h2", "s2"], ["s1", "s2"]],
+    })  # fmt: skip
+
+
+def test_auto_picks_ebpf_where_it_runs_and_no_link_delays() -> None:
+    plan = plan_links(_topo({"loss": 0.01}), netem=False, ebpf_reason=None)
+    assert plan.datapaths["s1"].datapath == "ebpf"
+    assert plan.specs == {"s1": {1: "delay=0ms,loss=0.01,ingress"}}  # loss: in the program
+    assert "s2" not in plan.datapaths  # bmv2 has no data plane to choose
+
+
+def test_auto_keeps_python_and_says_why() -> None:
+    delayed = plan_links(_topo({"delay": "2ms"}), netem=False, ebpf_reason=None)
+    assert delayed.datapaths["s1"].datapath == "python"
+    assert "delay" in delayed.datapaths["s1"].reason and "netem" in delayed.datapaths["s1"].reason
+    missing = plan_links(_topo(), netem=False, ebpf_reason=NO_EBPF)
+    assert missing.datapaths["s1"].datapath == "python"
+    assert missing.datapaths["s1"].reason == NO_EBPF
+    recorded = plan_links(_topo(), netem=False, ebpf_reason=None, pcap=True)
+    assert recorded.datapaths["s1"].datapath == "python"
+    assert "pcap" in recorded.datapaths["s1"].reason
+
+
+def test_netem_takes_the_links_and_frees_the_switches() -> None:
+    plan = plan_links(_topo({"delay": "2ms", "jitter": "1ms"}), netem=True, ebpf_reason=None)
+    assert plan.netem and plan.specs == {}
+    assert plan.datapaths["s1"].datapath == "ebpf"
+
+
+def test_what_cannot_be_is_refused() -> None:
+    with pytest.raises(ValueError, match="jitter, which needs netem"):
+        plan_links(_topo({"jitter": "1ms"}), netem=False, ebpf_reason=None)
+    with pytest.raises(ValueError, match="datapath ebpf: port 1's link has a delay"):
+        plan_links(_topo({"delay": "2ms"}, datapath="ebpf"), netem=False, ebpf_reason=None)
+    with pytest.raises(ValueError, match=f"datapath ebpf: {NO_EBPF}"):
+        plan_links(_topo(), netem=False, ebpf_reason=NO_EBPF, override="ebpf")
+    bmv2_only = parse_topology({
+        "switches": {"s1": {"kind": "bmv2"}}, "hosts": {"h1": {}},
+        "links": [{"a": "h1", "b": "s1", "loss": 0.1}],
+    })  # fmt: skip
+    with pytest.raises(ValueError, match="without netem only the soft switch"):
+        plan_links(bmv2_only, netem=False, ebpf_reason=None)
+    assert plan_links(bmv2_only, netem=True, ebpf_reason=None).netem
+
+
+def test_an_override_wins_over_the_topology() -> None:
+    topo = _topo(datapath="ebpf")
+    plan = plan_links(topo, netem=False, ebpf_reason=None, override="python")
+    assert plan.datapaths["s1"].datapath == "python"
+
+
+def test_link_specs_emulate_each_direction_once() -> None:
+    topo = parse_topology({
+        "switches": {"s1": {}, "s2": {}}, "hosts": {"h1": {}},
+        "links": [{"a": "h1", "b": "s1", "delay": 1}, {"a": "s1", "b": "s2", "loss": 0.5}],
+    })  # fmt: skip
+    assert link_specs(topo) == {
+        "s1": {1: "delay=1ms,loss=0,ingress", 2: "delay=0ms,loss=0.5"},
+        "s2": {1: "delay=0ms,loss=0.5"},
+    }
+
+
+def test_netem_probe_finds_the_module_loaded_or_on_disk(tmp_path: Path) -> None:
+    assert not netem_available("6.1.0", tmp_path)
+    module = tmp_path / "lib/modules/6.1.0/kernel/net/sched/sch_netem.ko.xz"
+    module.parent.mkdir(parents=True)
+    module.write_bytes(b"")
+    assert netem_available("6.1.0", tmp_path) and not netem_available("6.2.0", tmp_path)
+    (tmp_path / "sys/module/sch_netem").mkdir(parents=True)
+    assert netem_available("6.2.0", tmp_path)
