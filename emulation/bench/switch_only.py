@@ -101,11 +101,25 @@ def run_switch_only(
     result: Result = {"workers": workers, "lanes": lanes, "window": window}
     if in_process:
         result.update(measure_pipeline(workers, lanes, window, packets, seconds))
+        result.update(_program(workers, lanes, window, packets, seconds))
     if profile:
         result["profile"] = profile_pipeline(workers, lanes, window, packets, seconds)
     fabric = fabric if fabric is not None else LoopbackFabric()
     result.update(measure_switch(fabric, workers, lanes, window, seconds, run_dir, rto=rto))
     return result
+
+
+def _program(workers: int, lanes: int, window: int, packets: int, seconds: float) -> Result:
+    """The eBPF program's own time per packet, next to the Python pipeline's, where it can
+    run (root, clang, libbpf); else why not (``ebpf_program``)."""
+    from emulation.softswitch.ebpf import ebpf_unavailable
+
+    why = ebpf_unavailable()
+    if why is not None:
+        return {"ebpf_program": f"not measured: {why}"}
+    from emulation.softswitch.ebpf.microbench import MAX_RUN_LANES, measure_program
+
+    return measure_program(workers, min(lanes, MAX_RUN_LANES), window, packets, seconds)
 
 
 def measure_switch(

@@ -43,8 +43,10 @@ from emulation.softswitch.ebpf.libbpf import (
     BpfMap,
     BpfObject,
     LibbpfError,
+    ProgramRun,
     TcAttachment,
     possible_cpus,
+    run_program,
 )
 from emulation.softswitch.links import LinkSpec
 from emulation.softswitch.pipeline import (
@@ -148,20 +150,38 @@ class EbpfDataplane(Pipeline):
                 )
         prog = self.object.program_fd(_PROGRAM)
         for port, name in sorted(interfaces.items()):
-            if not 0 <= port < MAX_PORTS:
-                raise ValueError(f"port {port} outside 0..{MAX_PORTS - 1}")
             ifindex = socket.if_nametoindex(name)
-            entry = layout.InaPort(ifindex=ifindex)
-            link = links.get(port)
-            if link is not None:
-                entry.link = 1 | (2 if link.ingress else 0)
-                entry.loss_eg = probability_threshold(link.loss)
-                entry.loss_in = probability_threshold(link.loss) if link.ingress else 0
-            self._maps["ports"].update(_U32(port), entry)
-            self._maps["ifports"].update(_U32(ifindex), _U32(port))
+            self.set_port(port, ifindex, links.get(port))
             self._attached.append(TcAttachment(ifindex, prog))
             self._ports[port] = name
         self._links = dict(links)
+
+    def set_port(self, port: int, ifindex: int, link: LinkSpec | None = None) -> None:
+        """Make interface ``ifindex`` the switch's port ``port`` (with its link's loss) in
+        the program's maps, without attaching anything (:meth:`attach` does both; a test
+        run hands frames to the program directly).
+
+        Raises:
+            ValueError: a port outside 0..511.
+        """
+        if not 0 <= port < MAX_PORTS:
+            raise ValueError(f"port {port} outside 0..{MAX_PORTS - 1}")
+        entry = layout.InaPort(ifindex=ifindex)
+        if link is not None:
+            entry.link = 1 | (2 if link.ingress else 0)
+            entry.loss_eg = probability_threshold(link.loss)
+            entry.loss_in = probability_threshold(link.loss) if link.ingress else 0
+        self._maps["ports"].update(_U32(port), entry)
+        self._maps["ifports"].update(_U32(ifindex), _U32(port))
+
+    def run(self, frame: bytes, ifindex: int = 1) -> ProgramRun:
+        """Hand ``frame`` to the program as if it arrived on ``ifindex`` (the kernel's test
+        runner: the program's own time is measured; :meth:`set_port` first).
+
+        Raises:
+            LibbpfError: the kernel refused the run.
+        """
+        return run_program(self.object.program_fd(_PROGRAM), frame, ifindex)
 
     def detach(self) -> None:
         """Take the program off every port it was put on; idempotent."""
