@@ -25,6 +25,7 @@ import ctypes
 import ctypes.util
 import errno
 import os
+import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -50,6 +51,7 @@ BPF_F_LOCK = 4
 
 _BPF_TC_INGRESS = 1
 _LOG_BUF_BYTES = 16 << 20  # the verifier's log of a failed load, for the error message
+_LOAD_ATTEMPTS = 5
 
 
 class LibbpfError(OSError):
@@ -296,7 +298,7 @@ class BpfObject:
         self._log = ctypes.create_string_buffer(0)
         self._open_and_load(verbose=False)
 
-    def _open_and_load(self, verbose: bool) -> None:
+    def _open_and_load(self, verbose: bool, attempt: int = 1) -> None:
         lib = libbpf()
         self._obj = _check_ptr(lib.bpf_object__open_file(str(self.path).encode(), None),
                                f"bpf_object__open_file({self.path})")  # fmt: skip
@@ -310,6 +312,13 @@ class BpfObject:
                     lib.bpf_program__set_log_buf(prog, self._log, _LOG_BUF_BYTES)
                     lib.bpf_program__set_log_level(prog, 1)
             rc = lib.bpf_object__load(self._obj)
+            if rc == -errno.EAGAIN and attempt < _LOAD_ATTEMPTS:
+                # The verifier gives up when a signal is pending (a profiler, a resize):
+                # libbpf retried a few times already; so does this, from a fresh open.
+                self.close()
+                time.sleep(0.05 * attempt)
+                self._open_and_load(verbose, attempt + 1)
+                return
             if rc < 0:
                 if not verbose:  # load again with the verifier's log, for the message
                     self.close()
