@@ -41,7 +41,7 @@ from hostlib.protocol import (
     PacketType,
     packet_size,
 )
-from hostlib.quantize import block_exponents, dequantize, quantize_block
+from hostlib.quantize import block_exponents, dequantize_into, headroom_bits, quantize_into
 
 SEQ_MODULUS = 0xFFFFFFFF
 """Packet numbers run 1..2**32-1 and wrap to 1."""
@@ -161,6 +161,16 @@ class _Rtt:
         self.rto = min(max(self.srtt + 4 * self.rttvar, policy.min_timeout), policy.max_timeout)
 
 
+def _as_blocks(data: np.ndarray, nblocks: int, lanes: int) -> np.ndarray:
+    """``data`` as ``(nblocks, lanes)`` rows: a view when it fills them exactly (the
+    engine never writes its input), else a zero-padded copy."""
+    if data.size == nblocks * lanes and data.flags.c_contiguous:
+        return data.reshape(nblocks, lanes)
+    blocks = np.zeros((nblocks, lanes), dtype=data.dtype)
+    blocks.reshape(-1)[: data.size] = data
+    return blocks
+
+
 class InaAllreduce:
     """The state machine of one allreduce call of one worker.
 
@@ -203,19 +213,24 @@ class InaAllreduce:
         self.nblocks = max(1, math.ceil(data.size / lanes))
         self.window = min(spec.slots, self.nblocks)
         self.npackets = self.nblocks + (self.window if self.is_float else 0)
-        self._blocks = np.zeros((self.nblocks, lanes), dtype=data.dtype)
-        self._blocks.reshape(-1)[: data.size] = data
-        self._sums = np.zeros((self.nblocks, lanes), dtype=np.int32)
-        self._global_exp = np.full(self.nblocks, EXPONENT_MIN, dtype=np.int8)
+        self._blocks = _as_blocks(data, self.nblocks, lanes)
+        # The result, block by block as results arrive (float32: dequantized then, with
+        # the block's global exponent): no pass over the whole array at the end.
+        self._out = np.empty((self.nblocks, lanes), dtype=data.dtype)
+        # Per block, the global exponent from the switch (Python ints: read one at a time
+        # on the per-packet path, where a numpy scalar costs more than the arithmetic).
+        self._global_exp = [EXPONENT_MIN] * self.nblocks
+        self._headroom = headroom_bits(spec.num_workers)
+        self._scratch = np.empty(lanes, dtype=np.float32)
         self._wire = self._build_wire()
         self._wire_view = self._wire.data.cast("B")
         self._size = packet_size(lanes)
         w = self.window
         # Per slot: index (within this call) of the packet in flight, -1 when none.
-        self._outstanding = np.full(w, -1, dtype=np.int64)
-        self._sent_at = np.zeros(w)
-        self._slot_rto = np.zeros(w)
-        self._resent = np.zeros(w, dtype=bool)
+        self._outstanding = [-1] * w
+        self._sent_at = [0.0] * w
+        self._slot_rto = [0.0] * w
+        self._resent = [False] * w
         self._timers: list[tuple[float, int, int]] = []
         self._done = 0
         self._last_progress = 0.0
@@ -291,22 +306,22 @@ class InaAllreduce:
         self._last_progress = now
         if not self._resent[slot]:
             self.rtt.update(now - self._sent_at[slot], self.policy)
-        block = self._data_block(index)
+        block = index - self.window if self.is_float else index
         if block >= 0:
-            self._sums[block] = np.frombuffer(data, dtype=">i4", offset=HEADER_SIZE)
+            sums = np.frombuffer(data, dtype=">i4", offset=HEADER_SIZE)
+            if self.is_float:
+                shift = 29 - self._global_exp[block] - self._headroom  # quantize.scale_shift
+                dequantize_into(sums, shift, self._out[block])
+            else:
+                self._out[block] = sums
         if self.is_float and index < self.nblocks:
             self._global_exp[index] = exp
 
     def _fill(self, index: int) -> None:
         """Quantize the data of packet ``index`` with its block's global exponent."""
-        block = self._data_block(index)
-        row = self._wire[index]
-        quantize_block(
-            self._blocks[block],
-            int(self._global_exp[block]),
-            self.spec.num_workers,
-            self._payload(row),
-        )
+        block = index - self.window
+        shift = 29 - self._global_exp[block] - self._headroom  # quantize.scale_shift
+        quantize_into(self._blocks[block], shift, self._payload(self._wire[index]), self._scratch)
 
     def _send(self, index: int, now: float) -> memoryview:
         slot = index % self.window
@@ -374,11 +389,8 @@ class InaAllreduce:
         """
         if not self.done:
             raise InaError("allreduce has not completed")
-        if self.is_float:
-            flat = dequantize(self._sums, self._global_exp, self.spec.num_workers)
-        else:
-            flat = self._sums
-        return flat.reshape(-1)[: self.count].copy()
+        # A view of this call's own array (the padding of the last block cut off).
+        return self._out.reshape(-1)[: self.count]
 
     @property
     def next_seq(self) -> int:

@@ -37,9 +37,11 @@ _F32_SHIFT_MAX = 127
 __all__ = [
     "block_exponents",
     "dequantize",
+    "dequantize_into",
     "error_bound",
     "headroom_bits",
     "quantize_block",
+    "quantize_into",
     "scale_shift",
 ]
 
@@ -108,6 +110,29 @@ def dequantize(sums: np.ndarray, exponents: np.ndarray, num_workers: int) -> np.
     slow = np.flatnonzero(~fast)
     out[slow] = np.ldexp(sums[slow].astype(np.float64), -shift[slow][:, None])
     return out
+
+
+def quantize_into(block: np.ndarray, shift: int, out: np.ndarray, scratch: np.ndarray) -> None:
+    """:func:`quantize_block` with the scale's power of two ``shift`` (:func:`scale_shift`)
+    given and a float32 ``scratch`` of the block's size: the per-packet form, which
+    allocates nothing."""
+    if _F32_SHIFT_MIN <= shift <= _F32_SHIFT_MAX:
+        np.multiply(block, np.float32(2.0**shift), out=scratch)
+        np.rint(scratch, out=scratch)
+        out[:] = scratch
+    else:
+        out[:] = np.rint(np.ldexp(block.astype(np.float64), shift))
+
+
+def dequantize_into(sums: np.ndarray, shift: int, out: np.ndarray) -> None:
+    """One block of :func:`dequantize` (its scale's power of two ``shift``), written into
+    ``out`` (float32): the same single rounding (``float32(sum)``, then a power of two,
+    exact while the result stays normal; else one float64 pass). ``sums`` may be any
+    int32 view (e.g. the big-endian wire)."""
+    if -_F32_SHIFT_MAX <= shift <= -_F32_SHIFT_MIN:
+        np.multiply(sums, np.float32(2.0**-shift), out=out, dtype=np.float32)
+    else:
+        out[:] = np.ldexp(sums.astype(np.float64), -shift)
 
 
 def error_bound(

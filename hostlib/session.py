@@ -33,6 +33,9 @@ class InaSession:
     ) -> None:
         self.spec = spec
         self.transport = transport
+        connect = getattr(transport, "connect", None)
+        if connect is not None:  # the session's transport talks to the switch alone
+            connect(spec.switch)
         self.policy = policy or RetryPolicy()
         self.uses = np.zeros(spec.slots, dtype=np.int64)
         self.rtt = _Rtt(self.policy.timeout)

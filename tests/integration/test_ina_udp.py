@@ -377,3 +377,41 @@ def test_session_rejects_bad_input_before_sending(small_switch: Switch) -> None:
             session.allreduce(bad)
         assert session.next_seq == 1 and not session.uses.any()  # still usable
     assert small_switch.ctl.counters()["received"] == sent_before
+
+
+# ----------------------------------------------------------------- the transport
+def test_a_connected_transport_hears_its_peer_only() -> None:
+    with (
+        UdpTransport() as worker,
+        UdpTransport() as switch,
+        UdpTransport() as stranger,
+    ):
+        worker.connect(switch.local_addr)
+        buf = bytearray(64)
+        stranger.send(b"forged", worker.local_addr)  # the kernel drops it for us
+        switch.send(b"result", worker.local_addr)
+        assert worker.recv_into(buf, 2.0) == (6, switch.local_addr) and buf[:6] == b"result"
+        assert worker.recv_into(buf, 0.05) == (0, None)
+        worker.send(b"data", switch.local_addr)  # to the peer: no address on the wire call
+        assert switch.recv_into(buf, 2.0) == (4, worker.local_addr)
+        worker.send(b"aside", stranger.local_addr)  # anyone else still works
+        assert stranger.recv_into(buf, 2.0) == (5, worker.local_addr)
+
+
+def test_a_session_connects_its_transport_to_the_switch() -> None:
+    with UdpTransport() as switch:
+        transport = UdpTransport()
+        with InaSession(JobSpec(1, 0, 1, switch.local_addr), transport):
+            assert transport._peer == switch.local_addr
+
+
+def test_an_unreachable_peer_reads_as_silence() -> None:
+    with UdpTransport() as worker:
+        gone = UdpTransport()
+        address = gone.local_addr
+        gone.close()
+        worker.connect(address)
+        worker.send(b"x", address)  # the kernel answers with ICMP port unreachable
+        buf = bytearray(8)
+        assert worker.recv_into(buf, 0.2) == (0, None)
+        worker.send(b"y", address)  # and the next send does not raise either

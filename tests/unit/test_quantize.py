@@ -22,9 +22,11 @@ from hostlib.protocol import EXPONENT_MAX, EXPONENT_MIN, MAX_WORKERS
 from hostlib.quantize import (
     block_exponents,
     dequantize,
+    dequantize_into,
     error_bound,
     headroom_bits,
     quantize_block,
+    quantize_into,
     scale_shift,
 )
 
@@ -289,3 +291,28 @@ def test_error_bound_rejects_bad_arguments() -> None:
         error_bound(np.ones((2, 2)), 2, 4, np.ones((2, 2)))
     with pytest.raises(ValueError, match="lanes"):
         error_bound(a, 2, 0, a)
+
+
+@pytest.mark.parametrize("n", [1, 4, 32])
+def test_the_per_block_forms_match_the_whole_array_forms(n: int) -> None:
+    # quantize_into / dequantize_into are what the engine runs per packet: bit for bit
+    # what quantize_block / dequantize give, on both paths (normal and float64 scales).
+    rng = np.random.default_rng(n)
+    exps = np.array([EXPONENT_MIN, -126, -100, -3, 0, 5, 100, EXPONENT_MAX], dtype=np.int8)
+    # |x| < 2**(e+1) in each row (a zero row for EXPONENT_MIN), as the exponent promises.
+    spread = rng.uniform(-1.99, 1.99, (len(exps), 64)) * np.exp2(exps.astype(np.float64))[:, None]
+    blocks = np.where(exps[:, None] == EXPONENT_MIN, 0.0, spread).astype(np.float32)
+    scratch = np.empty(64, dtype=np.float32)
+    sums = np.empty((len(exps), 64), dtype=np.int32)
+    for row, e in enumerate(exps):
+        want = np.empty(64, dtype=">i4")
+        quantize_block(blocks[row], int(e), n, want)
+        got = np.empty(64, dtype=">i4")
+        quantize_into(blocks[row], int(scale_shift(int(e), n)), got, scratch)
+        assert got.tobytes() == want.tobytes()
+        sums[row] = got
+    whole = dequantize(sums, exps, n)
+    for row, e in enumerate(exps):
+        out = np.empty(64, dtype=np.float32)
+        dequantize_into(sums[row].astype(">i4"), int(scale_shift(int(e), n)), out)
+        assert out.tobytes() == whole[row].tobytes()

@@ -264,9 +264,10 @@ static __always_inline int emit_one(struct __sk_buff *skb, const struct origin *
 
 /* The packet (its INA header and payload already the result) to every replica of the
  * job's group that has a replicas entry; the egress drop simulator per replica. Each
- * copy is a bpf_clone_redirect and the frame itself is consumed: one pass, whose
- * iterations the verifier can prune alike (deciding first which copy is the last, to
- * bpf_redirect it, would make every subset of kept replicas a state of its own). */
+ * copy but the group's last is a bpf_clone_redirect; the last is the frame itself
+ * (bpf_redirect), one clone and one copy of the frame fewer per result. "Last" is the
+ * group's last entry, not the last replica kept: deciding that first would make every
+ * subset of kept replicas a verifier state of its own. */
 static __always_inline int emit_multicast(struct __sk_buff *skb, const struct origin *o,
                                           __u32 job_id, struct ina_job *job,
                                           struct ina_cfg *c)
@@ -279,20 +280,28 @@ static __always_inline int emit_multicast(struct __sk_buff *skb, const struct or
     for (__u32 i = 0; i < INA_MAX_REPLICAS; i++) {
         if (i >= n)
             break;
+        int last = i + 1 == n;
         g = bpf_map_lookup_elem(&groups, &mgid); /* a clone invalidates nothing here, */
         if (!g)                                  /* but the verifier wants it fresh */
             break;
         struct ina_replica_key k = {.job = job_id, .rid = g->replicas[i].rid,
                                     .port = g->replicas[i].port};
         struct ina_dest *d = bpf_map_lookup_elem(&replicas, &k);
-        if (!d)
+        if (!d) {
+            if (last)
+                return TC_ACT_SHOT;
             continue; /* no replicas entry: not a destination (pipeline._refresh_dests) */
+        }
         if (chance(c->drop_eg)) {
             count(C_DROP_SIM_EGRESS);
+            if (last)
+                return TC_ACT_SHOT;
             continue;
         }
         count(C_RESULTS_SENT);
-        emit_one(skb, o, d->mac, d->ip, d->udp_port, k.port, 0);
+        int action = emit_one(skb, o, d->mac, d->ip, d->udp_port, k.port, last);
+        if (last)
+            return action;
     }
     return TC_ACT_SHOT;
 }
