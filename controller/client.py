@@ -236,6 +236,29 @@ class P4RuntimeClient:
                 self._arbitration.put(_translate(exc))
         self._primary = False  # the stream is gone, and mastership with it
 
+    def rearbitrate(self, election_id: tuple[int, int]) -> bool:
+        """Arbitrate again on this stream with ``election_id``; return whether this
+        client is now the primary.
+
+        P4Runtime makes the primary the holder of the highest election id ever seen, so
+        after a higher controller left, nobody is primary until one arbitrates with at
+        least its id: this is how a controller takes mastership back.
+
+        Raises:
+            ValueError: the client was made with ``arbitrate=False``.
+            P4RuntimeError: the switch refused the arbitration (a subclass by code).
+        """
+        if not self.arbitrate:
+            raise ValueError("a read-only client (arbitrate=False) has no stream to arbitrate on")
+        while True:  # earlier notifications are not the answer to this update
+            try:
+                self._arbitration.get_nowait()
+            except queue.Empty:
+                break
+        self.election_id = election_id
+        self._arbitrate()
+        return self._primary
+
     @property
     def is_primary(self) -> bool:
         """Whether the switch's last arbitration answer made this client the primary."""

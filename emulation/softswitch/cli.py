@@ -25,6 +25,7 @@ from pathlib import Path
 from emulation.argtypes import int_in, probability
 from emulation.softswitch.frames import FrameSwitchServer
 from emulation.softswitch.links import parse_link
+from emulation.softswitch.p4runtime import ARBITRATIONS
 from emulation.softswitch.pcap import LINKTYPE_ETHERNET, LINKTYPE_RAW, PcapWriter
 from emulation.softswitch.pipeline import Addr, DropSimulator, Pipeline
 from emulation.softswitch.server import SwitchServer
@@ -88,16 +89,25 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         type=parse_addr,
         default=("127.0.0.1", INA_UDP_PORT),
         metavar="HOST:PORT",
-        help=f"UDP data address (default 127.0.0.1:{INA_UDP_PORT}; port 0 = any free)",
+        help=f"UDP data address (default 127.0.0.1:{INA_UDP_PORT}; port 0 picks a free port)",
     )
     a(
         "--p4runtime",
         type=parse_addr,
         default=("127.0.0.1", DEFAULT_P4RUNTIME_PORT),
         metavar="HOST:PORT",
-        help=f"P4Runtime gRPC address (default 127.0.0.1:{DEFAULT_P4RUNTIME_PORT})",
+        help=f"P4Runtime gRPC address (default 127.0.0.1:{DEFAULT_P4RUNTIME_PORT}; port 0 "
+        "picks a free port, named in --ready-file and on a terminal)",
     )
     a("--device-id", type=int_in(0), default=0, help="P4Runtime device id (default 0)")
+    a(
+        "--arbitration",
+        choices=ARBITRATIONS,
+        default=ARBITRATIONS[0],
+        help="who is P4Runtime primary when the primary leaves: spec (P4Runtime's rule: "
+        "nobody, until a controller arbitrates with an election id at least the highest "
+        "seen) or bmv2 (the highest connected id, as simple_switch_grpc) (default spec)",
+    )
     a(
         "-i",
         "--interface",
@@ -234,8 +244,9 @@ def run(args: argparse.Namespace) -> int:
     except OSError as exc:
         if pcap is not None:
             pcap.close()
-        where = ", ".join(f"{p}@{n}" for p, n in ports.items()) if ports else args.listen
-        return _usage_error(f"cannot bind {where} / {args.p4runtime}: {exc}", status=1)
+        data = ", ".join(f"{p}@{n}" for p, n in ports.items()) if ports else _hostport(args.listen)
+        where = f"data {data}, P4Runtime {_hostport(args.p4runtime)}"
+        return _usage_error(f"cannot bind {where}: {exc}", status=1)
     return _serve(args, server)
 
 
@@ -251,6 +262,8 @@ def _serve(args: argparse.Namespace, server: SwitchServer) -> int:
                 return _usage_error(f"--link-stats: {exc}", status=1)
         if args.ready_file is not None:
             _write_ready_file(args.ready_file, server)
+        if sys.stdout.isatty():  # a person started it: say where to reach it
+            print(_listening(server), flush=True)
         server.serve_forever()
     return 0
 
@@ -305,9 +318,10 @@ def _make_server(
         return FrameSwitchServer(
             pipeline, ports, args.p4runtime, device_id=args.device_id, pcap=pcap,
             forward_only=args.forward_only, links=dict(args.link), seed=args.seed,
-            link_stats=args.link_stats,
+            link_stats=args.link_stats, arbitration=args.arbitration,
         )  # fmt: skip
-    return SwitchServer(pipeline, args.listen, args.p4runtime, device_id=args.device_id, pcap=pcap)
+    return SwitchServer(pipeline, args.listen, args.p4runtime, device_id=args.device_id, pcap=pcap,
+                        arbitration=args.arbitration)  # fmt: skip
 
 
 def _make_ebpf_server(
@@ -328,7 +342,7 @@ def _make_ebpf_server(
     try:
         return EbpfSwitchServer(
             dataplane, ports, args.p4runtime, device_id=args.device_id, links=dict(args.link),
-            link_stats=args.link_stats,
+            link_stats=args.link_stats, arbitration=args.arbitration,
         )  # fmt: skip
     except BaseException:
         dataplane.close()
@@ -339,6 +353,24 @@ def _usage_error(message: str, status: int = 2) -> int:
     # Same shape as argparse's own errors; a bad option is not a crash, so no traceback.
     print(f"inalab switch: error: {message}", file=sys.stderr)
     return status
+
+
+def _hostport(addr: Addr) -> str:
+    return f"{addr[0]}:{addr[1]}"
+
+
+def _listening(server: SwitchServer) -> str:
+    """One line saying where ``server`` takes data and P4Runtime."""
+    interfaces: dict[int, str] = getattr(server, "interfaces", {})
+    if interfaces:
+        data = "ports " + ", ".join(f"{p}@{n}" for p, n in sorted(interfaces.items()))
+    else:
+        data = "UDP {}:{}".format(*server.data_addr)
+    return (
+        f"inalab switch: data on {data}; P4Runtime on {server.p4runtime_addr[0]}:"
+        f"{server.p4runtime_addr[1]} (device {server.device_id}); {server.pipeline.lanes} "
+        f"lanes, {server.pipeline.slots} slots; Ctrl-C stops"
+    )
 
 
 def _write_ready_file(path: Path, server: SwitchServer) -> None:

@@ -114,6 +114,7 @@ class FrameSwitchServer(SwitchServer):
         links: Mapping[int, LinkSpec] | None = None,
         seed: int = 0,
         link_stats: Path | None = None,
+        arbitration: str = "spec",
     ) -> None:
         self.forward_only = forward_only
         if not interfaces:
@@ -130,7 +131,8 @@ class FrameSwitchServer(SwitchServer):
         self._ingress = self.links.ingress
         self.link_stats = LinkStatsFile(link_stats, self.links.stats)
         super().__init__(
-            pipeline, ("0.0.0.0", 0), p4runtime_addr, p4info, device_id, poll_interval, pcap
+            pipeline, ("0.0.0.0", 0), p4runtime_addr, p4info, device_id, poll_interval, pcap,
+            arbitration,
         )
         self.stats.update({"frames_in": 0, "frames_out": 0, "forwarded": 0, "not_forwarded": 0})
         if not self._egress:  # no link to go through: frames go straight to the wire

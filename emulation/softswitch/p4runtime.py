@@ -3,20 +3,28 @@
 The server speaks P4Runtime 1.x over gRPC for the P4Info of ``p4/ina.p4`` (sized to the
 switch's lanes and slots, see :func:`softswitch_p4info`), so ``inalab ctl``, the
 controller library and p4runtime-shell drive the soft switch and ``simple_switch_grpc``
-alike. What it serves:
+alike. What it serves (docs/p4runtime.md lists where it and bmv2 differ):
 
-- StreamChannel arbitration for one device: the highest election id is the primary
-  (status OK, every other stream ALREADY_EXISTS), every stream hears of a change of
-  primary, two streams may not share an election id (INVALID_ARGUMENT). Only the
-  primary may Write or set the pipeline (PERMISSION_DENIED); anyone may Read.
+- StreamChannel arbitration for one device and the default role: the primary answers
+  OK, every other stream ALREADY_EXISTS (NOT_FOUND while there is none), every stream
+  hears of a change of primary, two streams may not share an election id
+  (INVALID_ARGUMENT). Who is primary follows one of two rules (``arbitration``): by
+  default the spec's, the highest id ever seen (``election_id_past``), so when the
+  primary leaves nobody is primary until a controller arbitrates with at least that
+  id; or bmv2's, the highest live election id, so a backup takes over. Only the
+  primary may Write or set the pipeline (PERMISSION_DENIED); anyone may Read. A role
+  name is NOT_FOUND (the switch has no roles), in Write and SetForwardingPipelineConfig
+  too; Read's role filters by role, so a named role reads nothing.
 - Write (CONTINUE_ON_ERROR) and Read of the five tables' entries, multicast group
-  entries (the PRE), register cells (modify and read, index or wildcard) and counters
-  (read). Every table write is checked against the P4Info as a P4Runtime server must:
-  unknown ids NOT_FOUND, a missing/duplicate/non-exact match field, a priority, a wrong
-  action or parameter INVALID_ARGUMENT, an empty value or one wider than its field
-  OUT_OF_RANGE, a duplicate insert ALREADY_EXISTS, a modify/delete of nothing NOT_FOUND,
-  a const default action or an action outside its scope (@defaultonly in an entry)
-  PERMISSION_DENIED. A failed Write ends with UNKNOWN and one
+  entries (the PRE; each replica reads back with the port field it was written with),
+  register cells (modify and read, index or wildcard) and counters (read, and modify:
+  setting or resetting cells). Every table write is checked against the P4Info as a
+  P4Runtime server must: unknown ids NOT_FOUND, a missing/duplicate/non-exact match
+  field, a priority, ``is_const``, a wrong action or parameter INVALID_ARGUMENT, an
+  empty value or one wider than its field INVALID_ARGUMENT (as bmv2; see
+  :func:`_uint`), a duplicate insert ALREADY_EXISTS, a modify/delete of nothing
+  NOT_FOUND, a const default action or an action outside its scope (@defaultonly in an
+  entry) PERMISSION_DENIED. A failed Write ends with UNKNOWN and one
   ``p4.v1.Error`` per update in the status details (the spec's batch report); entries
   are stored with canonical bytestrings and read back so.
 - Get/SetForwardingPipelineConfig and Capabilities. The program is built in: a pushed
@@ -35,6 +43,7 @@ from __future__ import annotations
 import itertools
 import logging
 import queue
+import socket
 import threading
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
@@ -57,6 +66,7 @@ from hostlib.protocol import SWITCH_DROPS, SWITCH_STATS
 
 __all__ = [
     "API_VERSION",
+    "ARBITRATIONS",
     "MAX_STREAMS",
     "READ_CHUNK",
     "SoftSwitchP4Runtime",
@@ -77,6 +87,11 @@ MAX_STREAMS = 8
 
 READ_CHUNK = 512
 """Entities per ReadResponse: bounds a response far below gRPC's 4 MiB default limit."""
+
+ARBITRATIONS = ("spec", "bmv2")
+"""Who is primary (:class:`SoftSwitchP4Runtime`'s ``arbitration``): ``"spec"``, P4Runtime's
+rule, the highest election id ever seen (``election_id_past``) if a live stream holds it
+(the default); ``"bmv2"``, the highest live election id, as simple_switch_grpc does."""
 
 _SIM_SCALE = 1 << 31  # configuration.p4: the drop probability register holds p * 2**31
 _LANE_PREFIX = "Ingress.values.lane_"
@@ -178,15 +193,18 @@ def _uint(data: bytes, bitwidth: int, what: str) -> tuple[int, bytes]:
     """A bytestring's value and canonical form (shortest big-endian, at least 1 byte).
 
     Raises:
-        _Failure: empty or wider than ``bitwidth`` (OUT_OF_RANGE, as the spec's
-            Bytestrings section says for both).
+        _Failure: INVALID_ARGUMENT, empty or wider than ``bitwidth``. The spec's sections
+            disagree on the code: Bytestrings says OUT_OF_RANGE, while Match Format,
+            Action Specification and RegisterEntry make any value that breaks those
+            rules INVALID_ARGUMENT. bmv2's PI server, the reference target, answers
+            INVALID_ARGUMENT ("does not fit within N bits"), so this switch does too.
     """
     if not data:
-        raise _fail(grpc.StatusCode.OUT_OF_RANGE, f"{what}: empty bytestring")
+        raise _fail(grpc.StatusCode.INVALID_ARGUMENT, f"{what}: empty bytestring")
     value = int.from_bytes(data, "big")
     if value >> bitwidth:
         raise _fail(
-            grpc.StatusCode.OUT_OF_RANGE, f"{what}: {value:#x} does not fit {bitwidth} bits"
+            grpc.StatusCode.INVALID_ARGUMENT, f"{what}: {value:#x} does not fit {bitwidth} bits"
         )
     return value, _canonical(value)
 
@@ -205,8 +223,8 @@ def _decode_fields(
     its bitwidth (``value_of`` extracts it, checking the item's form), none be missing.
 
     Raises:
-        _Failure: INVALID_ARGUMENT for an unknown, repeated or missing id; OUT_OF_RANGE
-            for a value (see :func:`_uint`); whatever ``value_of`` raises.
+        _Failure: INVALID_ARGUMENT for an unknown, repeated or missing id or a value
+            that does not fit (see :func:`_uint`); whatever ``value_of`` raises.
     """
     values: dict[int, tuple[int, bytes]] = {}
     for fid, item in given:
@@ -430,6 +448,8 @@ class _Entities:
                 self._write_pre(kind, update.entity.packet_replication_engine_entry)
             elif which == "register_entry":
                 self._write_register(kind, update.entity.register_entry)
+            elif which == "counter_entry":
+                self._write_counter(kind, update.entity.counter_entry)
             elif which is None:
                 raise _fail(grpc.StatusCode.INVALID_ARGUMENT, "update without an entity")
             else:
@@ -499,6 +519,8 @@ class _Entities:
     def _write_table(self, kind: int, entry: Any) -> None:
         table = self._table(entry.table_id)
         info = table.info
+        if entry.is_const:  # the spec: a server's answer in reads, never a client's write
+            raise _fail(grpc.StatusCode.INVALID_ARGUMENT, f"{info.name}: is_const in a write")
         if entry.priority:  # exact tables, and every default entry, have none
             raise _fail(
                 grpc.StatusCode.INVALID_ARGUMENT, f"{info.name}: exact tables take no priority"
@@ -583,16 +605,20 @@ class _Entities:
             del self.groups[gid]
             return
         replicas = []
+        stored = p4runtime_pb2.MulticastGroupEntry(multicast_group_id=gid, metadata=group.metadata)
         for replica in group.replicas:
-            port = replica.egress_port
-            if replica.port:
-                port, _ = _uint(replica.port, 32, f"multicast group {gid} port")
+            # Read back in the form written, replica by replica (bmv2 keeps it too): the
+            # 1.4 ``port`` bytes (canonical, as every bytestring) or the deprecated
+            # ``egress_port``.
+            copy = stored.replicas.add(instance=replica.instance)
+            port, kind_of_port = replica.egress_port, replica.WhichOneof("port_kind")
+            if kind_of_port == "port":  # an SDN port: 32 bits
+                port, copy.port = _uint(replica.port, 32, f"multicast group {gid} port")
+            elif kind_of_port == "egress_port":
+                copy.egress_port = port
             replicas.append((port, replica.instance))
         if len(set(replicas)) != len(replicas):
             raise _fail(grpc.StatusCode.INVALID_ARGUMENT, f"group {gid} lists a replica twice")
-        stored = p4runtime_pb2.MulticastGroupEntry(multicast_group_id=gid, metadata=group.metadata)
-        for port, instance in replicas:
-            stored.replicas.add(egress_port=port, instance=instance)
         self.pipeline.set_group(gid, replicas)
         self.groups[gid] = stored
 
@@ -612,6 +638,40 @@ class _Entities:
             return self.p4info.register(register_id)
         except P4InfoError:
             message = f"no register with id {register_id:#x}"
+            raise _fail(grpc.StatusCode.NOT_FOUND, message) from None
+
+    def _write_counter(self, kind: int, entry: Any) -> None:
+        """Set counter cells (the spec's CounterEntry MODIFY, bmv2's counter reset): the
+        cell at ``index``, or every cell without one; no ``data``, no change. The
+        counters count packets: ``byte_count`` is not kept."""
+        if kind != p4runtime_pb2.Update.MODIFY:
+            raise _fail(grpc.StatusCode.INVALID_ARGUMENT, "counter cells are only modified")
+        counter = self._counter(entry.counter_id)
+        if entry.HasField("index"):
+            _check_index(counter.name, entry.index.index, counter.size)
+        if not entry.HasField("data"):
+            return
+        value = entry.data.packet_count
+        if value < 0:
+            raise _fail(grpc.StatusCode.INVALID_ARGUMENT, f"{counter.name}: count {value} < 0")
+        names = _counter_names(counter.name)
+        indices = [entry.index.index] if entry.HasField("index") else range(counter.size)
+        cells = {i: names[i] if i < len(names) else None for i in indices}
+        unbound = [i for i, name in cells.items() if name is None]
+        if value and unbound:  # the other pipe counts it: the cell reads 0 here, always
+            raise _fail(
+                grpc.StatusCode.UNIMPLEMENTED,
+                f"{counter.name}[{unbound[0]}] counts nothing on this switch; only 0 fits",
+            )
+        for name in cells.values():
+            if name is not None:
+                self.pipeline.set_counter(name, value)
+
+    def _counter(self, counter_id: int) -> Any:
+        try:
+            return self.p4info.counter(counter_id)
+        except P4InfoError:
+            message = f"no counter with id {counter_id:#x}"
             raise _fail(grpc.StatusCode.NOT_FOUND, message) from None
 
     # ---------------------------------------------------------------- reads
@@ -695,12 +755,7 @@ class _Entities:
         if want.counter_id == 0:
             counters = list(self.p4info.counters)
         else:
-            try:
-                counters = [self.p4info.counter(want.counter_id)]
-            except P4InfoError:
-                raise _fail(
-                    grpc.StatusCode.NOT_FOUND, f"no counter with id {want.counter_id:#x}"
-                ) from None
+            counters = [self._counter(want.counter_id)]
         stats = self.pipeline.counters()
         out = []
         for counter in counters:
@@ -750,17 +805,32 @@ def _entity(**kwargs: Any) -> Any:
 @dataclass
 class _Stream:
     responses: queue.Queue[Any] = field(default_factory=queue.Queue)
-    election_id: int | None = None
+    arbitrated: bool = False
+    election_id: int | None = None  # None: unset, a standby that is never primary
 
 
 class _Arbitration:
-    """Who is primary: the stream with the highest election id (default role only)."""
+    """Who is primary (default role only), by one of two rules (:data:`ARBITRATIONS`).
 
-    def __init__(self, device_id: int) -> None:
+    ``"bmv2"``: the live stream with the highest election id, as bmv2's PI server does;
+    when the primary leaves or lowers its id the next highest takes over (what the
+    controller tests and ``inalab ctl`` beside a running bench rely on); an unset id is
+    0. ``"spec"``: P4Runtime's rule. The switch keeps ``election_id_past``, the highest id
+    any accepted arbitration carried, and the primary is the live stream holding it; when
+    the primary leaves or lowers its id nobody is primary (streams hear NOT_FOUND, writes
+    are PERMISSION_DENIED) until a stream arbitrates with at least that id, and a stream
+    without an id is a standby, never primary.
+    """
+
+    def __init__(self, device_id: int, rule: str = "bmv2") -> None:
+        if rule not in ARBITRATIONS:
+            raise ValueError(f"arbitration {rule!r} is not one of {', '.join(ARBITRATIONS)}")
         self.device_id = device_id
+        self._spec = rule == "spec"
         self._lock = threading.Lock()
         self._streams: dict[int, _Stream] = {}
         self._ids = itertools.count()
+        self._past: int | None = None  # "spec": election_id_past; None until a primary
 
     def open(self) -> tuple[int, _Stream]:
         """Register a new stream.
@@ -781,66 +851,97 @@ class _Arbitration:
     def close(self, key: int) -> None:
         with self._lock:
             old = self._primary_id()
+            was_primary = key == self._primary_key()
             self._streams.pop(key, None)
-            if self._primary_id() != old:
+            if was_primary or self._primary_id() != old:
                 self._notify_all()
+
+    def election_of(self, request: Any) -> int | None:
+        """The election id of a request under this rule; None: unset, nobody's."""
+        if self._spec and not request.HasField("election_id"):
+            return None
+        return _u128(request.election_id)
 
     def update(self, key: int, request: Any) -> None:
         """Handle a MasterArbitrationUpdate from stream ``key``.
 
         Raises:
-            _Failure: wrong device, a role, or an election id another stream holds.
+            _Failure: wrong device, a role or role config, or an election id another
+                stream holds.
         """
-        if request.device_id != self.device_id:
-            with self._lock:
-                arbitrated = self._streams[key].election_id is not None
-            # The spec: an unknown device on a new stream is NOT_FOUND; on a stream that
-            # arbitrated already, changing the device is FAILED_PRECONDITION.
-            code = grpc.StatusCode.FAILED_PRECONDITION if arbitrated else grpc.StatusCode.NOT_FOUND
-            raise _fail(code, f"no device {request.device_id}")
-        if request.HasField("role") and request.role.name:
-            raise _fail(grpc.StatusCode.UNIMPLEMENTED, "only the default role is served")
-        election = _u128(request.election_id)
         with self._lock:
             stream = self._streams[key]
-            if any(s.election_id == election for k, s in self._streams.items() if k != key):
+        # The spec: on a new stream an unknown device is NOT_FOUND; on a stream that
+        # arbitrated already, changing the device (or the role) is FAILED_PRECONDITION.
+        changed = grpc.StatusCode.FAILED_PRECONDITION if stream.arbitrated else None
+        if request.device_id != self.device_id:
+            raise _fail(changed or grpc.StatusCode.NOT_FOUND, f"no device {request.device_id}")
+        if request.role.name:
+            raise _fail(changed or grpc.StatusCode.NOT_FOUND, _no_role(request.role.name))
+        if request.role.HasField("config"):
+            raise _fail(grpc.StatusCode.INVALID_ARGUMENT, "the default role takes no config")
+        election = self.election_of(request)
+        with self._lock:
+            others = (s.election_id for k, s in self._streams.items() if k != key)
+            if election is not None and election in others:
                 raise _fail(
                     grpc.StatusCode.INVALID_ARGUMENT,
                     f"election id {election} is held by another controller",
                 )
-            old = self._primary_id()
-            stream.election_id = election
-            if self._primary_id() != old:
+            old, was_primary = self._primary_id(), key == self._primary_key()
+            stream.arbitrated, stream.election_id = True, election
+            if self._spec and election is not None and election >= (self._past or 0):
+                self._past = election  # a new primary, or the same: everyone hears
                 self._notify_all()
+            elif (self._spec and was_primary) or self._primary_id() != old:
+                self._notify_all()  # "spec": the primary stepped down, there is none
             else:
                 self._notify(stream)
 
-    def is_primary(self, election_id: Any) -> bool:
+    def is_primary(self, election_id: int | None) -> bool:
         with self._lock:
             primary = self._primary_id()
-            return primary is not None and _u128(election_id) == primary
+            return primary is not None and election_id == primary
+
+    def _primary_key(self) -> int | None:
+        live = {
+            k: s.election_id
+            for k, s in self._streams.items()
+            if s.arbitrated and s.election_id is not None
+        }
+        if not self._spec:
+            return max(live, key=live.__getitem__, default=None)
+        return next((k for k, e in live.items() if e == self._past), None)
 
     def _primary_id(self) -> int | None:
-        ids = [s.election_id for s in self._streams.values() if s.election_id is not None]
-        return max(ids) if ids else None
+        key = self._primary_key()
+        return None if key is None else self._streams[key].election_id
 
     def _notify_all(self) -> None:
         for stream in self._streams.values():
-            if stream.election_id is not None:
+            if stream.arbitrated:
                 self._notify(stream)
 
     def _notify(self, stream: _Stream) -> None:
-        primary = self._primary_id()
+        primary = self._primary_key()
         update = p4runtime_pb2.MasterArbitrationUpdate(device_id=self.device_id)
-        if primary is not None:
-            update.election_id.high, update.election_id.low = primary >> 64, primary & (2**64 - 1)
-        if primary == stream.election_id:
-            update.status.CopyFrom(status_pb2.Status(code=code_pb2.OK, message="primary"))
+        # The highest id seen ("spec"; unset while there has never been a primary), or
+        # the primary's ("bmv2").
+        shown = self._past if self._spec else self._primary_id()
+        if shown is not None:
+            update.election_id.high, update.election_id.low = divmod(shown, 2**64)
+        if primary is None:
+            status = status_pb2.Status(code=code_pb2.NOT_FOUND, message="no primary")
+        elif self._streams[primary] is stream:
+            status = status_pb2.Status(code=code_pb2.OK, message="primary")
         else:
-            update.status.CopyFrom(
-                status_pb2.Status(code=code_pb2.ALREADY_EXISTS, message="a backup")
-            )
+            status = status_pb2.Status(code=code_pb2.ALREADY_EXISTS, message="a backup")
+        update.status.CopyFrom(status)
         stream.responses.put(p4runtime_pb2.StreamMessageResponse(arbitration=update))
+
+
+def _no_role(name: str) -> str:
+    return f"no role {name!r}: the switch serves the default role only"
 
 
 def _u128(election_id: Any) -> int:
@@ -865,9 +966,12 @@ class SoftSwitchP4Runtime(p4runtime_pb2_grpc.P4RuntimeServicer):
         run: executes a callable on the thread that owns ``pipeline`` and returns its
             result (:class:`emulation.softswitch.server.SwitchServer` passes its control
             queue); by default, directly.
+        arbitration: who is primary, one of :data:`ARBITRATIONS`: ``"spec"`` (the
+            default: P4Runtime's ``election_id_past`` rule) or ``"bmv2"`` (the highest
+            live election id, as simple_switch_grpc).
 
     Raises:
-        ValueError: the pipeline already has jobs.
+        ValueError: the pipeline already has jobs, or an unknown ``arbitration``.
     """
 
     def __init__(
@@ -876,6 +980,7 @@ class SoftSwitchP4Runtime(p4runtime_pb2_grpc.P4RuntimeServicer):
         p4info: P4Info,
         device_id: int = 0,
         run: Runner[Any] = _direct,
+        arbitration: str = "spec",
     ) -> None:
         if pipeline.jobs():
             raise ValueError("the pipeline has jobs the P4Runtime server did not write")
@@ -884,7 +989,7 @@ class SoftSwitchP4Runtime(p4runtime_pb2_grpc.P4RuntimeServicer):
         self.device_id = device_id
         self._run = run
         self._entities = _Entities(pipeline, p4info)
-        self._arbitration = _Arbitration(device_id)
+        self._arbitration = _Arbitration(device_id, arbitration)
         self._cookie = 0
 
     # ---------------------------------------------------------------- helpers
@@ -892,11 +997,17 @@ class SoftSwitchP4Runtime(p4runtime_pb2_grpc.P4RuntimeServicer):
         if device_id != self.device_id:
             context.abort(grpc.StatusCode.NOT_FOUND, f"no device {device_id}")
 
-    def _primary(self, election_id: Any, context: Any) -> None:
-        if not self._arbitration.is_primary(election_id):
+    def _writer(self, request: Any, context: Any) -> None:
+        """The spec's checks before a Write or SetForwardingPipelineConfig, in order:
+        device and role (NOT_FOUND), then mastership (PERMISSION_DENIED)."""
+        self._device(request.device_id, context)
+        if request.role:
+            context.abort(grpc.StatusCode.NOT_FOUND, _no_role(request.role))
+        election = self._arbitration.election_of(request)
+        if not self._arbitration.is_primary(election):
+            shown = "unset" if election is None else election
             context.abort(
-                grpc.StatusCode.PERMISSION_DENIED,
-                f"election id {_u128(election_id)} is not the primary's",
+                grpc.StatusCode.PERMISSION_DENIED, f"election id {shown} is not the primary's"
             )
 
     # ---------------------------------------------------------------- RPCs
@@ -904,8 +1015,7 @@ class SoftSwitchP4Runtime(p4runtime_pb2_grpc.P4RuntimeServicer):
         return p4runtime_pb2.CapabilitiesResponse(p4runtime_api_version=API_VERSION)
 
     def Write(self, request: Any, context: Any) -> Any:
-        self._device(request.device_id, context)
-        self._primary(request.election_id, context)
+        self._writer(request, context)
         if request.atomicity != p4runtime_pb2.WriteRequest.CONTINUE_ON_ERROR:
             context.abort(grpc.StatusCode.UNIMPLEMENTED, "only CONTINUE_ON_ERROR atomicity")
         updates = list(request.updates)
@@ -932,6 +1042,8 @@ class SoftSwitchP4Runtime(p4runtime_pb2_grpc.P4RuntimeServicer):
 
     def Read(self, request: Any, context: Any) -> Iterator[Any]:
         self._device(request.device_id, context)
+        if request.role:  # the spec: a filter by the entities' role; all are the default's
+            return
         entities, wanted = self._entities, list(request.entities)
 
         def read() -> list[Any]:
@@ -947,8 +1059,7 @@ class SoftSwitchP4Runtime(p4runtime_pb2_grpc.P4RuntimeServicer):
             yield p4runtime_pb2.ReadResponse(entities=found[start : start + READ_CHUNK])
 
     def SetForwardingPipelineConfig(self, request: Any, context: Any) -> Any:
-        self._device(request.device_id, context)
-        self._primary(request.election_id, context)
+        self._writer(request, context)
         action = request.action
         actions = p4runtime_pb2.SetForwardingPipelineConfigRequest
         if action not in (actions.VERIFY, actions.VERIFY_AND_COMMIT, actions.COMMIT):
@@ -1044,17 +1155,28 @@ def serve_p4runtime(
     """Start a gRPC server for ``service`` on ``address`` (``host:port``; port 0 picks one).
 
     gRPC's Python server gives each open StreamChannel a thread for its life: with
-    ``max_workers`` above :data:`MAX_STREAMS`, Reads and Writes always find one.
+    ``max_workers`` above :data:`MAX_STREAMS`, Reads and Writes always find one. Port
+    reuse is off (gRPC sets SO_REUSEPORT by default on Linux, which let a second switch
+    listen on the same port and controllers reach either at random): a port another
+    process listens on is refused.
 
     Returns:
         the started server and its bound port.
 
     Raises:
-        OSError: the address cannot be bound.
+        OSError: the address cannot be bound (in use, not local, not an address).
     """
     from concurrent.futures import ThreadPoolExecutor
 
-    server = grpc.server(ThreadPoolExecutor(max_workers=max_workers, thread_name_prefix="p4rt"))
+    # gRPC's own refusal says only "Failed to bind" and logs a line of its own: a plain
+    # bind first names the reason, e.g. "Address already in use".
+    problem = _bind_problem(address)
+    if problem:
+        raise OSError(f"cannot bind P4Runtime server to {address}: {problem}")
+    server = grpc.server(
+        ThreadPoolExecutor(max_workers=max_workers, thread_name_prefix="p4rt"),
+        options=[("grpc.so_reuseport", 0)],
+    )
     p4runtime_pb2_grpc.add_P4RuntimeServicer_to_server(service, server)
     try:
         port = server.add_insecure_port(address)
@@ -1064,3 +1186,24 @@ def serve_p4runtime(
         raise OSError(f"cannot bind P4Runtime server to {address}")
     server.start()
     return server, port
+
+
+def _bind_problem(address: str) -> str:
+    """Why a TCP listener cannot bind ``host:port`` now ('' if it can, or if gRPC is left
+    to judge: port 0, a name that does not resolve here)."""
+    host, _, port = address.rpartition(":")
+    if not port.isdigit() or int(port) == 0:
+        return ""
+    try:
+        found = socket.getaddrinfo(host.strip("[]") or None, int(port), type=socket.SOCK_STREAM)
+    except (OSError, UnicodeError):
+        return ""
+    for family, kind, proto, _, sockaddr in found:
+        with socket.socket(family, kind, proto) as probe:
+            # As gRPC's listener: connections left in TIME_WAIT are no conflict.
+            probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            try:
+                probe.bind(sockaddr)
+            except OSError as exc:
+                return f"{exc.strerror or exc} (another switch on this port?)"
+    return ""

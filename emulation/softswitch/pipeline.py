@@ -682,6 +682,19 @@ class Pipeline:
     def counters(self) -> dict[str, int]:
         return dict(self.stats)
 
+    def set_counter(self, name: str, value: int) -> None:
+        """Set statistic ``name`` (a key of :meth:`counters`) to ``value``, as a P4
+        counter write does (a controller resetting a counter writes 0).
+
+        Raises:
+            ValueError: no such statistic, or a negative value.
+        """
+        if name not in self.stats:
+            raise ValueError(f"no counter {name!r}")
+        if value < 0:
+            raise ValueError(f"counter {name}: negative value {value}")
+        self.stats[name] = value
+
     # ----------------------------------------------------------------- data path
     def process(self, data: memoryview, src: Addr) -> Emit | None:
         """Run one datagram from ``src`` through the pipeline.

@@ -136,6 +136,8 @@ class SwitchServer:
         poll_interval: seconds to wait in ``select`` when idle (bounds stop latency).
         pcap: where to record every datagram received and sent (none by default); the
             server closes it.
+        arbitration: who is P4Runtime primary, ``"spec"`` or ``"bmv2"``
+            (:data:`emulation.softswitch.p4runtime.ARBITRATIONS`).
 
     Raises:
         OSError: an address cannot be bound.
@@ -150,6 +152,7 @@ class SwitchServer:
         device_id: int = 0,
         poll_interval: float = 0.05,
         pcap: PcapWriter | None = None,
+        arbitration: str = "spec",
     ) -> None:
         self.pipeline = pipeline
         self.poll_interval = poll_interval
@@ -159,7 +162,9 @@ class SwitchServer:
         self._closed = False
         self.control = ControlQueue()
         p4info = p4info or softswitch_p4info(P4Info.load(), pipeline.lanes, pipeline.slots)
-        self.p4runtime = SoftSwitchP4Runtime(pipeline, p4info, device_id, self.control.call)
+        self.p4runtime = SoftSwitchP4Runtime(
+            pipeline, p4info, device_id, self.control.call, arbitration
+        )
         self._selector = selectors.DefaultSelector()
         self._sockets = self._open_io(data_addr)
         host = p4runtime_addr[0]

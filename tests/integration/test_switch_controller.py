@@ -3,10 +3,16 @@
 Jobs installed by :class:`SwitchController` carry real allreduces; reads of tables,
 registers and counters show what the data plane did; mastership, a controller restart
 and failed installs leave the switch consistent.
+
+The switch follows P4Runtime's arbitration: once an election id was seen, only a
+controller with at least that id can be primary. Election ids therefore only grow over the
+module's one switch: each test runs in its own era (the id's high word), above every id
+of the tests before it.
 """
 
 from __future__ import annotations
 
+import itertools
 import json
 import threading
 from collections.abc import Iterator
@@ -44,13 +50,24 @@ def switch(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SoftSwitchProce
     assert sw.stop() == 0, sw.log_path.read_text()
 
 
+_ERAS = itertools.count(1)
+
+
 @pytest.fixture
-def ctl(switch: SoftSwitchProcess) -> Iterator[SwitchController]:
-    with switch.controller(election_id=(0, 10)) as c:
+def era() -> int:
+    """This test's election-id high word: above every id of the tests before it."""
+    return next(_ERAS)
+
+
+@pytest.fixture
+def ctl(switch: SoftSwitchProcess, era: int) -> Iterator[SwitchController]:
+    with switch.controller(election_id=(era, 10)) as c:
         yield c
-        for job in c.installed_jobs():  # leave the module's switch empty
-            c.remove_job(job.job_id)
-        c.set_drops(0.0, 0.0)
+    # The test may have taken mastership with a higher id: clean up above all of them.
+    with switch.controller(election_id=(era, 1000)) as last:
+        for job in last.installed_jobs():  # leave the module's switch empty
+            last.remove_job(job.job_id)
+        last.set_drops(0.0, 0.0)
 
 
 class Workers:
@@ -128,10 +145,10 @@ def test_installed_jobs_are_read_back_from_the_tables(ctl: SwitchController) -> 
 
 
 def test_a_lower_election_id_reads_but_cannot_write(
-    switch: SoftSwitchProcess, ctl: SwitchController
+    switch: SoftSwitchProcess, ctl: SwitchController, era: int
 ) -> None:
     ctl.add_job(5, [WorkerAddress("127.0.0.1", 7005)], 4)
-    with switch.controller(election_id=(0, 3)) as backup:
+    with switch.controller(election_id=(era, 3)) as backup:
         assert not backup.is_primary and ctl.is_primary
         assert [j.job_id for j in backup.installed_jobs()] == [5]
         with pytest.raises(NotPrimaryError):
@@ -142,15 +159,15 @@ def test_a_lower_election_id_reads_but_cannot_write(
 
 
 def test_a_restarted_controller_tears_down_a_job_it_did_not_install(
-    switch: SoftSwitchProcess, ctl: SwitchController
+    switch: SoftSwitchProcess, ctl: SwitchController, era: int
 ) -> None:
     workers = Workers(switch, 30, 2)
-    with switch.controller(election_id=(0, 11)) as first:
+    with switch.controller(election_id=(era, 11)) as first:
         first.add_job(30, workers.addresses, SLOTS, slot_base=16)
         workers.run([np.ones(LANES, np.int32), np.ones(LANES, np.int32)])
         assert first.read_slot(30, 0, 0).seq == 1
     # That controller is gone; its job stays on the switch for the next one.
-    with switch.controller(election_id=(0, 12)) as again:
+    with switch.controller(election_id=(era, 12)) as again:
         (job,) = again.installed_jobs()
         assert (job.job_id, job.entry.slot_base, len(job.workers)) == (30, 16, 2)
         removed = again.remove_job(30)
@@ -234,14 +251,15 @@ def _ctl(capsys: pytest.CaptureFixture[str], manifest: Path, *argv: str) -> tupl
     return code, out.out + out.err
 
 
+@pytest.mark.slow
 def test_inalab_ctl_end_to_end(
-    switch: SoftSwitchProcess, ctl: SwitchController, capsys: pytest.CaptureFixture[str]
+    switch: SoftSwitchProcess, ctl: SwitchController, capsys: pytest.CaptureFixture[str], era: int
 ) -> None:
     manifest = switch.ready_path
     workers = Workers(switch, 50, 2)
     args = [f"{a.ip}:{a.udp_port}" for a in workers.addresses]
     # Writes need mastership: take a higher election id than the fixture's controller.
-    code, out = _ctl(capsys, manifest, "--election-id", "0:20", "add-job", "--job", "50",
+    code, out = _ctl(capsys, manifest, "--election-id", f"{era}:20", "add-job", "--job", "50",
                      "--slots", str(SLOTS), *args)  # fmt: skip
     assert code == 0, out
     assert "job 50: 2 workers" in out
@@ -257,23 +275,24 @@ def test_inalab_ctl_end_to_end(
     before = ctl.counters()["completed"]
     code, out = _ctl(capsys, manifest, "stats", "--json")
     assert json.loads(out)["completed"] == before >= 1
-    code, out = _ctl(capsys, manifest, "--election-id", "0:20", "drops", "--ingress", "0.5")
+    code, out = _ctl(capsys, manifest, "--election-id", f"{era}:20", "drops", "--ingress", "0.5")
     assert code == 0 and "ingress 0.5 egress 0" in out
 
     code, out = _ctl(capsys, manifest, "add-job", "--job", "50", *args)
     assert code == 1 and "election id" in out  # (0, 1) is not the primary: refused
-    code, out = _ctl(capsys, manifest, "--election-id", "0:20", "remove-job", "--job", "50")
+    code, out = _ctl(capsys, manifest, "--election-id", f"{era}:20", "remove-job", "--job", "50")
     assert code == 0 and "removed" in out
     code, out = _ctl(capsys, manifest, "show-bitmap", "--job", "50", "--slot", "0")
     assert code == 1 and "no job 50" in out
 
 
+@pytest.mark.slow
 def test_inalab_ctl_sets_and_removes_an_upstream(
-    switch: SoftSwitchProcess, ctl: SwitchController, capsys: pytest.CaptureFixture[str]
+    switch: SoftSwitchProcess, ctl: SwitchController, capsys: pytest.CaptureFixture[str], era: int
 ) -> None:
-    manifest = switch.ready_path
+    manifest, primary = switch.ready_path, f"{era}:20"
     ctl.add_job(70, [WorkerAddress("127.0.0.1", 7070)], SLOTS)
-    code, out = _ctl(capsys, manifest, "--election-id", "0:20", "set-upstream", "--job", "70",
+    code, out = _ctl(capsys, manifest, "--election-id", f"{era}:20", "set-upstream", "--job", "70",
                      "--rank", "2", "--mac", "02:00:00:00:00:0a", "--port", "4",
                      "127.0.0.5:20033")  # fmt: skip
     assert code == 0, out
@@ -288,9 +307,9 @@ def test_inalab_ctl_sets_and_removes_an_upstream(
     }  # fmt: skip
     code, out = _ctl(capsys, manifest, "show-bitmap", "--job", "70", "--slot", "0", "--json")
     assert [s["final"] for s in json.loads(out)["sets"]] == [0, 0]
-    code, out = _ctl(capsys, manifest, "--election-id", "0:20", "remove-upstream", "--job", "70")
+    code, out = _ctl(capsys, manifest, "--election-id", primary, "remove-upstream", "--job", "70")
     assert code == 0 and "upstream 127.0.0.5:20033 removed" in out
-    code, out = _ctl(capsys, manifest, "--election-id", "0:20", "remove-upstream", "--job", "70")
+    code, out = _ctl(capsys, manifest, "--election-id", primary, "remove-upstream", "--job", "70")
     assert code == 1 and "no upstream entry" in out
     with pytest.raises(SystemExit) as usage:
         _ctl(capsys, manifest, "set-upstream", "--job", "70", "--rank", "0",

@@ -286,6 +286,7 @@ def test_ready_file_describes_the_running_switch(switch: SoftSwitchProcess) -> N
 
 
 @pytest.mark.timeout(60)
+@pytest.mark.slow
 def test_a_stopped_switch_refuses_controllers(tmp_path: Path) -> None:
     sw = SoftSwitchProcess(tmp_path).start()
     address, device_id = sw.p4runtime_address, sw.device_id
@@ -364,6 +365,23 @@ def test_cli_rejects_bad_input_without_a_traceback(argv: list[str]) -> None:
     assert "Traceback" not in proc.stderr
 
 
+def test_a_second_switch_on_the_same_p4runtime_port_fails_clearly(
+    switch: SoftSwitchProcess,
+) -> None:
+    # gRPC's default SO_REUSEPORT let a second switch listen on the first one's port, and
+    # controllers reached one or the other at random: the second must refuse to start.
+    taken = switch.p4runtime_address
+    proc = subprocess.run(
+        [*CLI, "--p4runtime", taken], capture_output=True, text=True, timeout=30, check=False
+    )
+    assert proc.returncode == 1
+    (line,) = proc.stderr.splitlines()  # one line: no traceback, no gRPC log
+    assert line.startswith("inalab switch: error: cannot bind"), line
+    assert taken in line and "in use" in line, line
+    with switch.controller() as ctl:  # the first one still serves
+        assert ctl.installed_jobs() == []
+
+
 def test_cli_reports_an_unwritable_capture_without_a_traceback(tmp_path: Path) -> None:
     pcap = tmp_path / "missing" / "switch.pcap"
     proc = subprocess.run(
@@ -375,6 +393,7 @@ def test_cli_reports_an_unwritable_capture_without_a_traceback(tmp_path: Path) -
 
 
 # ----------------------------------------------------------------- benchmark
+@pytest.mark.slow
 def test_switch_only_loadgen_runs_and_aggregates_correctly(tmp_path: Path) -> None:
     r = run_switch_only(tmp_path, workers=2, lanes=8, packets=20_000, window=8, seconds=0.5)
     assert r["inproc_packets"] > 0 and r["inproc_pps"] > 0

@@ -396,6 +396,21 @@ class EbpfDataplane(Pipeline):
         reasons, then frames_in, frames_out, forwarded, not_forwarded)."""
         return {name: self._percpu("stats", i) for i, name in enumerate(COUNTERS)}
 
+    def set_counter(self, name: str, value: int) -> None:
+        """Write counter ``name`` (one of :meth:`counters`): ``value`` on CPU 0, 0 on the
+        others, so their sum is ``value``. A packet counted on another CPU during the
+        write may be lost from the count, as on a switch whose counter is being reset.
+
+        Raises:
+            ValueError: no such counter, or a negative value.
+        """
+        if name not in COUNTERS:
+            raise ValueError(f"no counter {name!r}")
+        if value < 0:
+            raise ValueError(f"counter {name}: negative value {value}")
+        cells = (_U64 * self._cpus)(value)  # the rest stay 0
+        self._maps["stats"].update(_U32(COUNTERS.index(name)), cells)
+
     def link_stats(self) -> dict[str, Any]:
         """``links.LinkEmulator.stats``'s shape for the ports with a link: nothing waits in
         a delay line here (``queue_dropped``, ``in_flight``: 0)."""

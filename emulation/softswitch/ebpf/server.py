@@ -33,7 +33,7 @@ class EbpfSwitchServer(SwitchServer):
         dataplane: the loaded program and its maps (tables empty).
         interfaces: switch port number -> network interface.
         p4runtime_addr: gRPC ``(host, port)``; port 0 picks one.
-        p4info, device_id, poll_interval: as for :class:`SwitchServer`.
+        p4info, device_id, poll_interval, arbitration: as for :class:`SwitchServer`.
         links: switch port -> its emulated link (loss only: no delay in the kernel).
         link_stats: where :meth:`write_link_stats` writes the links' counts.
 
@@ -52,6 +52,7 @@ class EbpfSwitchServer(SwitchServer):
         poll_interval: float = 0.05,
         links: Mapping[int, LinkSpec] | None = None,
         link_stats: Path | None = None,
+        arbitration: str = "spec",
     ) -> None:
         if not interfaces:
             raise ValueError("a switch with ports needs at least one interface")
@@ -63,7 +64,7 @@ class EbpfSwitchServer(SwitchServer):
         self.link_stats = LinkStatsFile(link_stats, dataplane.link_stats)
         try:
             super().__init__(dataplane, ("0.0.0.0", 0), p4runtime_addr, p4info, device_id,
-                             poll_interval)  # fmt: skip
+                             poll_interval, arbitration=arbitration)  # fmt: skip
         except BaseException:
             dataplane.detach()  # attached in _open_io; the gRPC port was the problem
             raise
