@@ -8,12 +8,22 @@ says ``"ina"`` for its size; every other call (other ops or dtypes, broadcast,
 allgather, barrier, ...) goes to a Gloo backend built from the same store, registered as
 the group's CPU backend, so torch's own dispatch reaches it.
 
-Job setup (:func:`connect_session`): each rank binds a UDP socket and writes its address
-to the c10d store; rank 0 reads them all, installs the job on the switch over P4Runtime
-(``controller.switch.SwitchController.add_job``) and writes the outcome and the switch's
-lanes per packet; the other ranks wait for that key. Configuration comes from
-``pg_options=InaOptions(...)`` or, without it, from the environment
-(:meth:`InaOptions.from_env`): ``INALAB_SWITCH``, ``INALAB_P4RUNTIME``, ``INALAB_JOB``.
+Job setup (:func:`connect_session`), in one of two modes:
+
+- rank 0 installs (``INALAB_P4RUNTIME`` set): each rank binds a UDP socket and writes its
+  address to the c10d store; rank 0 reads them all, installs the job on the switch over
+  P4Runtime (``controller.switch.SwitchController.add_job``) and writes the outcome and
+  the switch's lanes per packet; the other ranks wait for that key; rank 0 removes the
+  job at shutdown;
+- installed already (``INALAB_P4RUNTIME`` absent or empty): a launcher that knows the
+  network (``inalab emulate TOPOLOGY run``) installed the job for fixed addresses; each
+  rank binds its own (``INALAB_BIND``, ``INALAB_PORT``), sends to its own switch
+  (``INALAB_SWITCH``: under hierarchical aggregation its leaf) as the rank the job has
+  there (``INALAB_SWITCH_RANK``), quantizes for ``INALAB_WORKERS`` contributions and
+  packs ``INALAB_LANES`` lanes per packet; nothing is exchanged, installed or removed.
+
+Configuration comes from ``pg_options=InaOptions(...)`` or, without it, from the
+environment (:meth:`InaOptions.from_env`, the ``ENV_*`` names below).
 
 Which allreduces go through the switch is the chooser's call: :class:`AlwaysIna` by
 default, or dynamiccl's :class:`~dynamiccl.policy.Policy` (``chooser=Policy(profile,
@@ -54,10 +64,14 @@ __all__ = [
     "ENV_CHOOSER",
     "ENV_DEVICE_ID",
     "ENV_JOB",
+    "ENV_LANES",
     "ENV_P4RUNTIME",
+    "ENV_PORT",
     "ENV_PROFILE",
     "ENV_SLOTS",
     "ENV_SWITCH",
+    "ENV_SWITCH_RANK",
+    "ENV_WORKERS",
     "AlwaysIna",
     "Chooser",
     "Exchange",
@@ -79,13 +93,26 @@ log = logging.getLogger(__name__)
 
 BACKEND_NAME = "ina"
 ENV_SWITCH = "INALAB_SWITCH"
-"""``host:port``: the switch's UDP data address (required)."""
+"""``host:port``: the switch's UDP data address (required): where this rank sends."""
 ENV_P4RUNTIME = "INALAB_P4RUNTIME"
-"""``host:port``: the switch's P4Runtime server, where rank 0 installs the job (required)."""
+"""``host:port``: the switch's P4Runtime server, where rank 0 installs the job; absent or
+empty: the job is installed already (then :data:`ENV_LANES` is required)."""
 ENV_JOB = "INALAB_JOB"
-"""The job id, 0..65535, unused on the switch (required)."""
+"""The job id, 0..65535 (required): unused on the switch, or the installed job's."""
 ENV_BIND = "INALAB_BIND"
 """The address this rank's UDP socket binds (default 127.0.0.1)."""
+ENV_PORT = "INALAB_PORT"
+"""The UDP port this rank's socket binds (default 0: any free one); a job installed
+already needs the port it was installed for."""
+ENV_SWITCH_RANK = "INALAB_SWITCH_RANK"
+"""A job installed already: the rank this rank's packets carry at its switch (default:
+its rank in the group); under hierarchical aggregation, its rank at its leaf."""
+ENV_WORKERS = "INALAB_WORKERS"
+"""A job installed already: the contributions the job sums in all, which float32
+quantization leaves headroom for (default: the group's size)."""
+ENV_LANES = "INALAB_LANES"
+"""int32 lanes per packet, the switch's: required when the job is installed already
+(otherwise rank 0 reads them from the switch)."""
 ENV_SLOTS = "INALAB_SLOTS"
 """Slots per set the job gets (default hostlib's DEFAULT_SLOTS_PER_JOB)."""
 ENV_DEVICE_ID = "INALAB_DEVICE_ID"
@@ -124,23 +151,34 @@ class InaOptions:
     """Where the INA job runs and how this rank joins it.
 
     Attributes:
-        switch: the switch's UDP data address.
-        p4runtime: ``host:port`` of its P4Runtime server (rank 0 installs the job there).
+        switch: the switch's UDP data address (where this rank sends).
+        p4runtime: ``host:port`` of its P4Runtime server (rank 0 installs the job there);
+            ``None``: the job is installed already, for this rank at ``bind_ip:bind_port``.
         job_id: the job's id on the switch, 0..65535.
         device_id: the switch's P4Runtime device id.
         bind_ip: the address this rank's UDP socket binds.
-        slots: slots per set the job gets (its window of packets in flight).
+        bind_port: the port it binds (0: any free one).
+        slots: slots per set the job gets (its window of packets in flight); a job
+            installed already: at most the slots it was installed with.
         deadline: seconds without progress before an allreduce fails; ``None``: the
             process group's timeout.
         chooser: INA or the fallback, per allreduce size.
-        remove_on_shutdown: rank 0 removes the job when the group shuts down.
+        remove_on_shutdown: rank 0 removes the job when the group shuts down (only a job
+            it installed).
+        switch_rank: a job installed already: the rank this rank has at its switch
+            (``None``: its rank in the group). Where rank 0 installs, the group's rank.
+        num_workers: a job installed already: the contributions it sums in all, for the
+            float32 quantization's headroom (``None``: the group's size). Where rank 0
+            installs, the group's size.
+        lanes: int32 lanes per packet; required for a job installed already (rank 0
+            otherwise reads the switch's).
 
     Raises:
-        ValueError: a field out of range.
+        ValueError: a field out of range, or a job installed already without ``lanes``.
     """
 
     switch: Addr
-    p4runtime: str
+    p4runtime: str | None
     job_id: int
     device_id: int = 0
     bind_ip: str = "127.0.0.1"
@@ -148,6 +186,10 @@ class InaOptions:
     deadline: float | None = None
     chooser: Chooser = field(default_factory=AlwaysIna)
     remove_on_shutdown: bool = True
+    bind_port: int = 0
+    switch_rank: int | None = None
+    num_workers: int | None = None
+    lanes: int | None = None
 
     def __post_init__(self) -> None:
         if not 0 <= self.job_id <= 0xFFFF:
@@ -156,6 +198,16 @@ class InaOptions:
             raise ValueError(f"slots {self.slots} must be positive")
         if self.deadline is not None and self.deadline <= 0:
             raise ValueError(f"deadline {self.deadline} must be positive")
+        if not 0 <= self.bind_port <= 0xFFFF:
+            raise ValueError(f"bind port {self.bind_port} outside 0..65535")
+        if self.p4runtime is None and self.lanes is None:
+            raise ValueError("a job installed already (no p4runtime) needs lanes")
+        # JobSpec checks the rest (rank below num_workers, lanes in range) at setup.
+
+    @property
+    def installed(self) -> bool:
+        """Whether the job is installed already (by a launcher), not by rank 0."""
+        return self.p4runtime is None
 
     @classmethod
     def from_env(cls, environ: Mapping[str, str] | None = None) -> InaOptions:
@@ -165,18 +217,30 @@ class InaOptions:
             InaSetupError: a required variable is missing or a value does not parse.
         """
         env = os.environ if environ is None else environ
-        missing = [k for k in (ENV_SWITCH, ENV_P4RUNTIME, ENV_JOB) if not env.get(k)]
+        missing = [k for k in (ENV_SWITCH, ENV_JOB) if not env.get(k)]
+        if not env.get(ENV_P4RUNTIME) and not env.get(ENV_LANES):
+            # Neither mode is complete: name what each one lacks.
+            missing.append(f"{ENV_P4RUNTIME} (rank 0 installs the job) or {ENV_LANES} "
+                           "(the job is installed already)")  # fmt: skip
         if missing:
             raise InaSetupError(f"the ina backend needs {', '.join(missing)} (or pg_options)")
+
+        def number(name: str) -> int | None:
+            return int(env[name]) if env.get(name) else None
+
         try:
             return cls(
                 switch=parse_addr(env[ENV_SWITCH]),
-                p4runtime=env[ENV_P4RUNTIME],
+                p4runtime=env.get(ENV_P4RUNTIME) or None,
                 job_id=int(env[ENV_JOB]),
                 device_id=int(env.get(ENV_DEVICE_ID, "0")),
                 bind_ip=env.get(ENV_BIND, "127.0.0.1"),
+                bind_port=number(ENV_PORT) or 0,
                 slots=int(env.get(ENV_SLOTS, str(DEFAULT_SLOTS_PER_JOB))),
                 chooser=chooser_from_env(env),
+                switch_rank=number(ENV_SWITCH_RANK),
+                num_workers=number(ENV_WORKERS),
+                lanes=number(ENV_LANES),
             )
         except ValueError as exc:  # ProfileError is a ValueError
             raise InaSetupError(f"bad INALAB_* setting: {exc}") from None
@@ -279,30 +343,40 @@ class GroupExchange:
 
 
 def connect_session(options: InaOptions, exchange: Exchange, timeout: timedelta) -> InaSession:
-    """Join the INA job of ``options``: exchange addresses; rank 0 installs the job on
-    the switch; return this rank's session (close it when done).
+    """Join the INA job of ``options``: exchange addresses and rank 0 installs the job on
+    the switch (unless it is installed already); return this rank's session (close it
+    when done).
 
-    Every rank of the group must call this with the same options.
+    Every rank of the group must call this; with the same options where rank 0 installs
+    (a job installed already gives each rank its own address, switch and switch rank).
 
     Raises:
         InaSetupError: the job could not be installed (on every rank: rank 0 shares its
             error).
         ValueError: rank or world size out of range for a job.
-        TransportError: ``options.bind_ip`` cannot be bound.
+        TransportError: ``options.bind_ip``/``bind_port`` cannot be bound.
     """
-    transport = UdpTransport(local=(options.bind_ip, 0))
+    transport = UdpTransport(local=(options.bind_ip, options.bind_port))
     try:
-        addrs = exchange.gather(json.dumps(list(transport.local_addr)))
-        outcome = None if addrs is None else _install(options, [json.loads(a) for a in addrs])
-        info = json.loads(exchange.share(outcome))
-        if "error" in info:
-            raise InaSetupError(f"job {options.job_id}: {info['error']}")
+        if options.installed and options.lanes is not None:  # lanes: __post_init__
+            # The launcher installed the job for this address, as this switch rank.
+            lanes = options.lanes
+            rank = exchange.rank if options.switch_rank is None else options.switch_rank
+            workers = options.num_workers or exchange.world_size
+        else:
+            addrs = exchange.gather(json.dumps(list(transport.local_addr)))
+            outcome = None if addrs is None else _install(options, [json.loads(a) for a in addrs])
+            info = json.loads(exchange.share(outcome))
+            if "error" in info:
+                raise InaSetupError(f"job {options.job_id}: {info['error']}")
+            # Rank 0 installed the group's ranks in order, on the one switch.
+            lanes, rank, workers = int(info["lanes"]), exchange.rank, exchange.world_size
         spec = JobSpec(
             job_id=options.job_id,
-            rank=exchange.rank,
-            num_workers=exchange.world_size,
+            rank=rank,
+            num_workers=workers,
             switch=options.switch,
-            lanes=int(info["lanes"]),
+            lanes=lanes,
             slots=options.slots,
         )
         deadline = options.deadline or timeout.total_seconds()
@@ -318,6 +392,7 @@ def _install(options: InaOptions, addrs: list[Any]) -> str:
     from controller.switch import ControllerError, SwitchController, WorkerAddress
 
     info: dict[str, Any]
+    assert options.p4runtime is not None  # connect_session installs only then
     try:
         with SwitchController.connect(options.p4runtime, device_id=options.device_id) as ctl:
             workers = [WorkerAddress(str(ip), int(port)) for ip, port in addrs]
@@ -332,10 +407,13 @@ def _install(options: InaOptions, addrs: list[Any]) -> str:
 
 def remove_job(options: InaOptions) -> None:
     """Remove the job of ``options`` from its switch; a failure is logged, not raised
-    (teardown must not hide the error that ended a run)."""
+    (teardown must not hide the error that ended a run). A job installed already is its
+    launcher's to remove: nothing is done."""
     from controller.client import P4RuntimeError
     from controller.switch import ControllerError, SwitchController
 
+    if options.p4runtime is None:
+        return
     try:
         with SwitchController.connect(options.p4runtime, device_id=options.device_id) as ctl:
             ctl.remove_job(options.job_id)
@@ -442,7 +520,7 @@ class InaProcessGroup(dist.ProcessGroup):
             return
         self._closed = True
         self.session.close()
-        if not self.options.remove_on_shutdown:
+        if not self.options.remove_on_shutdown or self.options.installed:
             return
         key = f"ina/job{self.options.job_id}/closed"
         try:

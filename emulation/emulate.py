@@ -43,7 +43,14 @@ if TYPE_CHECKING:
     from emulation.network import Emulation
     from emulation.topology import Topology, TopologyJob
 
-__all__ = ["EmulatedFabric", "add_arguments", "apply_overrides", "default_lanes", "run"]
+__all__ = [
+    "EmulatedFabric",
+    "add_arguments",
+    "apply_overrides",
+    "default_lanes",
+    "describe_links",
+    "run",
+]
 
 PROG = "inalab emulate"
 
@@ -75,7 +82,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "line (default: each switch's datapath in the topology, auto unless set)")  # fmt: skip
     add("--job", type=int, help="the topology job the bench uses (default: its first)")
     add("--cli", action="store_true", help="open Mininet's CLI once the network is up")
-    sub = parser.add_subparsers(dest="action", metavar="ACTION")
+    # Sub-usages read "inalab emulate TOPOLOGY bench", as the command is typed.
+    sub = parser.add_subparsers(dest="action", metavar="ACTION", prog=f"{parser.prog} TOPOLOGY")
     bench = sub.add_parser("bench", help="allreduce sweep in the hosts (inalab bench's flags)")
     bench_arguments(bench, emulated=True)
     from dynamiccl.calibrate import add_arguments as calibrate_arguments
@@ -94,6 +102,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     only.add_argument("--lanes", type=int_in(1, 2048), default=64,
                       help="int32 lanes per packet (default 64: p4/'s width)")  # fmt: skip
     only.add_argument("--json", type=Path, metavar="PATH", help="write the numbers as JSON")
+    from emulation.run import add_arguments as run_arguments
+
+    program = sub.add_parser("run", help="run COMMAND once per rank of the job, in its host")
+    run_arguments(program)
     up = sub.add_parser("up", help="keep the network up until Ctrl-C (the default)")
     up.add_argument("--seconds", type=float, help="stop after this long instead")
 
@@ -148,6 +160,8 @@ def run(args: argparse.Namespace) -> int:
         lanes = getattr(args, "lanes", None)
         topo = apply_overrides(topo, args.bw, args.delay, args.link_loss, lanes, args.jitter)
         job = _job(topo, args.job) if args.action in _JOB_ACTIONS else None
+        if args.action == "bench":  # a bad flag is refused before any network exists
+            _check_bench_flags(args)
         _check_machine()
     except (TopologyError, _Refused) as exc:
         print(f"{PROG}: error: {exc}", file=sys.stderr)
@@ -171,6 +185,22 @@ class _Refused(Exception):
     """This machine or these flags cannot run the emulation."""
 
 
+def _check_bench_flags(args: argparse.Namespace) -> None:
+    """What ``inalab bench`` checks before it starts anything (outputs' directories, a
+    readable ``--profile``, torch for gloo).
+
+    Raises:
+        _Refused: one of them fails.
+    """
+    from emulation.bench.cli import UsageError, check_inputs, check_outputs
+
+    try:
+        check_outputs(args)
+        check_inputs(args)
+    except UsageError as exc:
+        raise _Refused(str(exc)) from None
+
+
 def _check_machine() -> None:
     if os.geteuid() != 0:
         raise _Refused("needs root: Mininet creates network namespaces and veth pairs")
@@ -189,7 +219,7 @@ def _job(topo: Topology, job_id: int | None) -> TopologyJob:
     raise _Refused(f"topology {topo.name} has no job {job_id}")
 
 
-_JOB_ACTIONS = ("bench", "calibrate", "switch-only")
+_JOB_ACTIONS = ("bench", "calibrate", "switch-only", "run")
 """Actions that install a job of their own (the topology's jobs are not installed)."""
 
 
@@ -212,6 +242,11 @@ def _run(args: argparse.Namespace, topo: Topology, job: TopologyJob | None, run_
         elif args.action == "switch-only":
             assert job is not None
             status = _switch_only(args, em, job, run_dir)
+        elif args.action == "run":
+            from emulation.run import run_command
+
+            assert job is not None
+            status = run_command(args, em, job, run_dir)
         elif bench:
             assert job is not None
             status = _bench(args, em, job, run_dir)
@@ -262,7 +297,7 @@ def _calibrate(args: argparse.Namespace, em: Emulation, job: TopologyJob, run_di
 
     fabric = EmulatedFabric(em, job)
     where = f"{em.topology.name} (Mininet hosts, job {job.job_id})"
-    return calibrate(args, (fabric.workers,), run_dir / "calibrate", fabric, where)
+    return calibrate(args, (fabric.workers,), run_dir / "calibrate", fabric, where, em.topology)
 
 
 def _switch_only(args: argparse.Namespace, em: Emulation, job: TopologyJob, run_dir: Path) -> int:
@@ -312,10 +347,10 @@ def _report_plan(em: Emulation) -> None:
     plan = em.plan
     if plan is None:
         return
-    shaped = any(link.delay or link.loss or link.jitter for link in em.topology.links)
-    if shaped:
-        who = "netem" if plan.netem else "the soft switches' ports (this kernel has no netem)"
-        print(f"# links: delay, jitter and loss by {who}", flush=True)
+    links = describe_links(em.topology, plan.netem)
+    if not plan.netem and any(link.delay or link.loss or link.jitter for link in em.topology.links):
+        links += " (this kernel has no netem)"
+    print(f"# {em.topology.name}'s links: {links}", flush=True)
     for name, choice in plan.datapaths.items():
         where = "eBPF (TC on its ports)" if choice.datapath == "ebpf" else "Python"
         print(f"# {name}: {where} data plane: {choice.reason}", flush=True)
@@ -325,6 +360,28 @@ def _report_links(em: Emulation, run_dir: Path) -> None:
     files = sorted(run_dir.glob("*.links.json"))
     if files:
         print(f"# link emulation statistics: {', '.join(str(f) for f in files)}")
+
+
+def describe_links(topo: Topology, netem: bool | None) -> str:
+    """The links as applied (after ``--bw``/``--delay``/``--link-loss``), for a table's
+    header and a plot's title: ``4 links: 100 Mbit/s, 1 ms, loss 0.01; ...``, and who
+    emulates them (``netem``: True netem, False the soft switches' ports, None unknown)."""
+    groups: dict[tuple[float | None, float, float, float], int] = {}
+    for link in topo.links:
+        key = (link.bw, link.delay, link.loss, link.jitter)
+        groups[key] = groups.get(key, 0) + 1
+    parts = []
+    for (bw, delay_ms, loss, jitter), count in groups.items():
+        rate = "unshaped" if bw is None else f"{bw:g} Mbit/s"
+        spread = f" +/- {jitter:g} ms" if jitter else ""
+        which = "every link" if count == len(topo.links) else f"{count} links"
+        parts.append(f"{which} {rate}, {delay_ms:g} ms{spread} one way, loss {loss:g} each way")
+    text = "; ".join(parts) or "none"
+    if any(link.bw is not None for link in topo.links):
+        text += "; rate by HTB"
+    if any(link.delay or link.loss or link.jitter for link in topo.links) and netem is not None:
+        text += ", delay and loss by " + ("netem" if netem else "the soft switches' ports")
+    return text
 
 
 class EmulatedFabric:
@@ -343,6 +400,7 @@ class EmulatedFabric:
         self.workers = len(self.ranks)
         self.hierarchical = aggregation_tree(topo, job).hierarchical
         self.description = f"{topo.name} (Mininet hosts)"
+        self.links = describe_links(topo, None if em.plan is None else em.plan.netem)
 
     def check(self, cfg: BenchConfig) -> None:
         """The bench's lanes must be the switches' (``--lanes`` sets them at start).

@@ -7,6 +7,13 @@ The test accuracy of each run is printed as one JSON object::
 
     python examples/ddp_digits.py [--workers 4] [--epochs 12]
 
+Under a launcher (``RANK`` and ``WORLD_SIZE`` set, as torchrun and ``inalab emulate
+TOPOLOGY run`` set them) the script is that one rank instead: both runs rendezvous at
+``MASTER_ADDR:MASTER_PORT``, the ``"ina"`` group takes its switch and job from the
+``INALAB_*`` variables, and each rank prints its own JSON object::
+
+    inalab emulate topologies/star4.yaml run -- python examples/ddp_digits.py
+
 The digits data ships with scikit-learn (no download).
 """
 
@@ -16,8 +23,11 @@ import argparse
 import json
 import os
 import socket
+import sys
 import tempfile
 import time
+from collections.abc import Mapping
+from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
@@ -28,13 +38,15 @@ import torch.multiprocessing as mp
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel
 
-from dynamiccl.torch_backend import InaOptions  # importing it registers "ina"
+from dynamiccl.torch_backend import InaOptions, InaProcessGroup  # registers "ina"
 from emulation.softswitch.process import SoftSwitchProcess
 
 JOB_ID = 1
 TEST_FRACTION = 0.2
 BATCH_PER_RANK = 32
 SWITCH_LANES = 256
+DEFAULT_WORKERS = 4
+RENDEZVOUS_TIMEOUT = timedelta(minutes=5)
 
 
 def split_digits(seed: int) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
@@ -107,6 +119,43 @@ def train(
     return float(np.mean(predicted == y_test))
 
 
+def launched(environ: Mapping[str, str]) -> bool:
+    """Whether a launcher started this process as one rank (torchrun's variables)."""
+    return "RANK" in environ and "WORLD_SIZE" in environ
+
+
+def run_rank(epochs: int, seed: int) -> dict[str, Any]:
+    """This process as the rank a launcher made it: the "ina" run, then the "gloo" run,
+    over one c10d store from ``env://`` (``MASTER_ADDR:MASTER_PORT``, or torchrun's
+    agent store); this rank's report."""
+    torch.set_num_threads(1)  # the ranks share the machine's cores
+    # One store for both runs, each under its own prefix: a second env:// rendezvous
+    # would race rank 0's teardown of the first store on the same port.
+    store, rank, world_size = next(dist.rendezvous("env://", timeout=RENDEZVOUS_TIMEOUT))
+    data = split_digits(seed)
+    report: dict[str, Any] = {"rank": rank, "world_size": world_size, "epochs": epochs}
+    for backend in ("ina", "gloo"):
+        start = time.perf_counter()
+        dist.init_process_group(
+            backend, store=dist.PrefixStore(f"{backend}/", store), rank=rank,
+            world_size=world_size, timeout=RENDEZVOUS_TIMEOUT,
+        )  # fmt: skip
+        try:
+            accuracy = train(rank, world_size, data, epochs, seed)
+            group = dist.group.WORLD
+            if isinstance(group, InaProcessGroup):  # packets this rank sent the switch
+                report["ina_packets"] = group.session.next_seq - 1
+        finally:
+            dist.destroy_process_group()
+        report[backend] = {"accuracy": accuracy, "seconds": round(time.perf_counter() - start, 2)}
+    # Rank 0 serves the store (unless torchrun's agent does): it leaves last.
+    store.add("done", 1)
+    if rank == 0:
+        while store.add("done", 0) < world_size:
+            time.sleep(0.05)
+    return report
+
+
 def _free_port() -> int:
     # The rendezvous needs a port up front; the window before rank 0 binds it is accepted.
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
@@ -116,10 +165,21 @@ def _free_port() -> int:
 
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--workers", type=int, default=4)
+    parser.add_argument("--workers", type=int,
+                        help=f"ranks to spawn (default {DEFAULT_WORKERS}; under a launcher: "
+                        "its WORLD_SIZE)")  # fmt: skip
     parser.add_argument("--epochs", type=int, default=12)
     parser.add_argument("--seed", type=int, default=0)
     args = parser.parse_args(argv)
+    if launched(os.environ):
+        if args.workers is not None and args.workers != int(os.environ["WORLD_SIZE"]):
+            parser.error(f"--workers {args.workers} but the launcher started "
+                         f"WORLD_SIZE={os.environ['WORLD_SIZE']} ranks")  # fmt: skip
+        # One write per report: ranks of torchrun share one stdout.
+        sys.stdout.write(json.dumps(run_rank(args.epochs, args.seed)) + "\n")
+        sys.stdout.flush()
+        return
+    args.workers = args.workers or DEFAULT_WORKERS
     # Gloo picks its interface from the hostname; every rank here is on loopback.
     os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")
     start = time.perf_counter()

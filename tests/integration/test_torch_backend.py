@@ -7,6 +7,7 @@ raises on a wrong result, which fails the spawn and the test.
 
 from __future__ import annotations
 
+import os
 import socket
 from collections.abc import Iterator
 from datetime import timedelta
@@ -183,6 +184,26 @@ def _setup_error_rank(rank: int, world: int, init: str, options: InaOptions) -> 
     dist.destroy_process_group()
 
 
+def _installed_rank(rank: int, world: int, init: str, env: list[dict[str, str]]) -> None:
+    # What a launcher gives each rank: its own address, port and switch rank, no P4Runtime.
+    os.environ.update(env[rank])
+    dist.init_process_group("ina", init_method=init, rank=rank, world_size=world, timeout=TIMEOUT)
+    pg = dist.group.WORLD
+    assert isinstance(pg, InaProcessGroup) and pg.options.installed
+    spec = pg.session.spec
+    assert (spec.rank, spec.num_workers) == (world - 1 - rank, world)
+    x = torch.from_numpy(_inputs(rank, 700, "int32"))
+    dist.all_reduce(x)
+    ref, _ = _expected(world, 700, "int32")
+    np.testing.assert_array_equal(x.numpy(), ref.astype(np.int32))
+    x = torch.from_numpy(_inputs(rank, 700, "float32"))
+    dist.all_reduce(x)
+    ref, absmax = _expected(world, 700, "float32")
+    err = np.abs(x.numpy().astype(np.float64) - ref)
+    assert np.all(err <= error_bound(absmax, world, spec.lanes, ref)), err.max()
+    dist.destroy_process_group()
+
+
 def _cuda_rank(rank: int, world: int, init: str, options: InaOptions) -> None:
     dist.init_process_group(
         "ina", init_method=init, rank=rank, world_size=world, timeout=TIMEOUT, pg_options=options
@@ -195,6 +216,7 @@ def _cuda_rank(rank: int, world: int, init: str, options: InaOptions) -> None:
 
 # ----------------------------------------------------------------- tests
 @pytest.mark.parametrize("world", [2, 3])
+@pytest.mark.slow
 def test_allreduce_through_the_switch_and_the_rest_through_gloo(
     switch: SoftSwitchProcess, world: int
 ) -> None:
@@ -205,12 +227,14 @@ def test_allreduce_through_the_switch_and_the_rest_through_gloo(
         assert job_id not in [j.job_id for j in ctl.installed_jobs()]
 
 
+@pytest.mark.slow
 def test_ddp_hook_gives_the_default_allreduce_gradients(switch: SoftSwitchProcess) -> None:
     _spawn(_hook_rank, 4, _options(switch, 20))
     with switch.controller() as ctl:
         assert 20 not in [j.job_id for j in ctl.installed_jobs()]
 
 
+@pytest.mark.slow
 def test_a_refused_job_fails_on_every_rank(switch: SoftSwitchProcess) -> None:
     from controller.switch import WorkerAddress
 
@@ -221,6 +245,54 @@ def test_a_refused_job_fails_on_every_rank(switch: SoftSwitchProcess) -> None:
     finally:
         with switch.controller() as ctl:
             ctl.remove_job(30)
+
+
+def _free_udp_ports(count: int) -> list[int]:
+    sockets = [socket.socket(socket.AF_INET, socket.SOCK_DGRAM) for _ in range(count)]
+    try:
+        for s in sockets:
+            s.bind(("127.0.0.1", 0))
+        return [s.getsockname()[1] for s in sockets]
+    finally:
+        for s in sockets:
+            s.close()
+
+
+@pytest.mark.slow
+def test_a_job_installed_already_by_a_launcher(switch: SoftSwitchProcess) -> None:
+    # The launcher installs job 50 for fixed ports, switch rank r = group rank world-1-r
+    # (as a leaf numbers its hosts apart from the global ranks); the ranks install and
+    # remove nothing, and their packets must carry the switch's ranks to be aggregated.
+    from controller.switch import WorkerAddress
+
+    world, job_id = 3, 50
+    ports = _free_udp_ports(world)
+    with switch.controller() as ctl:
+        workers = [WorkerAddress("127.0.0.1", ports[world - 1 - r]) for r in range(world)]
+        ctl.add_job(job_id, workers, 16)
+        lanes = ctl.lanes
+    host, port = switch.data_addr
+    env = [
+        {
+            "INALAB_SWITCH": f"{host}:{port}",
+            "INALAB_JOB": str(job_id),
+            "INALAB_BIND": "127.0.0.1",
+            "INALAB_PORT": str(ports[rank]),
+            "INALAB_SWITCH_RANK": str(world - 1 - rank),
+            "INALAB_WORKERS": str(world),
+            "INALAB_LANES": str(lanes),
+            "INALAB_SLOTS": "16",
+        }
+        for rank in range(world)
+    ]
+    try:
+        _spawn(_installed_rank, world, env)
+        with switch.controller() as ctl:  # the launcher's to remove
+            assert job_id in [j.job_id for j in ctl.installed_jobs()]
+            assert ctl.counters()["drop_bad_source"] == 0
+    finally:
+        with switch.controller() as ctl:
+            ctl.remove_job(job_id)
 
 
 @pytest.mark.gpu
@@ -243,6 +315,34 @@ def test_options_from_the_environment() -> None:
         InaOptions.from_env(env | {"INALAB_SWITCH": "10.0.0.1"})
     with pytest.raises(InaSetupError, match="bad INALAB"):
         InaOptions.from_env(env | {"INALAB_JOB": "70000"})
+
+
+def test_options_of_a_job_installed_already_from_the_environment() -> None:
+    env = {
+        "INALAB_SWITCH": "10.255.255.2:20033",
+        "INALAB_JOB": "1",
+        "INALAB_BIND": "10.0.0.6",
+        "INALAB_PORT": "47000",
+        "INALAB_SWITCH_RANK": "1",
+        "INALAB_WORKERS": "8",
+        "INALAB_LANES": "64",
+    }
+    for p4runtime in ({}, {"INALAB_P4RUNTIME": ""}):  # absent or empty: installed already
+        opts = InaOptions.from_env(env | p4runtime)
+        assert opts.installed and opts.p4runtime is None
+        assert (opts.bind_ip, opts.bind_port, opts.switch) == (
+            "10.0.0.6", 47000, ("10.255.255.2", 20033)
+        )
+        assert (opts.switch_rank, opts.num_workers, opts.lanes) == (1, 8, 64)
+    with pytest.raises(InaSetupError, match=r"INALAB_P4RUNTIME .* or INALAB_LANES"):
+        InaOptions.from_env({k: v for k, v in env.items() if k != "INALAB_LANES"})
+    with pytest.raises(InaSetupError, match="bad INALAB"):
+        InaOptions.from_env(env | {"INALAB_PORT": "70000"})
+    with pytest.raises(ValueError, match="needs lanes"):
+        InaOptions(switch=("10.0.0.1", 1), p4runtime=None, job_id=1)
+    # Rank 0 installs when INALAB_P4RUNTIME is set; INALAB_PORT applies there too.
+    opts = InaOptions.from_env(env | {"INALAB_P4RUNTIME": "127.0.0.1:9559"})
+    assert not opts.installed and opts.bind_port == 47000
 
 
 def test_the_dynamiccl_chooser_from_the_environment(tmp_path: Path) -> None:
