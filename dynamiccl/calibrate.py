@@ -12,8 +12,10 @@ machine, and dynamiccl's model adds what a topology file says about links (bandw
 delay, loss, contention) on top. ``inalab emulate TOPOLOGY calibrate`` measures across
 an emulated network's links instead, for decisions on that network: the model takes
 the slowest of software and wire per byte, so the links' bandwidth is not counted
-twice, but their delay is part of the fitted latency. Every result is checked like a
-bench run: a wrong sum fails the calibration.
+twice, but their delay is part of the fitted latency. Such a profile records the links
+as applied (``links``: the slowest bandwidth, the worst delay and loss of the job's
+paths, after ``--bw``, ``--delay``, ``--link-loss``), and ``inalab decide`` says so when
+it uses it. Every result is checked like a bench run: a wrong sum fails the calibration.
 """
 
 from __future__ import annotations
@@ -34,7 +36,8 @@ from emulation.argtypes import int_in, positive_float, size
 
 if TYPE_CHECKING:
     from dynamiccl.fit import Measurement
-    from dynamiccl.model import Profile
+    from dynamiccl.model import MeasuredLinks, Profile
+    from emulation.topology import Topology
 
 __all__ = [
     "CalibrationError",
@@ -136,10 +139,16 @@ def calibrate(
     run_dir: Path,
     fabric: Any,
     where: str,
+    topology: Topology | None = None,
 ) -> int:
     """Measure with ``workers`` ranks on ``fabric`` (None: loopback), fit, save the
-    profile (and ``--json``); 0 on success, 1 if a run failed, 2 on bad arguments."""
+    profile (and ``--json``); 0 on success, 1 if a run failed, 2 on bad arguments.
+
+    ``topology`` is the emulated network as ``fabric`` realises it (overrides applied;
+    None on loopback): the profile records its links for the job ``args.job`` (None:
+    the first, as ``inalab emulate`` picks it)."""
     from dynamiccl.fit import FitError
+    from dynamiccl.model import measured_links
 
     for path in (args.output, args.json):
         if path is not None and not path.parent.is_dir():
@@ -150,13 +159,15 @@ def calibrate(
         check = getattr(fabric, "check", None)
         if check is not None:
             check(configs[0])
-    except ValueError as exc:
-        print(f"{PROG}: error: {exc}", file=sys.stderr)
+        links = None if topology is None else measured_links(topology, getattr(args, "job", None))
+    except (ValueError, KeyError) as exc:
+        message = exc.args[0] if isinstance(exc, KeyError) else exc
+        print(f"{PROG}: error: {message}", file=sys.stderr)
         return 2
     run_dir.mkdir(parents=True, exist_ok=True)
     try:
         points = measure(configs, run_dir, fabric)
-        profile = _fit(points, args, workers, where)
+        profile = _fit(points, args, workers, where, links)
     except (CalibrationError, FitError) as exc:
         print(f"{PROG}: failed: {exc}", file=sys.stderr)
         return 1
@@ -206,53 +217,59 @@ def measure(configs: Sequence[Any], run_dir: Path, fabric: Any = None) -> list[M
     Raises:
         CalibrationError: a run failed or a result was wrong.
     """
-    from tqdm import tqdm
-
     from dynamiccl.fit import Measurement
     from emulation.bench.config import format_size
+    from emulation.bench.progress import TerminalProgress
     from emulation.bench.sweep import BenchError, run_sweep
 
     total = sum(len(c.algos) * len(c.sizes) for c in configs)
     points: list[Measurement] = []
     level = logging.getLogger().getEffectiveLevel()
-    with tqdm(total=total, desc="calibrate", unit="size", file=sys.stderr, disable=None) as bar:
-        for cfg in configs:
-
-            def progress(algo: str, k: int, cfg: Any = cfg) -> None:
-                bar.set_postfix_str(f"{cfg.workers} workers, {algo} {format_size(cfg.sizes[k])}")
-                bar.update(1)
-
-            where = run_dir / f"workers{cfg.workers}"
-            where.mkdir(parents=True, exist_ok=True)
-            try:
-                result = run_sweep(cfg, where, progress, level, fabric)
-            except BenchError as exc:
-                raise CalibrationError(f"{cfg.workers} workers: {exc}") from exc
-            wrong = [r for r in result.rows if r.wrong]
-            if wrong:
-                r = wrong[0]
-                raise CalibrationError(
-                    f"{r.algo} with {cfg.workers} workers got {r.wrong} wrong elements at "
-                    f"{format_size(r.nbytes)} (logs: {where})"
-                )
-            points += [
-                Measurement(r.algo, r.nbytes, cfg.workers, r.time_us_max / 1e6)
-                for r in result.rows
-            ]
+    bar = TerminalProgress(total)
+    for cfg in configs:
+        progress = bar.sweep(cfg.sizes, prefix=f"{cfg.workers} workers, ")
+        where = run_dir / f"workers{cfg.workers}"
+        where.mkdir(parents=True, exist_ok=True)
+        try:
+            result = run_sweep(cfg, where, progress, level, fabric)
+        except BenchError as exc:
+            raise CalibrationError(f"{cfg.workers} workers: {exc}") from exc
+        wrong = [r for r in result.rows if r.wrong]
+        if wrong:
+            r = wrong[0]
+            raise CalibrationError(
+                f"{r.algo} with {cfg.workers} workers got {r.wrong} wrong elements at "
+                f"{format_size(r.nbytes)} (logs: {where})"
+            )
+        points += [
+            Measurement(r.algo, r.nbytes, cfg.workers, r.time_us_max / 1e6)
+            for r in result.rows
+        ]
     return points
 
 
 def _fit(
-    points: Sequence[Measurement], args: argparse.Namespace, workers: Sequence[int], where: str
+    points: Sequence[Measurement],
+    args: argparse.Namespace,
+    workers: Sequence[int],
+    where: str,
+    links: MeasuredLinks | None = None,
 ) -> Profile:
+    """The profile of ``points``; ``links``: the emulated links they were measured across.
+
+    Raises:
+        FitError: the points cannot determine a fit.
+    """
     from dynamiccl.fit import fit_profile
     from dynamiccl.model import DEFAULT_PROFILE
 
     # The packet size and window are the run's: the model counts packets and losses by them.
-    base = replace(DEFAULT_PROFILE, packet_bytes=4 * args.lanes, window=args.slots)
+    base = replace(DEFAULT_PROFILE, packet_bytes=4 * args.lanes, window=args.slots, links=links)
     date = datetime.now(UTC).date().isoformat()
     counts = ",".join(str(n) for n in workers)
     source = f"inalab calibrate on {where}, {date}, workers {counts}, lanes {args.lanes}"
+    if links is not None:
+        source += f", links {links.describe()}"
     return fit_profile(points, base, source=source)
 
 
@@ -280,6 +297,9 @@ def _format(profile: Profile, report: Sequence[dict[str, Any]]) -> str:
     from emulation.bench.config import format_size
 
     lines = [f"# {PROG}: {profile.source}", "#", "# algorithm   alpha (us/step)   beta (ns/B)"]
+    if profile.links is not None:
+        links = profile.links
+        lines[1:1] = [f"# measured across the emulated links of {links.where}: {links.describe()}"]
     for algo in sorted({r["algorithm"] for r in report}, key=CANDIDATES.index):
         params = profile.params(algo)
         lines.append(f"# {algo:<9}  {params.alpha * 1e6:16.1f}  {params.beta * 1e9:12.3f}")

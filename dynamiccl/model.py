@@ -37,13 +37,14 @@ import json
 import math
 from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field, fields, replace
+from importlib import resources
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from hostlib.protocol import MAX_WORKERS
 
 if TYPE_CHECKING:
-    from emulation.topology import Topology
+    from emulation.topology import Topology, TopologyJob
 
 __all__ = [
     "ALGORITHMS",
@@ -53,12 +54,14 @@ __all__ = [
     "TREE_BYTE_FACTOR",
     "AlgoParams",
     "Estimate",
+    "MeasuredLinks",
     "Profile",
     "ProfileError",
     "TopologySummary",
     "byte_coefficient",
     "estimate",
     "estimate_all",
+    "measured_links",
     "steps",
     "summarize_topology",
 ]
@@ -105,6 +108,75 @@ class AlgoParams:
 
 
 @dataclass(frozen=True)
+class MeasuredLinks:
+    """The emulated links a profile was calibrated across (``inalab emulate TOPOLOGY
+    calibrate``), as applied: after ``--bw``, ``--delay``, ``--link-loss``, ``--jitter``.
+
+    Their bandwidth, delay and loss are inside the profile's alpha and beta, so a
+    decision with the profile already pays them; see :func:`measured_links`.
+
+    Attributes:
+        topology: the topology's name.
+        job: the job whose ranks were measured (None: all hosts, a topology without jobs).
+        bw_mbit: the slowest shaped link on the job's paths, Mbit/s (None: unshaped).
+        delay_ms: the worst worker's one-way delay to the job's switch, ms.
+        loss: the worst worker path's loss probability, each way.
+        jitter_ms: the largest delay jitter on those paths, ms.
+    """
+
+    topology: str
+    job: int | None
+    bw_mbit: float | None
+    delay_ms: float
+    loss: float
+    jitter_ms: float = 0.0
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.topology, str):
+            raise ProfileError(f"links.topology must be a name, got {self.topology!r}")
+        if self.job is not None and (isinstance(self.job, bool) or not isinstance(self.job, int)):
+            raise ProfileError(f"links.job must be a job id or null, got {self.job!r}")
+        numbers = {"delay_ms": self.delay_ms, "loss": self.loss, "jitter_ms": self.jitter_ms}
+        if self.bw_mbit is not None:
+            numbers["bw_mbit"] = self.bw_mbit
+        for name, value in numbers.items():
+            ok = isinstance(value, int | float) and not isinstance(value, bool)
+            if not (ok and math.isfinite(value) and value >= 0):
+                raise ProfileError(f"links.{name} must be a finite number >= 0, got {value!r}")
+        if self.bw_mbit is not None and self.bw_mbit <= 0:
+            raise ProfileError(f"links.bw_mbit must be positive, got {self.bw_mbit!r}")
+        if self.loss >= 1:
+            raise ProfileError(f"links.loss must be in [0, 1), got {self.loss!r}")
+
+    @property
+    def where(self) -> str:
+        """``star4 job 1``: the network and job measured."""
+        return self.topology + (f" job {self.job}" if self.job is not None else "")
+
+    def describe(self) -> str:
+        """The links for a person, e.g. ``100 Mbit/s, 2 ms one way, loss 0``."""
+        bw = "unshaped" if self.bw_mbit is None else f"{self.bw_mbit:g} Mbit/s"
+        jitter = f" (jitter {self.jitter_ms:g} ms)" if self.jitter_ms else ""
+        return f"{bw}, {self.delay_ms:g} ms one way{jitter}, loss {self.loss:g}"
+
+    @classmethod
+    def from_dict(cls, doc: Any, where: str) -> MeasuredLinks:
+        """Read the ``links`` object of a profile.
+
+        Raises:
+            ProfileError: not an object, missing or unknown keys, bad numbers.
+        """
+        names = [f.name for f in fields(cls)]
+        required = set(names) - {"jitter_ms"}
+        if not isinstance(doc, Mapping) or not required <= set(doc) <= set(names):
+            raise ProfileError(f"{where}: 'links' must have the keys {', '.join(names)}")
+        try:
+            return cls(**doc)
+        except ProfileError as exc:
+            raise ProfileError(f"{where}: {exc}") from None
+
+
+@dataclass(frozen=True)
 class Profile:
     """The model's parameters: per-algorithm alpha/beta and the INA switch's limits.
 
@@ -116,6 +188,8 @@ class Profile:
         packet_bytes: payload bytes per packet (how many packets a message is).
         window: packets a worker keeps in flight (how many losses overlap).
         source: where the numbers come from, shown with every decision.
+        links: the emulated links the numbers were measured across (None: loopback, or
+            not recorded); the JSON omits the key when None.
     """
 
     ina: AlgoParams
@@ -127,8 +201,11 @@ class Profile:
     packet_bytes: int = 8192
     window: int = 32
     source: str = "unspecified"
+    links: MeasuredLinks | None = None
 
     def __post_init__(self) -> None:
+        if self.links is not None and not isinstance(self.links, MeasuredLinks):
+            raise ProfileError(f"links must be MeasuredLinks or None, got {self.links!r}")
         if not (math.isfinite(self.switch_rate) and self.switch_rate > 0):
             raise ProfileError(f"switch_rate must be positive, got {self.switch_rate!r}")
         if not 0.0 <= self.loss < 1.0:
@@ -160,6 +237,8 @@ class Profile:
         """The JSON document :meth:`save` writes."""
         doc = asdict(self)
         algos = {a: doc.pop(a) for a in ALGORITHMS}
+        if doc["links"] is None:
+            del doc["links"]  # a loopback profile stays readable by older inalab versions
         return {"schema": PROFILE_SCHEMA, "algorithms": algos, **doc}
 
     @classmethod
@@ -186,8 +265,11 @@ class Profile:
         if "switch_rate" not in doc:
             raise ProfileError(f"{where}: missing key 'switch_rate'")
         ina, ring, tree = (_algo_params(algos[a], f"{where}: algorithms.{a}") for a in ALGORITHMS)
+        values = {k: doc[k] for k in scalars if k in doc}
+        if values.get("links") is not None:
+            values["links"] = MeasuredLinks.from_dict(values["links"], where)
         try:
-            return cls(ina, ring, tree, **{k: doc[k] for k in scalars if k in doc})
+            return cls(ina, ring, tree, **values)
         except (ProfileError, TypeError) as exc:
             raise ProfileError(f"{where}: {exc}") from None
 
@@ -232,39 +314,44 @@ def _check_algorithm(algorithm: str) -> None:
         raise ValueError(f"unknown algorithm {algorithm!r} (known: {', '.join(ALGORITHMS)})")
 
 
-DEFAULT_PROFILE = Profile(
-    ina=AlgoParams(alpha=1.8e-3, beta=53e-9),
-    ring=AlgoParams(alpha=1.0e-3, beta=1.7e-9),
-    tree=AlgoParams(alpha=1.0e-3, beta=1.7e-9),
-    switch_rate=75e6,
-    loss=0.0,
-    timeout=0.02,
-    packet_bytes=8192,
-    window=32,
-    source="defaults (inalab bench on loopback, 4 workers, a 2-core VM; not this machine's)",
-)
-"""Numbers for ``inalab decide`` without ``--profile``: inalab's own loopback set-up (the
-Python soft switch and Gloo over loopback TCP), so out of the box decisions describe
-this testbed, not a GPU cluster. Calibrate (``inalab calibrate``) for anything else.
+_DEFAULT_PROFILE_FILE = "default_profile.json"
+"""The built-in profile's file in the ``dynamiccl`` package (package data)."""
 
-- ina and ring: :func:`dynamiccl.fit.fit_profile` on ``inalab bench -b 1K -e 16M -f 4
-  -n 5 -w 1 --workers 4`` (float32, 2048 lanes, 32 slots; Gloo's allreduce as ring),
-  rounded. INA: 1.8 ms a call, 53 ns/byte (the soft switch, one Python process, is the
-  bottleneck: ~2 ms at 1 KiB, 1.04 s at 16 MiB). Gloo: 1.0 ms per ring step (~6-8 ms
-  at 1 KiB over ``2(n-1) = 6`` steps), 1.7 ns/byte (49 ms at 16 MiB over ``1.5 S``).
-  The README's star4 run at 1 Gbit/s (64 MiB: INA 3.45 s = 51 ns/byte) agrees on INA;
-- tree: not measured for these defaults (the sweep had no tree); NCCL gives Tree and
-  Ring the same Simple base latency (8.4 us), so tree takes ring's constants and
-  differs by the model's form only;
-- switch_rate: 4 contributions per 53 ns/byte = ~75 MB/s (the fit's rule: the switch
-  is INA's bottleneck, so more workers slow INA down in proportion);
-- timeout: hostlib's ``RetryPolicy.timeout`` (20 ms); packet_bytes and window: the
-  bench defaults (2048 int32 lanes = 8 KiB, 32 slots).
 
-On loopback alone the ring wins at every size (TCP on loopback is fast, the soft switch
-is not); behind a shaped topology (``--topology``) the wire becomes the floor and INA's
-single step and ``S`` bytes (against the ring's ``2(n-1)`` steps and ``2(n-1)S/n``)
-win small messages and, on slow links, large ones.
+def _builtin_profile() -> Profile:
+    text = resources.files("dynamiccl").joinpath(_DEFAULT_PROFILE_FILE).read_text("utf-8")
+    return Profile.from_dict(json.loads(text), where=f"dynamiccl/{_DEFAULT_PROFILE_FILE}")
+
+
+DEFAULT_PROFILE = _builtin_profile()
+"""The profile of ``inalab decide``, ``inalab bench --algos auto`` and the PyTorch
+backend's dynamiccl chooser without one of their own: hostlib's own algorithms measured
+on inalab's loopback set-up (the Python soft switch for INA, hostlib's ring and tree over
+UDP), so out of the box decisions describe this testbed's software, not Gloo's C++ ring
+or a GPU cluster. Its ``source`` starts with ``built-in:`` and names the machine, so
+every output that shows it says which numbers it used. Calibrate (``inalab calibrate``)
+for anything else: on another machine these are only an order of magnitude.
+
+``default_profile.json`` is ``inalab calibrate --workers 4 -e 16M`` (4K..16M, x4, 3 timed
+calls, float32, 2048 lanes, 32 slots) unchanged but for its ``source``: on a 2-core AMD
+EPYC VM (Debian 12, Python 3.11) on 2026-11-24, while a CI run shared the machine.
+That load makes times vary: three runs in a row fitted the ring's beta at 21.0, 8.0 and
+10.6 ns/byte; this is the median run (the median of all three algorithms' betas too).
+Its fit, measured -> fitted, 4 workers::
+
+    algo   64 KiB          1 MiB          16 MiB
+    ina    5.9 -> 2.8 ms   21 -> 22 ms    272 -> 324 ms
+    ring   4.5 -> 2.5 ms   18 -> 18 ms    297 -> 269 ms
+    tree   2.7 -> 1.9 ms   35 -> 24 ms    355 -> 372 ms
+
+(mean |error| 17% over all 21 points). It predicts the ring at 64 MiB in 1.07 s; five
+``inalab bench`` runs of it on that machine, under the same load, measured 0.90 to 2.26 s
+(median 1.67 s; the slow ones retransmitted thousands of packets). The
+switch rate is the fit's rule (4 contributions per INA beta: the soft switch is INA's
+bottleneck); loss 0, the timeout (hostlib's 20 ms) and the packet and window (the
+bench's) are the fit's base. On loopback the tree wins small messages and the ring
+large ones, by little; behind a shaped topology (``--topology``) the wire becomes the
+floor and INA's single step and ``S`` bytes win on slow links.
 """
 
 
@@ -467,26 +554,10 @@ def summarize_topology(
     Raises:
         KeyError: no job ``job_id`` in the topology.
     """
-    from emulation.topology import TopologyJob, aggregation_tree
+    from emulation.topology import aggregation_tree
 
-    if job_id is not None:
-        matching = [j for j in topology.jobs if j.job_id == job_id]
-        if not matching:
-            known = ", ".join(str(j.job_id) for j in topology.jobs) or "none"
-            raise KeyError(f"topology {topology.name} has no job {job_id} (jobs: {known})")
-        job: TopologyJob | None = matching[0]
-    elif topology.jobs:
-        job = topology.jobs[0]
-    else:
-        aggregators = [s.name for s in topology.switches if s.role == "aggregate"]
-        hosts = tuple(h.name for h in topology.hosts)
-        job = TopologyJob(0, hosts, aggregators[0]) if aggregators else None
-    if job is None:
-        workers = tuple(h.name for h in topology.hosts)
-        root = topology.switches[0].name
-        reachable = False
-    else:
-        workers, root, reachable = job.workers, job.switch, True
+    job, workers, root = _job_network(topology, job_id)
+    reachable = job is not None
     graph = _Graph(topology)
     paths = {w: graph.path(w, root) for w in workers}
     access = [topology.attachment(w)[2].bw for w in workers]
@@ -510,6 +581,59 @@ def summarize_topology(
         switch_reachable=reachable,
         fan_in=fan_in,
         slots=slots,
+    )
+
+
+def _job_network(
+    topology: Topology, job_id: int | None
+) -> tuple[TopologyJob | None, tuple[str, ...], str]:
+    """(the job, its worker hosts, the switch they reduce at) as :func:`summarize_topology`
+    reads them; the job is None when no switch can aggregate for the hosts.
+
+    Raises:
+        KeyError: no job ``job_id`` in the topology.
+    """
+    from emulation.topology import TopologyJob
+
+    if job_id is not None:
+        matching = [j for j in topology.jobs if j.job_id == job_id]
+        if not matching:
+            known = ", ".join(str(j.job_id) for j in topology.jobs) or "none"
+            raise KeyError(f"topology {topology.name} has no job {job_id} (jobs: {known})")
+        job: TopologyJob | None = matching[0]
+    elif topology.jobs:
+        job = topology.jobs[0]
+    else:
+        aggregators = [s.name for s in topology.switches if s.role == "aggregate"]
+        hosts = tuple(h.name for h in topology.hosts)
+        job = TopologyJob(0, hosts, aggregators[0]) if aggregators else None
+    if job is None:
+        return None, tuple(h.name for h in topology.hosts), topology.switches[0].name
+    return job, job.workers, job.switch
+
+
+def measured_links(topology: Topology, job_id: int | None = None) -> MeasuredLinks:
+    """What the links of one job's network are, for a profile measured across them.
+
+    The job is chosen as :func:`summarize_topology` does; its links are those on each
+    worker's path to the job's switch, with the values ``topology`` holds (pass the
+    topology as emulated, overrides applied).
+
+    Raises:
+        KeyError: no job ``job_id`` in the topology.
+    """
+    summary = summarize_topology(topology, job_id)
+    job, workers, root = _job_network(topology, job_id)
+    graph = _Graph(topology)
+    links = [graph.links[h] for w in workers for h in graph.hops(graph.path(w, root))]
+    shaped = [link.bw for link in links if link.bw is not None]
+    return MeasuredLinks(
+        topology=topology.name,
+        job=None if job is None or not topology.jobs else job.job_id,
+        bw_mbit=min(shaped) if shaped else None,
+        delay_ms=summary.delay * 1e3,
+        loss=summary.loss,
+        jitter_ms=max((link.jitter for link in links), default=0.0),
     )
 
 
@@ -545,15 +669,15 @@ class _Graph:
             out.append(back[out[-1]])
         return out[::-1]
 
-    def _hops(self, path: list[str]) -> list[frozenset[str]]:
+    def hops(self, path: list[str]) -> list[frozenset[str]]:
         return [frozenset(pair) for pair in itertools.pairwise(path)]
 
     def delay(self, path: list[str]) -> float:
-        return sum(self.links[h].delay for h in self._hops(path))
+        return sum(self.links[h].delay for h in self.hops(path))
 
     def loss(self, path: list[str]) -> float:
         keep = 1.0
-        for h in self._hops(path):
+        for h in self.hops(path):
             keep *= 1.0 - self.links[h].loss
         return 1.0 - keep
 
@@ -564,7 +688,7 @@ class _Graph:
             return 1.0
         count: dict[frozenset[str], int] = {}
         for path in streams:
-            for h in self._hops(path):
+            for h in self.hops(path):
                 count[h] = count.get(h, 0) + 1
         worst = 1.0
         for h, n in count.items():
@@ -580,7 +704,7 @@ class _Graph:
         slower = [
             rate / bw
             for path in paths.values()
-            for h in self._hops(path)
+            for h in self.hops(path)
             if (bw := self.links[h].bw) is not None
         ]
         return max([1.0, *slower])
@@ -591,8 +715,8 @@ class _Graph:
         demand: dict[frozenset[str], float] = {}
         for w in workers:
             path = self.path(w, root)
-            bw = self.links[self._hops(path)[0]].bw if len(path) > 1 else None
-            for h in self._hops(path)[1:]:
+            bw = self.links[self.hops(path)[0]].bw if len(path) > 1 else None
+            for h in self.hops(path)[1:]:
                 if bw is not None and h <= self.switches:
                     demand[h] = demand.get(h, 0.0) + bw
         worst = 1.0

@@ -13,7 +13,11 @@ from pathlib import Path
 
 import pytest
 
-from dynamiccl.model import Profile
+from dynamiccl.model import DEFAULT_PROFILE, Profile
+
+pytestmark = pytest.mark.slow
+
+TOPOLOGIES = Path(__file__).resolve().parents[2] / "topologies"
 
 
 def _inalab(*argv: str, timeout: float = 300) -> subprocess.CompletedProcess[str]:
@@ -39,6 +43,7 @@ def test_calibrate_fits_a_profile_that_decide_and_bench_read(tmp_path: Path) -> 
     out = _ok(_inalab(*argv))
     fitted = Profile.load(profile)
     assert fitted.source.startswith("inalab calibrate on 127.0.0.1")
+    assert fitted.links is None and "links" not in json.loads(profile.read_text())
     assert fitted.packet_bytes == 4 * 2048 and fitted.window == 32
     for algo in ("ina", "ring", "tree"):
         params = fitted.params(algo)
@@ -62,6 +67,39 @@ def test_calibrate_fits_a_profile_that_decide_and_bench_read(tmp_path: Path) -> 
     _ok(_inalab(*argv))
     doc = json.loads(bench.read_text())
     assert doc["rows"][0]["chosen"] == doc["dynamiccl"]["decisions"]["4096"]["algorithm"]
+
+
+def test_bench_names_the_built_in_profile_it_decided_with(tmp_path: Path) -> None:
+    bench = tmp_path / "bench.json"
+    argv = ["bench", "-b", "4K", "-e", "4K", "-n", "1", "-w", "0", "--workers", "2",
+            "--algos", "auto", "--json", str(bench), "--run-dir", str(tmp_path)]  # fmt: skip
+    _ok(_inalab(*argv))
+    doc = json.loads(bench.read_text())
+    assert doc["dynamiccl"]["profile"] == DEFAULT_PROFILE.source
+    assert DEFAULT_PROFILE.source.startswith("built-in: inalab calibrate on 127.0.0.1")
+
+
+@pytest.mark.root
+@pytest.mark.mininet
+def test_calibrate_across_emulated_links_records_them(tmp_path: Path) -> None:
+    profile = tmp_path / "profile.json"
+    argv = ["emulate", str(TOPOLOGIES / "star4.yaml"), "--bw", "100", "--delay", "1ms",
+            "--run-dir", str(tmp_path / "run"), "calibrate", "-b", "4K", "-e", "64K", "-f", "4",
+            "-n", "1", "-w", "0", "--lanes", "256", "-o", str(profile)]  # fmt: skip
+    out = _ok(_inalab(*argv, timeout=600))
+    doc = json.loads(profile.read_text())
+    assert doc["links"] == {
+        "topology": "star4",
+        "job": 1,
+        "bw_mbit": 100.0,
+        "delay_ms": 1.0,
+        "loss": 0.0,
+        "jitter_ms": 0.0,
+    }
+    assert "measured across the emulated links of star4 job 1: 100 Mbit/s, 1 ms" in out
+    argv = ["decide", "--size", "1M", "--workers", "4", "--profile", str(profile)]
+    decided = _ok(_inalab(*argv))
+    assert "# profile measured across the emulated links of star4 job 1 (100 Mbit/s" in decided
 
 
 @pytest.mark.parametrize(

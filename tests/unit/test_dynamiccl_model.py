@@ -4,6 +4,9 @@ from __future__ import annotations
 
 import json
 import math
+import re
+from dataclasses import replace
+from importlib import resources
 from pathlib import Path
 
 import pytest
@@ -15,15 +18,18 @@ from dynamiccl.model import (
     PROFILE_SCHEMA,
     TREE_BYTE_FACTOR,
     AlgoParams,
+    MeasuredLinks,
     Profile,
     ProfileError,
     TopologySummary,
     byte_coefficient,
     estimate,
     estimate_all,
+    measured_links,
     steps,
     summarize_topology,
 )
+from emulation.emulate import apply_overrides
 from emulation.topology import load_topology, parse_topology
 from hostlib.protocol import MAX_WORKERS
 
@@ -198,8 +204,33 @@ def test_profile_round_trips(tmp_path: Path) -> None:
     DEFAULT_PROFILE.save(path)
     doc = json.loads(path.read_text())
     assert doc["schema"] == PROFILE_SCHEMA
-    assert doc["algorithms"]["ring"] == {"alpha": 1.0e-3, "beta": 1.7e-9}
+    assert doc["algorithms"]["ring"] == {
+        "alpha": DEFAULT_PROFILE.ring.alpha,
+        "beta": DEFAULT_PROFILE.ring.beta,
+    }
+    assert "links" not in doc  # a loopback profile: older readers refuse unknown keys
     assert Profile.load(path) == DEFAULT_PROFILE
+
+
+LINKS = MeasuredLinks(topology="star4", job=1, bw_mbit=100.0, delay_ms=2.0, loss=0.01)
+
+
+def test_a_profile_measured_across_links_keeps_them(tmp_path: Path) -> None:
+    path = tmp_path / "profile.json"
+    profile = replace(FLAT, links=LINKS)
+    profile.save(path)
+    doc = json.loads(path.read_text())
+    assert doc["links"] == {
+        "topology": "star4",
+        "job": 1,
+        "bw_mbit": 100.0,
+        "delay_ms": 2.0,
+        "loss": 0.01,
+        "jitter_ms": 0.0,
+    }
+    assert Profile.load(path) == profile
+    assert LINKS.where == "star4 job 1"
+    assert LINKS.describe() == "100 Mbit/s, 2 ms one way, loss 0.01"
 
 
 def _write(tmp_path: Path, doc: object) -> Path:
@@ -226,6 +257,16 @@ def _good() -> dict[str, object]:
         (lambda d: d.update(switch_rate=0), "switch_rate must be positive"),
         (lambda d: d.update(window=0), "window must be a positive integer"),
         (lambda d: d.update(switch_rate="fast"), "p.json"),
+        (lambda d: d.update(links=[100]), "'links' must have the keys"),
+        (lambda d: d.update(links={"topology": "star4", "job": 1}), "'links' must have"),
+        (
+            lambda d: d.update(links={**_links_doc(), "colour": "red"}),
+            "'links' must have the keys",
+        ),
+        (lambda d: d.update(links={**_links_doc(), "bw_mbit": 0}), "bw_mbit must be positive"),
+        (lambda d: d.update(links={**_links_doc(), "loss": 1.0}), r"links.loss must be in"),
+        (lambda d: d.update(links={**_links_doc(), "delay_ms": -1}), "delay_ms must be"),
+        (lambda d: d.update(links={**_links_doc(), "job": "one"}), "links.job must be"),
     ],
 )
 def test_bad_profiles_say_what_is_wrong(tmp_path: Path, edit: object, message: str) -> None:
@@ -247,8 +288,44 @@ def test_unreadable_or_non_json_profiles(tmp_path: Path) -> None:
         Profile.load(_write(tmp_path, [1, 2]))
 
 
-def test_default_profile_is_labelled_as_defaults() -> None:
-    assert DEFAULT_PROFILE.source.startswith("defaults")
+def _links_doc() -> dict[str, object]:
+    return {"topology": "star4", "job": 1, "bw_mbit": 100.0, "delay_ms": 2.0, "loss": 0.0}
+
+
+def test_default_profile_says_it_is_built_in_and_where_it_was_measured() -> None:
+    source = DEFAULT_PROFILE.source
+    assert source.startswith("built-in: inalab calibrate on 127.0.0.1")
+    assert "2-core" in source and "workers 4" in source and "lanes 2048" in source
+    assert re.search(r"\b20\d\d-\d\d-\d\d\b", source)  # the date it was measured
+    assert DEFAULT_PROFILE.links is None  # loopback: no emulated links
+    assert DEFAULT_PROFILE.packet_bytes == 4 * 2048 and DEFAULT_PROFILE.window == 32
+
+
+def test_default_profile_is_the_shipped_file() -> None:
+    shipped = resources.files("dynamiccl").joinpath("default_profile.json").read_text()
+    assert Profile.from_dict(json.loads(shipped)) == DEFAULT_PROFILE
+
+
+# What the built-in profile's calibration run measured on its machine (inalab calibrate
+# --workers 4 -e 16M, see DEFAULT_PROFILE), seconds per call with 4 workers, and the
+# ring at 64 MiB: the median of five inalab bench runs there (0.90 to 2.26 s).
+MEASURED_4_WORKERS = {
+    ("ina", 1 << 20): 0.02098,
+    ("ina", 16 << 20): 0.2721,
+    ("ring", 1 << 20): 0.01826,
+    ("ring", 16 << 20): 0.2974,
+    ("ring", 64 << 20): 1.67,
+    ("tree", 1 << 20): 0.03521,
+    ("tree", 16 << 20): 0.3546,
+}
+
+
+@pytest.mark.parametrize(("algo", "size"), sorted(MEASURED_4_WORKERS))
+def test_default_profile_predicts_hostlibs_own_algorithms(algo: str, size: int) -> None:
+    # The old defaults were Gloo's ring: 177 ms at 64 MiB where hostlib's takes 1-2 s.
+    predicted = estimate(algo, size, 4, DEFAULT_PROFILE).seconds
+    measured = MEASURED_4_WORKERS[algo, size]
+    assert measured / 2 <= predicted <= measured * 2, (predicted, measured)
 
 
 # ----------------------------------------------------------------- topology
@@ -298,6 +375,41 @@ def test_forwarding_only_networks_cannot_aggregate() -> None:
     s = summarize_topology(load_topology(TOPOLOGIES / "tutorials_triangle.json"))
     assert not s.switch_reachable
     assert not estimate("ina", 4096, 3, DEFAULT_PROFILE, s).available
+
+
+def test_measured_links_are_the_jobs_links_as_applied() -> None:
+    star4 = apply_overrides(load_topology(TOPOLOGIES / "star4.yaml"), bw=100, delay=2.5)
+    assert measured_links(star4) == MeasuredLinks("star4", 1, 100.0, 2.5, 0.0, 0.0)
+    unshaped = apply_overrides(load_topology(TOPOLOGIES / "star4.yaml"), loss=0.01)
+    links = measured_links(replace(unshaped, links=tuple(
+        replace(link, bw=None) for link in unshaped.links)))  # fmt: skip
+    assert links.bw_mbit is None and links.loss == pytest.approx(0.01)
+
+
+def test_measured_links_follow_the_job_and_the_worst_path() -> None:
+    topo = parse_topology(
+        {
+            "switches": {"s1": {}, "s2": {}},
+            "hosts": {"h1": {}, "h2": {}, "h3": {}},
+            "links": [
+                {"a": "h1", "b": "s1", "bw": 100, "delay": "1ms"},
+                {"a": "h2", "b": "s2", "bw": 1000, "jitter": "0.5ms"},
+                {"a": "s1", "b": "s2", "bw": 40, "delay": "2ms", "loss": 0.02},
+                {"a": "h3", "b": "s2", "bw": 10},
+            ],
+            "jobs": [
+                {"id": 3, "workers": ["h1", "h2"], "switch": "s2"},
+                {"id": 5, "workers": ["h2"], "switch": "s2"},
+            ],
+        }
+    )
+    first = measured_links(topo)
+    assert (first.job, first.bw_mbit, first.delay_ms) == (3, 40.0, 3.0)  # h1 -> s1 -> s2
+    assert first.loss == pytest.approx(0.02) and first.jitter_ms == 0.5
+    other = measured_links(topo, 5)  # h3's 10 Mbit/s link is on neither job's paths
+    assert (other.bw_mbit, other.delay_ms, other.loss) == (1000.0, 0.0, 0.0)
+    with pytest.raises(KeyError, match="no job 7"):
+        measured_links(topo, 7)
 
 
 def test_unknown_job_is_a_key_error() -> None:

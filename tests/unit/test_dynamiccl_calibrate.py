@@ -1,0 +1,84 @@
+"""dynamiccl.calibrate without running anything: the profile it writes from given
+measurements, and what it records about the network they were taken on."""
+
+from __future__ import annotations
+
+import argparse
+import json
+from collections.abc import Sequence
+from dataclasses import replace
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from dynamiccl import calibrate as calibrate_module
+from dynamiccl.fit import Measurement
+from dynamiccl.model import ALGORITHMS, DEFAULT_PROFILE, MeasuredLinks, Profile, estimate
+from emulation.emulate import apply_overrides
+from emulation.topology import load_topology
+
+TOPOLOGIES = Path(__file__).resolve().parents[2] / "topologies"
+
+
+def _args(tmp_path: Path, **overrides: Any) -> argparse.Namespace:
+    """What ``inalab emulate TOPOLOGY calibrate``'s parser gives (``job``: its --job)."""
+    parser = argparse.ArgumentParser()
+    calibrate_module.add_arguments(parser, emulated=True)
+    args = parser.parse_args(["-o", str(tmp_path / "profile.json"), "--lanes", "256"])
+    args.job = None
+    for key, value in overrides.items():
+        setattr(args, key, value)
+    return args
+
+
+@pytest.fixture
+def measured(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Every run "measures" what the built-in profile predicts, without running."""
+
+    def fake(configs: Sequence[Any], run_dir: Path, fabric: Any = None) -> list[Measurement]:
+        return [
+            Measurement(a, n, c.workers, estimate(a, n, c.workers, DEFAULT_PROFILE).seconds)
+            for c in configs
+            for a in c.algos
+            for n in c.sizes
+        ]
+
+    monkeypatch.setattr(calibrate_module, "measure", fake)
+
+
+def test_a_profile_fitted_across_emulated_links_records_them(
+    tmp_path: Path, measured: None, capsys: pytest.CaptureFixture[str]
+) -> None:
+    star4 = load_topology(TOPOLOGIES / "star4.yaml")
+    applied = apply_overrides(star4, bw=100, delay=1.5, loss=0.001)  # --bw 100 --delay 1.5ms ...
+    args = _args(tmp_path)
+    where = "star4 (Mininet hosts, job 1)"
+    assert calibrate_module.calibrate(args, (4,), tmp_path, None, where, applied) == 0
+    profile = Profile.load(args.output)
+    assert profile.links is not None
+    assert profile.links.loss == pytest.approx(0.001)  # a path's loss: 1 - (1 - p)
+    assert replace(profile.links, loss=0.001) == MeasuredLinks("star4", 1, 100.0, 1.5, 0.001)
+    doc = json.loads(args.output.read_text())
+    assert doc["links"]["bw_mbit"] == 100.0 and doc["links"]["delay_ms"] == 1.5
+    assert profile.source.startswith("inalab calibrate on star4 (Mininet hosts, job 1), ")
+    assert profile.source.endswith(", lanes 256, links 100 Mbit/s, 1.5 ms one way, loss 0.001")
+    out = capsys.readouterr().out
+    assert "# measured across the emulated links of star4 job 1: 100 Mbit/s" in out
+    for algo in ALGORITHMS:  # the fit recovers the numbers the fake measured
+        assert profile.params(algo).beta == pytest.approx(DEFAULT_PROFILE.params(algo).beta)
+
+
+def test_the_job_is_emulates_job(tmp_path: Path, measured: None) -> None:
+    star8 = apply_overrides(load_topology(TOPOLOGIES / "star8.yaml"), bw=10)
+    args = _args(tmp_path, job=2)
+    assert calibrate_module.calibrate(args, (2,), tmp_path, None, "star8", star8) == 0
+    links = Profile.load(args.output).links
+    assert links is not None and (links.job, links.bw_mbit) == (2, 10.0)
+
+
+def test_a_loopback_profile_records_no_links(tmp_path: Path, measured: None) -> None:
+    args = _args(tmp_path)
+    assert calibrate_module.calibrate(args, (4,), tmp_path, None, "127.0.0.1") == 0
+    assert Profile.load(args.output).links is None
+    assert "links" not in json.loads(args.output.read_text())
