@@ -2,6 +2,12 @@
 
 Each subcommand module exports ``add_arguments(parser)`` and ``run(args) -> int`` and is
 imported only when chosen, so ``inalab switch`` does not pay for torch or matplotlib.
+
+SIGTERM and SIGHUP (what ``timeout``, schedulers, ``kill`` and a closed terminal send) stop
+a run as Ctrl-C does: :class:`Interrupted` is raised in the main thread, so every
+``with``/``finally`` that stops a switch, a worker or a Mininet network runs (a second
+signal meanwhile does not cut that short); the command prints one line and exits with
+128 + the signal's number.
 """
 
 from __future__ import annotations
@@ -9,10 +15,23 @@ from __future__ import annotations
 import argparse
 import importlib
 import logging
+import os
+import signal
 import sys
 from collections.abc import Sequence
+from types import FrameType
+from typing import Any, NoReturn
 
-__all__ = ["main"]
+__all__ = ["DESCRIPTION", "Interrupted", "main"]
+
+DESCRIPTION = """\
+inalab emulates in-network aggregation (INA): allreduce summed inside a switch, as
+SwitchML and ATP do on Tofino, here in a software switch (a Python pipeline or an eBPF
+program in the kernel) or in P4 on bmv2, on loopback or in an emulated network (Mininet,
+shaped links), and compares it with ring, tree and Gloo allreduce in nccl-tests style
+tables, JSON and plots. Start with `inalab bench` (loopback, no root); `sudo inalab
+emulate topologies/star4.yaml bench` runs the same across emulated links, and `inalab
+emulate TOPOLOGY run -- COMMAND` runs your own program in the emulated hosts."""
 
 SUBCOMMANDS: dict[str, tuple[str, str]] = {
     "switch": (
@@ -38,24 +57,125 @@ SUBCOMMANDS: dict[str, tuple[str, str]] = {
     ),
 }
 
+_STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
+
+
+class Interrupted(KeyboardInterrupt):
+    """A stop signal (SIGTERM, SIGHUP; SIGINT arrives as a plain KeyboardInterrupt).
+
+    Attributes:
+        signum: the signal's number.
+    """
+
+    def __init__(self, signum: int) -> None:
+        super().__init__(signal.Signals(signum).name)
+        self.signum = signum
+
+
+class CommandParser(argparse.ArgumentParser):
+    """A parser that rejects arguments it does not know *itself*, with its own usage.
+
+    argparse hands a subcommand's unknown arguments up to the top-level parser, whose
+    usage then says nothing about the subcommand; here the innermost parser that got
+    them reports them. ``hints`` maps an option to a sentence added to that error (e.g.
+    why ``--workers`` does not exist under ``inalab emulate ... bench``).
+    """
+
+    hints: dict[str, str]
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.hints = {}
+
+    def parse_known_args(  # type: ignore[override]
+        self, args: Sequence[str] | None = None, namespace: argparse.Namespace | None = None
+    ) -> tuple[argparse.Namespace, list[str]]:
+        parsed, extras = super().parse_known_args(args, namespace)
+        if extras:
+            self.unknown(extras)
+        return parsed, extras
+
+    def unknown(self, extras: list[str]) -> NoReturn:
+        message = f"unrecognized arguments: {' '.join(extras)}"
+        for option, hint in self.hints.items():
+            if any(e == option or e.startswith(option + "=") for e in extras):
+                message += f" ({hint})"
+        self.error(message)
+
+
+def _version() -> str:
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version("inalab")
+    except PackageNotFoundError:
+        return "unknown (not installed)"
+
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="inalab", description=__doc__.splitlines()[0])
+    parser = CommandParser(
+        prog="inalab", description=DESCRIPTION, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("-v", "--verbose", action="count", default=0, help="more logging")
+    parser.add_argument("--version", action="version", version=f"%(prog)s {_version()}")
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     for name, (module, help_text) in SUBCOMMANDS.items():
         sp = sub.add_parser(name, help=help_text, description=help_text)
+        # -v after the subcommand too (inalab bench -v); SUPPRESS keeps the top-level count.
+        sp.add_argument("-v", "--verbose", action="count", default=argparse.SUPPRESS,
+                        help="more logging (-vv: debug)")  # fmt: skip
         importlib.import_module(module).add_arguments(sp)
         sp.set_defaults(_module=module)
     return parser
 
 
+class _StopHandler:
+    """The first SIGINT, SIGTERM or SIGHUP stops the run; later ones while it cleans up
+    only say so (a second Ctrl-C must not cut the removal of what the run started)."""
+
+    def __init__(self) -> None:
+        self.stopping = False
+
+    def __call__(self, signum: int, frame: FrameType | None) -> None:
+        if self.stopping:
+            print("inalab: still stopping: removing what this run started", file=sys.stderr)
+            return
+        self.stopping = True
+        if signum == signal.SIGINT:
+            raise KeyboardInterrupt
+        raise Interrupted(signum)
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """Parse ``argv`` and run the chosen subcommand; return its exit status."""
+    try:
+        status = _main(argv)
+        sys.stdout.flush()  # here, where a closed pipe is handled, not at interpreter exit
+        return status
+    except BrokenPipeError:
+        # The reader went away (`inalab ctl jobs | head -1`): stop quietly, as Unix tools
+        # do, and keep the interpreter's last flush of stdout from raising again.
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        return 128 + int(signal.SIGPIPE)
+
+
+def _main(argv: Sequence[str] | None) -> int:
     args = build_parser().parse_args(argv)
     level = logging.WARNING - 10 * min(args.verbose, 2)
     logging.basicConfig(level=level, format="%(asctime)s %(name)s %(levelname)s %(message)s")
-    return int(importlib.import_module(args._module).run(args))
+    handler = _StopHandler()
+    previous = {s: signal.signal(s, handler) for s in _STOP_SIGNALS}
+    try:
+        return int(importlib.import_module(args._module).run(args))
+    except KeyboardInterrupt as exc:
+        signum = exc.signum if isinstance(exc, Interrupted) else signal.SIGINT
+        print(f"inalab {args.command}: stopped by {signal.Signals(signum).name}; what this run "
+              "started is gone", file=sys.stderr)  # fmt: skip
+        return 128 + int(signum)
+    finally:
+        for s, old in previous.items():
+            signal.signal(s, old)
 
 
 if __name__ == "__main__":

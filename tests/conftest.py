@@ -8,6 +8,11 @@ Capability markers (declared in pyproject.toml) are honoured here: a test marked
 probe of this machine finds the capability missing, unless ``INALAB_REQUIRE`` names it:
 then the session stops (CI must not pass by skipping). ``slow`` tests always run unless
 deselected with ``-m "not slow"``.
+
+Temporary files go under pytest's base temporary directory (``TMPDIR`` is pointed there
+for the session, subprocesses included), so a run that makes its own (``inalab bench``
+without ``--run-dir``) leaves nothing in the system's temporary directory; pytest
+keeps the last three base directories.
 """
 
 from __future__ import annotations
@@ -15,7 +20,8 @@ from __future__ import annotations
 import functools
 import os
 import shutil
-from collections.abc import Callable
+import tempfile
+from collections.abc import Callable, Iterator
 
 import pytest
 
@@ -107,3 +113,20 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
         for marker, (_, reason) in PROBES.items():
             if item.get_closest_marker(marker) is not None and not capability(marker):
                 item.add_marker(pytest.mark.skip(reason=reason))
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _temporary_files_under_basetemp(tmp_path_factory: pytest.TempPathFactory) -> Iterator[None]:
+    """Point ``TMPDIR`` (this process's and its children's) into pytest's base temporary
+    directory for the session; a short path, for the Unix sockets made there."""
+    tmp = tmp_path_factory.getbasetemp() / "tmp"
+    tmp.mkdir(exist_ok=True)
+    saved = os.environ.get("TMPDIR")
+    os.environ["TMPDIR"] = str(tmp)
+    tempfile.tempdir = None  # re-read TMPDIR
+    yield
+    if saved is None:
+        del os.environ["TMPDIR"]
+    else:
+        os.environ["TMPDIR"] = saved
+    tempfile.tempdir = None

@@ -10,11 +10,16 @@ from __future__ import annotations
 
 import contextlib
 import math
+import os
+import pty
+import re
+import select
+import signal
 import socket
 import subprocess
 import sys
 import time
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable, Iterator, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -262,3 +267,120 @@ def assert_child_dies_with_its_parent(start: str, timeout: float = 30.0) -> None
     while _alive(child):
         assert time.monotonic() < deadline, f"pid {child} outlived its killed parent"
         time.sleep(0.05)
+
+
+def descendants(pid: int) -> set[int]:
+    """The processes below ``pid`` now (children, theirs, ...), from /proc."""
+    parents: dict[int, int] = {}
+    for entry in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            stat = Path(f"/proc/{entry}/stat").read_text()
+        except OSError:
+            continue
+        parents[int(entry)] = int(stat.rpartition(")")[2].split()[1])
+    found: set[int] = set()
+    frontier = {pid}
+    while frontier:
+        frontier = {p for p, parent in parents.items() if parent in frontier} - found
+        found |= frontier
+    return found
+
+
+def still_running(pids: Iterable[int], grace: float = 5.0) -> set[int]:
+    """Which of ``pids`` still run after up to ``grace`` seconds (for the kernel to
+    finish a SIGKILL or a parent to reap)."""
+    deadline = time.monotonic() + grace
+    while (alive := {p for p in pids if _alive(p)}) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    return alive
+
+
+class Terminal:
+    """A command on a pseudo-terminal, as a person runs it: standard output and error
+    are the terminal (so ``isatty()`` holds), and keys typed go through the terminal's
+    line discipline (``\\x03`` becomes SIGINT to the foreground process group, as
+    Ctrl-C does).
+
+    Args:
+        argv: the command.
+        cwd: its working directory (default: this one).
+    """
+
+    def __init__(self, argv: Sequence[str], cwd: Path | None = None) -> None:
+        self.output = ""
+        self._status: int | None = None
+        pid, fd = pty.fork()
+        if pid == 0:  # the child: a new session whose controlling terminal is the pty
+            try:
+                if cwd is not None:
+                    os.chdir(cwd)
+                os.execvp(argv[0], list(argv))
+            finally:
+                os._exit(127)
+        self.pid, self._fd = pid, fd
+
+    def expect(self, pattern: str, timeout: float = 120.0) -> re.Match[str]:
+        """Read until ``pattern`` (a regex) appears in the output; return its match.
+
+        Raises:
+            AssertionError: the command ended or ``timeout`` passed first.
+        """
+        deadline = time.monotonic() + timeout
+        while (match := re.search(pattern, self.output)) is None:
+            left = deadline - time.monotonic()
+            assert left > 0, f"no {pattern!r} within {timeout} s in:\n{self.output[-3000:]}"
+            assert self._read(left), f"ended without {pattern!r}:\n{self.output[-3000:]}"
+        return match
+
+    def type(self, keys: bytes) -> None:
+        """Type ``keys`` at the terminal."""
+        os.write(self._fd, keys)
+
+    def wait(self, timeout: float = 120.0) -> int:
+        """Read the output to its end and return the exit status (negative: killed by
+        that signal).
+
+        Raises:
+            AssertionError: still running after ``timeout`` (then it is killed).
+        """
+        deadline = time.monotonic() + timeout
+        while self._read(deadline - time.monotonic()):
+            pass
+        while self._status is None:
+            pid, status = os.waitpid(self.pid, os.WNOHANG)
+            if pid:
+                self._status = os.waitstatus_to_exitcode(status)
+            elif time.monotonic() > deadline:
+                self.close()
+                raise AssertionError(f"still running after {timeout} s:\n{self.output[-3000:]}")
+            else:
+                time.sleep(0.05)
+        return self._status
+
+    def close(self) -> None:
+        """Kill the command if it still runs, and close the terminal."""
+        if self._status is None:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(self.pid, signal.SIGKILL)
+            self._status = os.waitstatus_to_exitcode(os.waitpid(self.pid, 0)[1])
+        with contextlib.suppress(OSError):
+            os.close(self._fd)
+
+    def __enter__(self) -> Terminal:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def _read(self, timeout: float) -> bool:
+        """Read what is there within ``timeout``; False once the terminal is closed or
+        the time is up."""
+        if timeout <= 0 or not select.select([self._fd], [], [], timeout)[0]:
+            return False
+        try:
+            data = os.read(self._fd, 65536)
+        except OSError:  # EIO: every process holding the terminal has exited
+            return False
+        # A terminal turns "\n" into "\r\n"; tests match the text as written.
+        self.output += data.decode(errors="replace").replace("\r\n", "\n")
+        return bool(data)

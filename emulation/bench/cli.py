@@ -66,6 +66,12 @@ def add_arguments(parser: argparse.ArgumentParser, emulated: bool = False) -> No
     ``emulated``: for ``inalab emulate TOPOLOGY bench``, where the topology gives the
     workers, their hosts and the links' loss, and there is no switch-only mode.
     """
+    if emulated:
+        hints = getattr(parser, "hints", {})  # emulation.cli.CommandParser's
+        hints["--workers"] = (
+            "under inalab emulate the topology gives the ranks: one per host, or the host's ranks"
+        )
+        hints["--run-dir"] = "give --run-dir to inalab emulate, before the action"
     add = parser.add_argument
     add("-b", "--minbytes", type=size, default=4 << 10, help="smallest size (default 4K)")
     add("-e", "--maxbytes", type=size, default=16 << 20, help="largest size (default 16M)")
@@ -146,11 +152,10 @@ def run(args: argparse.Namespace) -> int:
     from emulation.bench.sweep import BenchError
 
     try:
-        for path in (args.json, args.plot):
-            if path is not None and not path.parent.is_dir():
-                raise UsageError(f"directory of {path} does not exist")
+        check_outputs(args)
         if args.switch_only:
             return _run_switch_only(args)
+        check_inputs(args)
         cfg = config_from_args(args)
     except UsageError as exc:
         print(f"{PROG}: error: {exc}", file=sys.stderr)
@@ -163,6 +168,41 @@ def run(args: argparse.Namespace) -> int:
         return 1
     finally:
         print(f"# logs: {run_dir}")
+
+
+def check_outputs(args: argparse.Namespace) -> None:
+    """The JSON and plot files can be written where asked (checked before anything runs
+    or any directory is made).
+
+    Raises:
+        UsageError: a file's directory does not exist.
+    """
+    for flag, path in (("--json", args.json), ("--plot", args.plot)):
+        if path is not None and not Path(path).parent.is_dir():
+            raise UsageError(f"{flag}: directory {Path(path).parent} does not exist")
+
+
+def check_inputs(args: argparse.Namespace) -> None:
+    """What the run will need, before it starts anything: a readable ``--profile``
+    (whatever the algorithms: a bad file is never ignored) and PyTorch for ``gloo``.
+
+    Raises:
+        UsageError: the profile cannot be read, or gloo is asked for without torch.
+    """
+    import importlib.util
+
+    from dynamiccl.model import Profile, ProfileError
+
+    if args.profile is not None:
+        try:
+            Profile.load(args.profile)
+        except (OSError, ProfileError) as exc:
+            raise UsageError(f"--profile: {exc}") from None
+    if "gloo" in args.algos and importlib.util.find_spec("torch") is None:
+        raise UsageError(
+            "gloo needs PyTorch, which is not installed: pip install 'inalab[torch]' "
+            "(torch==2.13.0), or leave gloo out of --algos"
+        )
 
 
 def config_from_args(
@@ -236,12 +276,11 @@ def run_bench(
     Raises:
         BenchError: a run failed (see :func:`emulation.bench.sweep.run_sweep`).
     """
-    from tqdm import tqdm
-
     from dynamiccl.model import ProfileError
     from emulation.bench.fabric import LoopbackFabric
+    from emulation.bench.progress import TerminalProgress
     from emulation.bench.report import format_table, make_document, write_json, write_plot
-    from emulation.bench.sweep import run_sweep
+    from emulation.bench.sweep import SweepInterrupted, run_sweep
 
     fabric = fabric or LoopbackFabric(cfg.ranks_per_host)
     try:
@@ -251,26 +290,26 @@ def run_bench(
         return 2
     # auto's decision per size, made once: the sweep runs them, the report explains them.
     decisions = {n: policy.decide(n) for n in cfg.sizes} if policy is not None else {}
-    print(_banner(cfg, fabric.description, isinstance(fabric, LoopbackFabric)), flush=True)
-    total = len(cfg.algos) * len(cfg.sizes)
-    # disable=None: a bar on a terminal; nothing in a log file or CI, where each
-    # refresh would be one more line of carriage returns.
-    with tqdm(total=total, desc="allreduce", unit="size", file=sys.stderr, disable=None) as bar:
-
-        def progress(algo: str, k: int) -> None:
-            bar.set_postfix_str(f"{algo} {format_size(cfg.sizes[k])} done")
-            bar.update(1)
-
-        level = logging.getLogger().getEffectiveLevel()
-        decide = (lambda n: decisions[n].algorithm) if decisions else None
+    loopback = isinstance(fabric, LoopbackFabric)
+    print(_banner(cfg, fabric.description, loopback, getattr(fabric, "links", "")), flush=True)
+    progress = TerminalProgress(len(cfg.sizes) * len(cfg.algos)).sweep(cfg.sizes)
+    level = logging.getLogger().getEffectiveLevel()
+    decide = (lambda n: decisions[n].algorithm) if decisions else None
+    stopped: KeyboardInterrupt | None = None
+    try:
         result = run_sweep(cfg, run_dir, progress, level, fabric, decide)
+    except SweepInterrupted as exc:  # report what finished, then stop as asked
+        result, stopped = exc.result, exc.cause
+        print(f"# stopped by {_signal_name(stopped)}: the tables hold the sizes every rank "
+              "finished", flush=True)  # fmt: skip
     hosts = len({p.host for p in fabric.placements(cfg.workers)})
     for algo in cfg.algos:
         rows = [r for r in result.rows if r.algo == algo]
-        print(format_table(algo, rows, _describe(algo, cfg, fabric.description, hosts)))
-        print("#")
+        if rows or stopped is None:
+            print(format_table(algo, rows, _describe(algo, cfg, fabric.description, hosts)))
+            print("#")
     extra: dict[str, Any] = {}
-    if policy is not None:
+    if policy is not None and stopped is None:
         extra["dynamiccl"] = _report_auto(policy, decisions, cfg, result.rows)
     wrong = sum(r.wrong for r in result.rows)
     meta = _metadata(args, cfg, run_dir)
@@ -280,6 +319,9 @@ def run_bench(
     meta["switch_log"] = result.switch_log
     meta["wall_s"] = result.wall_s
     meta["udp_kernel_counters_delta"] = result.udp_kernel_delta
+    meta["links"] = getattr(fabric, "links", None)
+    if stopped is not None:
+        meta["stopped_by"] = _signal_name(stopped)
     pcap = run_dir / "switch.pcap"
     if cfg.pcap_count and pcap.exists():
         meta["pcap"] = str(pcap)
@@ -289,9 +331,12 @@ def run_bench(
         write_json(args.json, make_document(meta, result.rows, extra))
         print(f"# json: {args.json}")
     if args.plot is not None:
-        title = f"allreduce {cfg.dtype}, {cfg.workers} workers, loss {cfg.loss:g}"
+        title = (f"allreduce {cfg.dtype}, {cfg.workers} workers on {fabric.description}\n"
+                 f"{getattr(fabric, 'links', '')}; switch drop simulator {cfg.loss:g}")  # fmt: skip
         write_plot(args.plot, result.rows, title)
         print(f"# plot: {args.plot}")
+    if stopped is not None:
+        raise stopped  # emulation.cli prints one line and exits 128 + the signal
     if wrong:
         print(f"{PROG}: {wrong} wrong elements in total", file=sys.stderr)
         return 1
@@ -328,6 +373,7 @@ def _report_auto(
         else dataclasses.asdict(policy.topology_summary),
         "decisions": {str(n): d.to_dict() for n, d in decisions.items()},
     }
+    print(f"# auto's profile: {policy.profile.source}")
     static = [a for a in AUTO_CHOICES if a in cfg.algos]
     points = oracle_points(rows, static)
     if len(static) >= 2 and points:
@@ -347,17 +393,25 @@ LOOPBACK_NOTE = (
 """Printed before a loopback run's tables: what its INA times measure."""
 
 
-def _banner(cfg: BenchConfig, where: str, loopback: bool = False) -> str:
+def _banner(cfg: BenchConfig, where: str, loopback: bool = False, links: str = "") -> str:
     sizes = f"{format_size(cfg.sizes[0])}..{format_size(cfg.sizes[-1])}"
     return (
         f"# inalab bench: allreduce sum, {cfg.workers} workers on {where}, {cfg.dtype},"
         f" sizes {sizes} ({len(cfg.sizes)}), iters {cfg.iters}, warmup {cfg.warmup},"
-        f" seed {cfg.seed}\n" + (f"{LOOPBACK_NOTE}\n" if loopback else "") + "#"
+        f" seed {cfg.seed}\n" + (f"# links: {links}\n" if links else "")
+        + (f"{LOOPBACK_NOTE}\n" if loopback else "") + "#"
     )
 
 
+def _signal_name(stop: KeyboardInterrupt) -> str:
+    """SIGTERM, SIGHUP (emulation.cli.Interrupted) or SIGINT (Ctrl-C)."""
+    import signal
+
+    return signal.Signals(getattr(stop, "signum", signal.SIGINT)).name
+
+
 def _describe(algo: str, cfg: BenchConfig, where: str, hosts: int) -> str:
-    ina = f"lanes={cfg.lanes}, slots={cfg.slots}, loss={cfg.loss:g} in+out"
+    ina = f"lanes={cfg.lanes}, slots={cfg.slots}, switch drop simulator {cfg.loss:g} in+out"
     if algo == "ina":
         return f"INA through the switch, {ina}, n={cfg.workers}"
     if algo == "collnet":

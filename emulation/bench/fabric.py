@@ -100,6 +100,8 @@ class LoopbackFabric:
     """
 
     description = "127.0.0.1"
+    links = "none: loopback (127.0.0.1), no wire, no shaping"
+    """What the ranks' packets cross, for headers, titles and the JSON."""
 
     def __init__(self, ranks_per_host: int = 1) -> None:
         if ranks_per_host < 1:

@@ -22,6 +22,7 @@ from emulation.bench.cpu import BOUND_FRACTION, CPU_NOTE, RowCpu, worker_cpu
 
 __all__ = [
     "JSON_SCHEMA",
+    "RETX_NOTE",
     "OraclePoint",
     "Row",
     "bound_note",
@@ -212,9 +213,13 @@ def format_table(algo: str, rows: Iterable[Row], description: str = "") -> str:
     rows = list(rows)
     chosen = any(r.chosen for r in rows)
     cpu = any(r.cpu is not None for r in rows)
-    head = _COLS + ("  {:>7}" if chosen else "") + (_CPU_COLS if cpu else "")
+    retx = algo != "gloo"  # hostlib's algorithms retransmit; Gloo's TCP does it unseen
+    head = (_COLS + ("  {:>7}" if retx else "") + ("  {:>7}" if chosen else "")
+            + (_CPU_COLS if cpu else ""))  # fmt: skip
     names = ["size", "count", "type", "redop", "time", "algbw", "busbw", "#wrong"]
     units = ["(B)", "(elements)", "", "", "(us)", "(GB/s)", "(GB/s)", ""]
+    if retx:
+        names, units = [*names, "retx"], [*units, "(pkts)"]
     if chosen:
         names, units = [*names, "chosen"], [*units, ""]
     if cpu:
@@ -226,12 +231,13 @@ def format_table(algo: str, rows: Iterable[Row], description: str = "") -> str:
         " busbw = algbw * 2(n-1)/n (nccl-tests).",
         "# note: INA's busbw can exceed the link rate, because each host sends and receives"
         " S once rather than 2(n-1)/n * S; compare algbw.",
+        *([RETX_NOTE] if retx else []),
         *([CPU_COLUMNS_NOTE] if cpu else []),
         "#",
         head.format(*names).rstrip(),
         head.format(*units).rstrip(),
     ]
-    lines += [_table_line(r, chosen, cpu) for r in rows]
+    lines += [_table_line(r, chosen, cpu, retx) for r in rows]
     wrong = sum(r.wrong for r in rows)
     avg = sum(r.busbw for r in rows) / len(rows) if rows else 0.0
     lines += [
@@ -243,14 +249,20 @@ def format_table(algo: str, rows: Iterable[Row], description: str = "") -> str:
     return "\n".join(lines)
 
 
-def _table_line(r: Row, chosen: bool, cpu: bool) -> str:
+def _table_line(r: Row, chosen: bool, cpu: bool, retx: bool = True) -> str:
     return (
         f"{r.nbytes:12d}  {r.count:12d}  {r.dtype:>8}  {REDOP:>6}  {_fmt_time(r.time_us_max)}"
         f"  {r.algbw:7.4f}  {r.busbw:7.4f}  {r.wrong:6d}"
+        + (f"  {r.retransmits:7d}" if retx else "")
         + (f"  {r.chosen or '':>7}" if chosen else "")
         + (_cpu_cells(r.cpu) if cpu else "")
     )
 
+
+RETX_NOTE = (
+    "# retx = packets the ranks sent again (all ranks, warm-up calls included): loss"
+    " recovered by the hosts' timers"
+)
 
 # ----------------------------------------------------------------- dynamiccl vs oracle
 @dataclass(frozen=True)

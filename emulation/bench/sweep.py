@@ -45,6 +45,7 @@ __all__ = [
     "BENCH_JOB_ID",
     "BenchError",
     "DecideFn",
+    "SweepInterrupted",
     "SweepResult",
     "run_sweep",
     "stall_limit",
@@ -72,6 +73,21 @@ DecideFn = Callable[[int], str]
 
 class BenchError(RuntimeError):
     """A worker failed, died, or went silent; or the switch could not be run."""
+
+
+class SweepInterrupted(KeyboardInterrupt):
+    """A stop signal (Ctrl-C, SIGTERM) arrived mid-sweep; the workers and the switch are
+    stopped, and ``result`` holds the rows every rank finished.
+
+    Attributes:
+        result: what was measured before the signal.
+        cause: the interrupt itself (``emulation.cli.Interrupted`` names the signal).
+    """
+
+    def __init__(self, result: SweepResult, cause: KeyboardInterrupt) -> None:
+        super().__init__(str(cause))
+        self.result = result
+        self.cause = cause
 
 
 @dataclass
@@ -139,15 +155,23 @@ def _run_algo(
     """One algorithm's sweep; its rows, wall time and UDP counters go into ``result``."""
     start = time.perf_counter()
     udp_before = udp_counters()
-    if algo in SWITCH_ALGORITHMS or algo in PEER_ALGORITHMS:
-        choices = [result.choices[n] for n in cfg.sizes] if algo == "auto" else None
-        per_rank = _run_udp(
-            cfg, algo, fabric, run_dir, progress, log_level, result, choices, sampler
-        )
-    else:
-        plans = _plans(cfg, algo, fabric, run_dir, log_level, fabric.gloo_init(attempt))
-        with _Fleet(algo, plans, stall_limit(cfg)) as fleet:
-            per_rank = fleet.drive(len(cfg.sizes), progress)
+    partial: list[list[SizeResult]] = [[] for _ in range(cfg.workers)]
+    try:
+        if algo in SWITCH_ALGORITHMS or algo in PEER_ALGORITHMS:
+            choices = [result.choices[n] for n in cfg.sizes] if algo == "auto" else None
+            per_rank = _run_udp(
+                cfg, algo, fabric, run_dir, progress, log_level, result, choices, sampler, partial
+            )
+        else:
+            plans = _plans(cfg, algo, fabric, run_dir, log_level, fabric.gloo_init(attempt))
+            with _Fleet(algo, plans, stall_limit(cfg)) as fleet:
+                per_rank = fleet.drive(len(cfg.sizes), progress, None, partial)
+    except KeyboardInterrupt as exc:  # a stop signal: keep the sizes every rank finished
+        done = min(len(p) for p in partial)
+        if done:
+            rows = merge_ranks(algo, cfg.dtype, [p[:done] for p in partial], cfg.workers)
+            result.rows += _with_system_cpu(rows, sampler)
+        raise SweepInterrupted(result, exc) from exc
     result.wall_s[algo] = time.perf_counter() - start
     udp_after = udp_counters()
     result.udp_kernel_delta[algo] = {k: v - udp_before[k] for k, v in udp_after.items()}
@@ -232,6 +256,7 @@ def _run_udp(
     result: SweepResult,
     choices: Sequence[str] | None,
     sampler: CpuSampler,
+    partial: list[list[SizeResult]] | None = None,
 ) -> list[list[SizeResult]]:
     """The algorithms of hostlib: flat INA (every rank a worker of the switch's job),
     CollNet (each host's head rank is; the others reduce into it through shared memory),
@@ -252,7 +277,7 @@ def _run_udp(
                     _join_switch(fleet, switch, plans, collnet=algo == "collnet")
                 for _ in range(_PEER_SESSIONS.get(algo, 0)):
                     _join_peers(fleet)
-                per_rank = fleet.drive(len(cfg.sizes), progress, choices)
+                per_rank = fleet.drive(len(cfg.sizes), progress, choices, partial)
             if switch is not None:
                 result.switch_counters[algo] = switch.counters()
                 switch.remove(BENCH_JOB_ID)
@@ -351,16 +376,26 @@ class _Fleet:
     def __enter__(self) -> _Fleet:
         return self
 
-    def __exit__(self, *exc: object) -> None:
-        self.stop()
+    def __exit__(self, exc_type: type[BaseException] | None, *exc: object) -> None:
+        # Ranks still running are expected after a stop signal, a surprise otherwise.
+        self.stop(expected=exc_type is not None and issubclass(exc_type, KeyboardInterrupt))
 
     def drive(
-        self, num_sizes: int, progress: ProgressFn | None, choices: Sequence[str] | None = None
+        self,
+        num_sizes: int,
+        progress: ProgressFn | None,
+        choices: Sequence[str] | None = None,
+        partial: list[list[SizeResult]] | None = None,
     ) -> list[list[SizeResult]]:
         """Release the ranks size by size (with ``choices[k]``, the algorithm auto runs at
-        size k); return each rank's results, index = rank."""
+        size k); return each rank's results, index = rank. Each finished size's results
+        are also appended to ``partial`` (per rank) as they come, for a run that stops."""
         for k in range(num_sizes):
-            self.gather("barrier")
+            barriers = self.gather("barrier")
+            if k and partial is not None:
+                for rank, msg in enumerate(barriers):
+                    if len(msg) > 2 and msg[2] is not None:
+                        partial[rank].append(msg[2])
             if k and progress is not None:
                 progress(self.algo, k - 1)
             self.send_all(("go",) if choices is None else ("go", choices[k]))
@@ -449,11 +484,13 @@ class _Fleet:
         for proc in self.procs:
             proc.join(max(deadline - time.monotonic(), 0.0))
 
-    def stop(self) -> None:
-        """Terminate the ranks still running (only the processes this fleet started)."""
+    def stop(self, expected: bool = False) -> None:
+        """Terminate the ranks still running (only the processes this fleet started);
+        ``expected``: say so at INFO rather than WARNING (the run was stopped)."""
         for proc in self.procs:
             if proc.is_alive():
-                log.warning("terminating %s (pid %s)", proc.name, proc.pid)
+                log.log(logging.INFO if expected else logging.WARNING,
+                        "terminating %s (pid %s)", proc.name, proc.pid)  # fmt: skip
                 proc.terminate()
         for proc in self.procs:
             proc.join(5.0)

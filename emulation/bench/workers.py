@@ -11,8 +11,9 @@ lock-step so the coordinator can read one message per rank per phase:
 * ring and tree: worker -> ``("addr", (ip, port))``; coordinator -> ``("peers", addrs)``,
   every rank's address in rank order
 * auto: INA's exchange, then ring's, then tree's (a session of each on its own socket)
-* per size k: worker -> ``("barrier", k)``; coordinator -> ``("go",)``, or for auto
-  ``("go", algorithm)``: what dynamiccl chose for this size (the same for every rank)
+* per size k: worker -> ``("barrier", k, result of size k-1 or None)``; coordinator ->
+  ``("go",)``, or for auto ``("go", algorithm)``: what dynamiccl chose for this size (the
+  same for every rank)
 * at the end: worker -> ``("result", [SizeResult, ...])``
 * on any exception: worker -> ``("error", traceback_text)`` and exit status 1.
 
@@ -374,6 +375,10 @@ class _GlooAllreduce:
     """torch.distributed's Gloo backend over loopback TCP."""
 
     def __init__(self, plan: WorkerPlan) -> None:
+        # c10d warns on every connection it cannot reverse-resolve ("The hostname of the
+        # client socket cannot be retrieved"), which is every one in an emulated host
+        # without DNS; errors still print. A user's own setting wins.
+        os.environ.setdefault("TORCH_CPP_LOG_LEVEL", "ERROR")
         import torch
         import torch.distributed as dist
 
@@ -450,17 +455,26 @@ def _run(plan: WorkerPlan, conn: Connection, group: Any) -> list[SizeResult]:
     else:
         raise ValueError(f"unknown algorithm {plan.algo!r}")
     try:
-        return [_run_size(plan, conn, coll, k, nbytes) for k, nbytes in enumerate(plan.sizes)]
+        done: list[SizeResult] = []
+        for k, nbytes in enumerate(plan.sizes):
+            done.append(_run_size(plan, conn, coll, k, nbytes, done[-1] if done else None))
+        return done
     finally:
         coll.close()
 
 
 def _run_size(
-    plan: WorkerPlan, conn: Connection, coll: _Allreduce, k: int, nbytes: int
+    plan: WorkerPlan,
+    conn: Connection,
+    coll: _Allreduce,
+    k: int,
+    nbytes: int,
+    last: SizeResult | None = None,
 ) -> SizeResult:
     count = nbytes // np.dtype(plan.dtype).itemsize
     x = make_input(plan.seed, plan.rank, count, plan.dtype)
-    conn.send(("barrier", k))
+    # The previous size's result rides on the barrier: a run stopped midway keeps it.
+    conn.send(("barrier", k, last))
     go = _expect(conn, "go")
     ran = plan.algo
     if isinstance(coll, _AutoAllreduce):

@@ -111,6 +111,7 @@ def test_unreadable_json_names_the_file(tmp_path: Path) -> None:
         ("steps.2.expect_counters", {"completed": 2}, r"completed: expected \+2, got \+1"),
     ],
 )
+@pytest.mark.slow
 def test_a_target_that_disagrees_fails_the_vector(
     path: str, value: Any, message: str, tmp_path: Path
 ) -> None:

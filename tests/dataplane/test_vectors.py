@@ -34,13 +34,13 @@ def _params() -> list[object]:
     params: list[object] = []
     for vector in VECTORS:
         params.append(pytest.param(vector, "soft", id=f"{vector.name}-soft"))
-        ports = [pytest.mark.root]
+        ports = [pytest.mark.root, pytest.mark.slow]
         params.append(
             pytest.param(vector, "soft-ports", id=f"{vector.name}-soft-ports", marks=ports)
         )
-        marks = [pytest.mark.ebpf, pytest.mark.root]
+        marks = [pytest.mark.ebpf, pytest.mark.root, pytest.mark.slow]
         params.append(pytest.param(vector, "ebpf", id=f"{vector.name}-ebpf", marks=marks))
-        marks = [pytest.mark.bmv2, pytest.mark.root]
+        marks = [pytest.mark.bmv2, pytest.mark.root, pytest.mark.slow]
         params.append(pytest.param(vector, "bmv2", id=f"{vector.name}-bmv2", marks=marks))
     return params
 

@@ -38,6 +38,7 @@ def _ok(proc: subprocess.CompletedProcess[str]) -> None:
     assert proc.returncode == 0, f"stdout:\n{proc.stdout}\nstderr:\n{proc.stderr}"
 
 
+@pytest.mark.slow
 def test_ina_and_gloo_tiny_sweep(tmp_path: Path) -> None:
     out, png = tmp_path / "bench.json", tmp_path / "bench.png"
     proc = _bench(*TINY, "--json", str(out), "--plot", str(png), "--run-dir", str(tmp_path))
@@ -64,6 +65,7 @@ def test_ina_and_gloo_tiny_sweep(tmp_path: Path) -> None:
     assert "allreduce:" not in proc.stderr
 
 
+@pytest.mark.slow
 def test_collnet_next_to_flat_ina(tmp_path: Path) -> None:
     out = tmp_path / "collnet.json"
     proc = _bench("-b", "4K", "-e", "64K", "-f", "16", "-n", "2", "-w", "1", "-d", "int32",
@@ -81,6 +83,7 @@ def test_collnet_next_to_flat_ina(tmp_path: Path) -> None:
     assert not [p for p in Path("/dev/shm").iterdir() if p.name.startswith("inalab-cn-")]
 
 
+@pytest.mark.slow
 def test_ina_with_loss_is_still_correct(tmp_path: Path) -> None:
     out = tmp_path / "loss.json"
     proc = _bench(*TINY, "--algos", "ina", "--loss", "0.05", "--seed", "3", "--json", str(out))
@@ -94,6 +97,7 @@ def test_ina_with_loss_is_still_correct(tmp_path: Path) -> None:
     assert doc["metadata"]["loss"] == 0.05
 
 
+@pytest.mark.slow
 def test_pcap_count_records_the_switchs_first_packets(tmp_path: Path) -> None:
     out = tmp_path / "cap.json"
     run = tmp_path / "run"
@@ -116,6 +120,7 @@ def test_ina_int32_is_exact(tmp_path: Path) -> None:
     assert all(r["wrong"] == 0 and r["max_abs_err"] == 0 and r["type"] == "int32" for r in rows)
 
 
+@pytest.mark.slow
 def test_switch_only(tmp_path: Path) -> None:
     out = tmp_path / "switch.json"
     proc = _bench("--switch-only", "--workers", "2", "--seconds", "1", "--lanes", "64",
@@ -149,6 +154,7 @@ def test_bad_arguments_exit_2(argv: list[str], message: str) -> None:
     assert "Traceback" not in proc.stderr
 
 
+@pytest.mark.slow
 def test_unaligned_sizes_are_rounded_down_with_a_note(tmp_path: Path) -> None:
     out = tmp_path / "r.json"
     proc = _bench(
@@ -211,6 +217,7 @@ def _crafted_profile(path: Path) -> Path:
     return path
 
 
+@pytest.mark.slow
 def test_ring_tree_and_auto_next_to_ina(tmp_path: Path) -> None:
     out = tmp_path / "bench.json"
     profile = _crafted_profile(tmp_path / "profile.json")
@@ -235,6 +242,7 @@ def test_ring_tree_and_auto_next_to_ina(tmp_path: Path) -> None:
     assert set(doc["metadata"]["switch_counters"]) == {"ina", "auto"}
     section = doc["dynamiccl"]
     assert section["profile"] == "crafted: tree small, ring large"
+    assert "# auto's profile: crafted: tree small, ring large" in proc.stdout
     assert section["decisions"]["4096"]["algorithm"] == "tree"
     oracle = section["oracle"]
     assert oracle["sizes"] == 3
@@ -245,6 +253,7 @@ def test_ring_tree_and_auto_next_to_ina(tmp_path: Path) -> None:
     assert "Mean regret" in proc.stdout and "Mixed workload" in proc.stdout
 
 
+@pytest.mark.slow
 def test_ring_and_tree_int32_are_exact(tmp_path: Path) -> None:
     out = tmp_path / "bench.json"
     proc = _bench(*TINY, "--algos", "ring,tree", "-d", "int32", "--lanes", "64",
@@ -263,6 +272,7 @@ def test_auto_with_an_unreadable_profile_exits_2(tmp_path: Path) -> None:
     assert "--profile" in proc.stderr and "Traceback" not in proc.stderr
 
 
+@pytest.mark.slow
 def test_rows_carry_the_cpu_use_of_their_timed_calls(tmp_path: Path) -> None:
     out = tmp_path / "cpu.json"
     proc = _bench(*TINY, "--algos", "ina,ring", "--json", str(out))
@@ -287,6 +297,7 @@ def test_rows_carry_the_cpu_use_of_their_timed_calls(tmp_path: Path) -> None:
     assert all(r["cpu"]["switch"] is None for r in rows if r["algo"] == "ring")
     # The table shows the busiest of each and explains a flag when it raises one.
     assert proc.stdout.count("switch    worker   machine") == 2
-    assert "on loopback there is no wire" in proc.stdout.splitlines()[1]
+    assert proc.stdout.splitlines()[1] == "# links: none: loopback (127.0.0.1), no wire, no shaping"
+    assert "on loopback there is no wire" in proc.stdout.splitlines()[2]
     bound = any(r["cpu"]["bound"] for r in rows)
     assert ("# ! CPU-bound:" in proc.stdout) == bound

@@ -23,7 +23,7 @@ from emulation.bmv2 import BMV2_LANES, BMV2_SLOTS, Bmv2Tools, Bmv2Unavailable, f
 from emulation.network import WORKER_UDP_PORT, emulate
 from emulation.topology import parse_topology
 
-pytestmark = [pytest.mark.bmv2, pytest.mark.root, pytest.mark.mininet]
+pytestmark = [pytest.mark.bmv2, pytest.mark.root, pytest.mark.mininet, pytest.mark.slow]
 
 REPO = Path(__file__).resolve().parents[2]
 SIZE = 5000  # int32 elements: 79 packets per rank at 64 lanes

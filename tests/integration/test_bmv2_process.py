@@ -14,7 +14,7 @@ from controller.client import P4RuntimeError
 from controller.switch import SwitchController
 from emulation.bmv2 import Bmv2Process
 
-pytestmark = pytest.mark.bmv2
+pytestmark = [pytest.mark.bmv2, pytest.mark.slow]
 
 
 @pytest.fixture

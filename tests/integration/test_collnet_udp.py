@@ -202,6 +202,7 @@ OPS: tuple[Op, ...] = (
 )
 
 
+@pytest.mark.slow
 def test_every_rank_of_every_host_gets_the_sum_of_all_four(
     switch: SoftSwitchProcess, ctl: SwitchController
 ) -> None:
@@ -230,6 +231,7 @@ def test_every_rank_of_every_host_gets_the_sum_of_all_four(
     assert after["aggregated"] - before["aggregated"] == HOSTS * (packets + floats)
 
 
+@pytest.mark.slow
 def test_the_heads_recover_lost_packets_while_their_siblings_wait(
     switch: SoftSwitchProcess, ctl: SwitchController
 ) -> None:

@@ -15,6 +15,7 @@ from emulation.softswitch.ebpf.libbpf import BpfObject, LibbpfError
 pytestmark = [pytest.mark.ebpf, pytest.mark.root]
 
 
+@pytest.mark.slow
 def test_builds_once_per_lanes_source_and_defines(tmp_path: Path) -> None:
     first = build_program(64, tmp_path)
     mtime = first.stat().st_mtime_ns

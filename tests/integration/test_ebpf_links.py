@@ -19,7 +19,7 @@ import pytest
 from emulation.network import emulate
 from emulation.topology import parse_topology
 
-pytestmark = [pytest.mark.ebpf, pytest.mark.root, pytest.mark.mininet]
+pytestmark = [pytest.mark.ebpf, pytest.mark.root, pytest.mark.mininet, pytest.mark.slow]
 
 SLOW = 20.0  # Mbit/s, h2's link
 TOPOLOGY = {

@@ -45,7 +45,7 @@ from hostlib.protocol import (
 )
 from hostlib.session import InaSession
 
-pytestmark = [pytest.mark.ebpf, pytest.mark.root]
+pytestmark = [pytest.mark.ebpf, pytest.mark.root, pytest.mark.slow]
 
 LANES = 64
 SLOTS = 8

@@ -19,7 +19,7 @@ from typing import Any
 
 import pytest
 
-pytestmark = [pytest.mark.root, pytest.mark.mininet]
+pytestmark = [pytest.mark.root, pytest.mark.mininet, pytest.mark.slow]
 
 REPO = Path(__file__).resolve().parents[2]
 TOPOLOGIES = REPO / "topologies"
@@ -67,8 +67,14 @@ def _ok(proc: subprocess.CompletedProcess[str]) -> None:
     assert proc.returncode == 0, f"stdout:\n{proc.stdout[-3000:]}\nstderr:\n{proc.stderr[-3000:]}"
 
 
+def _kernel_log_count(text: str) -> int:
+    log = subprocess.run(["dmesg"], capture_output=True, text=True, check=False).stdout
+    return log.count(text)
+
+
 def test_bench_on_star4_runs_ina_and_gloo_in_the_hosts(tmp_path: Path, clean: None) -> None:
     out, png = tmp_path / "star4.json", tmp_path / "star4.png"
+    htb_warnings = _kernel_log_count("quantum of class")
     proc = _inalab("emulate", str(TOPOLOGIES / "star4.yaml"), "--run-dir",
                    str(tmp_path / "run"), "bench", *TINY, "-d", "int32", "--json", str(out),
                    "--plot", str(png))  # fmt: skip
@@ -85,6 +91,11 @@ def test_bench_on_star4_runs_ina_and_gloo_in_the_hosts(tmp_path: Path, clean: No
     assert counters["completed"] == 3 * (4 + 64) and counters["drop_bad_source"] == 0
     assert "star4 (Mininet hosts)" in proc.stdout
     assert "on loopback" not in proc.stdout  # the links, not only Python, set the pace here
+    assert "# links: every link 1000 Mbit/s, 0 ms one way, loss 0 each way" in proc.stdout
+    assert meta["links"].startswith("every link 1000 Mbit/s")
+    # No noise: Gloo's reverse lookups in DNS-less hosts, HTB's quantum warnings.
+    assert "hostname of the client socket" not in proc.stdout + proc.stderr
+    assert _kernel_log_count("quantum of class") == htb_warnings
     # Every algorithm's packets cross s1, so its CPU is in Gloo's rows as in INA's.
     for r in doc["rows"]:
         assert len(r["cpu"]["workers"]) == 4 and set(r["cpu"]["switch"]) == {"s1"}
@@ -292,3 +303,40 @@ def test_switch_only_loads_the_topologys_switch(
     assert numbers["switch_pps"] > 0 and numbers["switch_elements_per_s"] > 0
     assert "inproc_pps" not in numbers  # the Python pipeline alone says nothing of bmv2
 
+
+
+def test_the_header_states_the_links_loss_apart_from_the_switchs(
+    tmp_path: Path, clean: None
+) -> None:
+    out = tmp_path / "loss.json"
+    proc = _inalab("emulate", str(TOPOLOGIES / "star4.yaml"), "--bw", "200", "--link-loss",
+                   "0.01", "--run-dir", str(tmp_path / "run"), "bench", *TINY, "--algos",
+                   "ina", "--json", str(out))  # fmt: skip
+    _ok(proc)
+    header = [line for line in proc.stdout.splitlines() if line.startswith("# links:")]
+    by = "netem" if _has_netem() else "the soft switches' ports"
+    assert header == [
+        "# links: every link 200 Mbit/s, 0 ms one way, loss 0.01 each way; rate by HTB, delay "
+        f"and loss by {by}"
+    ]
+    assert "switch drop simulator 0 in+out" in proc.stdout  # not the links' loss
+    assert "retx" in proc.stdout  # losses recovered show in the table
+    doc = json.loads(out.read_text())
+    assert "loss 0.01" in doc["metadata"]["links"]
+    assert all(r["wrong"] == 0 for r in doc["rows"])
+
+
+def _has_netem() -> bool:
+    from emulation.datapaths import netem_available
+
+    return netem_available()
+
+
+def test_a_bad_bench_flag_is_refused_before_the_network(tmp_path: Path, clean: None) -> None:
+    before = _interfaces()
+    proc = _inalab("emulate", str(TOPOLOGIES / "star4.yaml"), "--run-dir", str(tmp_path / "run"),
+                   "bench", "--profile", str(tmp_path / "missing.json"))  # fmt: skip
+    assert proc.returncode == 2
+    assert "--profile" in proc.stderr and "Traceback" not in proc.stderr
+    assert "starting" not in proc.stdout and not (tmp_path / "run").exists()
+    assert _interfaces() == before

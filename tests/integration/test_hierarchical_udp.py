@@ -147,6 +147,7 @@ def delta(after: dict[str, int], before: dict[str, int]) -> dict[str, int]:
 
 
 @pytest.mark.timeout(120)
+@pytest.mark.slow
 def test_two_leaves_and_a_spine_sum_exactly(
     fabric: Fabric, job: Callable[[int], HierarchicalJob]
 ) -> None:
@@ -190,6 +191,7 @@ def test_float32_exponents_cross_both_levels(
 
 @pytest.mark.timeout(180)
 @pytest.mark.parametrize(("where", "loss"), [("spine", 0.05), ("everywhere", 0.05)])
+@pytest.mark.slow
 def test_loss_is_repaired_at_both_levels(
     fabric: Fabric, job: Callable[[int], HierarchicalJob], where: str, loss: float
 ) -> None:

@@ -196,6 +196,7 @@ def test_allreduce_sizes_from_one_element(
         (np.int32, 8, 4 * 2**20 + 2),
     ],
 )
+@pytest.mark.slow
 def test_allreduce_up_to_16_mib(
     big_switch: Switch,
     jobs: Callable[..., UdpJob],
@@ -238,6 +239,7 @@ def test_torch_tensors_in_and_out(small_switch: Switch, jobs: Callable[..., UdpJ
 
 # ----------------------------------------------------------------- loss
 @pytest.mark.timeout(120)
+@pytest.mark.slow
 def test_switch_drops_ten_percent_each_way_and_results_stay_identical(
     tmp_path: Path, small_switch: Switch, jobs: Callable[..., UdpJob]
 ) -> None:
@@ -317,6 +319,7 @@ DEADLINE = 1.0
 
 
 @pytest.mark.timeout(60)
+@pytest.mark.slow
 def test_a_stopped_worker_times_its_peers_out_and_the_switch_serves_on(
     small_switch: Switch, jobs: Callable[..., UdpJob]
 ) -> None:

@@ -26,7 +26,7 @@ from test_switch_ports import frame, host_socket, recv_frame, veth_pairs
 from controller.forwarder import HostRoute
 from emulation.softswitch import SoftSwitchProcess
 
-pytestmark = pytest.mark.root
+pytestmark = [pytest.mark.root, pytest.mark.slow]
 
 MAC1, MAC2 = bytes.fromhex("020000000001"), bytes.fromhex("020000000002")
 FRAMES = 3000

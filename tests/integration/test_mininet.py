@@ -20,7 +20,7 @@ import pytest
 from emulation.network import WORKER_UDP_PORT, EmulationError, emulate
 from emulation.topology import load_topology, parse_topology
 
-pytestmark = [pytest.mark.root, pytest.mark.mininet]
+pytestmark = [pytest.mark.root, pytest.mark.mininet, pytest.mark.slow]
 
 TOPOLOGIES = Path(__file__).resolve().parents[2] / "topologies"
 REPO = Path(__file__).resolve().parents[2]

@@ -17,7 +17,7 @@ from types import ModuleType
 
 import pytest
 
-pytestmark = pytest.mark.bmv2
+pytestmark = [pytest.mark.bmv2, pytest.mark.slow]
 
 P4_DIR = Path(__file__).resolve().parents[2] / "p4"
 

@@ -35,6 +35,7 @@ def run_example(name: str, cwd: Path, timeout: float) -> str:
 
 
 @pytest.mark.timeout(300)
+@pytest.mark.slow
 def test_pcap_example_dissects_the_switch_capture(tmp_path: Path) -> None:
     stdout = run_example("pcap", tmp_path, 280)
     lines = [line for line in stdout.splitlines() if " / INA " in line]
@@ -43,6 +44,7 @@ def test_pcap_example_dissects_the_switch_capture(tmp_path: Path) -> None:
 
 
 @pytest.mark.timeout(120)
+@pytest.mark.slow
 def test_ctl_example_installs_reads_and_removes_a_job(tmp_path: Path) -> None:
     out = run_example("ctl", tmp_path, 100)
     assert "job 1: 2 workers, slots 0+16" in out

@@ -83,6 +83,7 @@ def frame(dst: bytes, src: bytes, payload: bytes) -> bytes:
     return dst + src + ETHERTYPE + payload
 
 
+@pytest.mark.slow
 def test_forwarding_and_a_port_that_disappears(
     veths: list[tuple[str, str]], tmp_path: Path
 ) -> None:

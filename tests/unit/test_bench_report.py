@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import numpy as np
@@ -263,6 +263,7 @@ def test_json_document_schema(tmp_path: Path) -> None:
 
 
 # ----------------------------------------------------------------- plot
+@pytest.mark.slow
 def test_plot_writes_png(tmp_path: Path) -> None:
     rows = [
         _row(algo, nbytes=s, t=t)
@@ -404,9 +405,19 @@ def test_auto_rows_carry_the_choice_into_table_and_json() -> None:
     rows = _times("auto", {4096: 100.0}, {4096: "tree"})
     assert rows[0].to_json()["chosen"] == "tree"
     assert "chosen" not in _row().to_json()
-    table = format_table("auto", rows)
-    assert "chosen" in table.splitlines()[4] and table.splitlines()[6].endswith("tree")
+    table = format_table("auto", rows).splitlines()
+    head = next(i for i, line in enumerate(table) if "#wrong" in line)
+    assert "chosen" in table[head] and table[head + 2].endswith("tree")
     assert "chosen" not in format_table("ina", [_row()])
+
+
+def test_the_table_counts_retransmissions_except_for_gloo() -> None:
+    row = replace(_row(), retransmits=17)
+    ina = format_table("ina", [row]).splitlines()
+    head = next(i for i, line in enumerate(ina) if "#wrong" in line)
+    assert ina[head].split()[-1] == "retx" and ina[head + 2].split()[-1] == "17"
+    assert any(line.startswith("# retx = ") for line in ina)
+    assert "retx" not in format_table("gloo", [row])
 
 
 def test_count_wrong_ring_and_tree_use_the_float32_summation_bound() -> None:

@@ -484,6 +484,7 @@ def test_a_switch_that_exits_is_reported_with_its_log(
         ),
     ],
 )
+@pytest.mark.slow
 def test_a_switch_not_ready_in_time_is_stopped_and_says_what_was_missing(
     fake_path: Path,
     tmp_path: Path,

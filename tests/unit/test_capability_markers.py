@@ -48,3 +48,17 @@ def test_required_capabilities_are_checked_by_name() -> None:
     assert ("root: needs root" in missing) != capability("root")
     with pytest.raises(pytest.UsageError, match="'tofino' is not one of"):
         required_missing("tofino")
+
+
+def test_temporary_files_land_under_pytests_base_directory(
+    tmp_path_factory: pytest.TempPathFactory,
+) -> None:
+    import subprocess
+    import sys
+    import tempfile
+
+    base = tmp_path_factory.getbasetemp()
+    assert Path(tempfile.gettempdir()).is_relative_to(base)
+    child = subprocess.run([sys.executable, "-c", "import tempfile; print(tempfile.gettempdir())"],
+                           capture_output=True, text=True, check=True)  # fmt: skip
+    assert Path(child.stdout.strip()).is_relative_to(base)  # subprocesses' too

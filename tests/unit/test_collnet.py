@@ -221,6 +221,7 @@ def test_one_host_sums_exactly_and_identically(local_size: int) -> None:
             assert np.all(np.abs(want.astype(np.float64) - wide.sum(axis=0)) <= bound)
 
 
+@pytest.mark.slow
 def test_two_hosts_of_three_ranks_add_the_heads_sums() -> None:
     ops = (("sum", "int32", (5000,), 0), ("sum", "float32", (777,), 1), ("sum", "int32", (5,), 2))
     cap = 5000 * 4
@@ -291,6 +292,7 @@ def test_arguments_are_checked() -> None:
 
 
 # ----------------------------------------------------------------- failures
+@pytest.mark.slow
 def test_a_dead_sibling_fails_the_others_within_the_timeout() -> None:
     timeout = 1.5
     ops = (("sum", "int32", (100,), 0), ("sum", "int32", (100,), 1), ("sum", "int32", (100,), 2))
@@ -349,6 +351,7 @@ COORDINATOR = textwrap.dedent(
 )
 
 
+@pytest.mark.slow
 def test_a_run_leaves_no_segment_and_no_resource_tracker_complaint(tmp_path: Path) -> None:
     # A coordinator of its own, so its resource tracker (shared with its ranks) exits with
     # it, and whatever that tracker says at exit lands in the stderr captured here.

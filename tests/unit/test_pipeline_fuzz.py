@@ -14,6 +14,7 @@ import struct
 from typing import Any
 
 import numpy as np
+import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -195,6 +196,7 @@ def mutated(draw: st.DrawFn) -> tuple[bytes, Addr]:
 
 
 # ----------------------------------------------------------------- tests
+@pytest.mark.slow
 def test_random_datagrams_never_raise_and_change_nothing() -> None:
     seen = 0
 
@@ -211,6 +213,7 @@ def test_random_datagrams_never_raise_and_change_nothing() -> None:
     assert seen >= 5000
 
 
+@pytest.mark.slow
 def test_mutated_packets_touch_only_their_own_slot() -> None:
     seen = valid = 0
 

@@ -450,6 +450,7 @@ def fuzz_leaf() -> Pipeline:
     change=length_changes,
     exp=st.integers(-128, 127),
 )
+@pytest.mark.slow
 def test_hostile_results_change_only_the_slot_they_finish(
     src: Addr, job: int, slot: int, pool_set: int, seq: int, lanes: int, change: int, exp: int
 ) -> None:

@@ -235,6 +235,7 @@ finite_f32 = st.floats(
     st.integers(1, 16),
     st.data(),
 )
+@pytest.mark.slow
 def test_error_bound_holds_for_arbitrary_inputs(n: int, lanes: int, data: st.DataObject) -> None:
     size = data.draw(st.integers(1, 40))
     inputs = data.draw(hnp.arrays(np.float32, (n, size), elements=finite_f32))
