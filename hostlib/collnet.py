@@ -40,7 +40,7 @@ import time
 from collections.abc import Callable
 from multiprocessing import shared_memory
 from multiprocessing.context import BaseContext
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, cast
 
 import numpy as np
 
@@ -62,7 +62,9 @@ SHM_PREFIX = "inalab-cn-"
 """Name prefix of the shared-memory segments (``/dev/shm/inalab-cn-*`` on Linux)."""
 
 Inter = Callable[[np.ndarray], np.ndarray]
-"""The head's step across hosts: the allreduce of this host's local sum over all heads."""
+"""The head's step across hosts: the allreduce of this host's local sum over all heads.
+A call given a window (:meth:`CollNetAllreduce.allreduce`) calls it as ``inter(local,
+window=window)``: :func:`ina_inter`'s accepts that keyword."""
 
 _DTYPES = {np.dtype(np.int32): 1, np.dtype(np.float32): 2}
 _DTYPE_NAMES = {1: "int32", 2: "float32"}
@@ -212,7 +214,7 @@ class CollNetAllreduce:
         self._broken: str | None = None
         self._step = "gather"
 
-    def allreduce(self, x: np.ndarray) -> np.ndarray:
+    def allreduce(self, x: np.ndarray, *, window: int | None = None) -> np.ndarray:
         """Sum ``x`` over all local ranks and, through the head's ``inter``, all hosts.
 
         int32 sums wrap like the switch's (numpy int32 addition). float32 local sums are
@@ -220,8 +222,15 @@ class CollNetAllreduce:
         whichever rank computes a chunk: the result is a function of the inputs alone and
         bitwise identical on all local ranks (they copy the same bytes).
 
+        What a call can set is the INA leg's window; its packet width is the switch's
+        (fixed by the job), and the host-local step moves whole buffers through shared
+        memory, with neither packets nor a window.
+
         Args:
             x: an int32 or float32 numpy array, any shape, at most ``capacity`` bytes.
+            window: the head's INA window for this call (slots ``0..window-1`` of the
+                job's, see :meth:`~hostlib.session.InaSession.allreduce`); ``None``: all.
+                Every head must pass the same; other local ranks' windows are unused.
 
         Returns:
             A new array of ``x``'s dtype and shape.
@@ -230,8 +239,9 @@ class CollNetAllreduce:
             TypeError: not a numpy array, or another dtype.
             ValueError: ``x`` is larger than the group's capacity.
             CollNetError: a barrier timed out (a sibling died or is stuck), a sibling or
-                the head's ``inter`` failed, the local ranks disagree on dtype or size,
-                or the group broke in an earlier call.
+                the head's ``inter`` failed (a window outside the job's slots among
+                them), the local ranks disagree on dtype or size, or the group broke in
+                an earlier call.
         """
         if self._broken is not None:
             raise CollNetError(f"group unusable after an earlier failure: {self._broken}", "gather")
@@ -264,7 +274,7 @@ class CollNetAllreduce:
                 raise
             raise CollNetError(disagreement, "gather")
         try:
-            return self._reduce_and_broadcast(rows, result, x.shape)
+            return self._reduce_and_broadcast(rows, result, x.shape, window)
         except BaseException as exc:
             self._fail(buf, exc)
             raise
@@ -285,7 +295,11 @@ class CollNetAllreduce:
         return rows, result
 
     def _reduce_and_broadcast(
-        self, rows: list[np.ndarray], result: np.ndarray, shape: tuple[int, ...]
+        self,
+        rows: list[np.ndarray],
+        result: np.ndarray,
+        shape: tuple[int, ...],
+        window: int | None = None,
     ) -> np.ndarray:
         count, me = result.size, self.local_rank
         self._step = "reduce"
@@ -295,7 +309,7 @@ class CollNetAllreduce:
         self._wait("reduce")
         if self.inter is not None and count:
             self._step = "inter"
-            _run_inter(self.inter, result, shape)
+            _run_inter(self.inter, result, shape, window)
         self._step = "broadcast"
         self._wait("broadcast")
         return result.reshape(shape).copy()
@@ -366,20 +380,27 @@ class CollNetAllreduce:
 
 def ina_inter(session: InaSession) -> Inter:
     """The head's inter-host step as an INA allreduce over ``session``: the session's job
-    has one worker per host (the heads), and its rank is the host's index."""
+    has one worker per host (the heads), and its rank is the host's index. It takes a
+    ``window`` keyword (the session's per-call window)."""
 
-    def inter(local: np.ndarray) -> np.ndarray:
-        return np.asarray(session.allreduce(local))
+    def inter(local: np.ndarray, window: int | None = None) -> np.ndarray:
+        return np.asarray(session.allreduce(local, window=window))
 
     return inter
 
 
-def _run_inter(inter: Inter, result: np.ndarray, shape: tuple[int, ...]) -> None:
-    """The head's step: ``result = inter(result)`` in place in the shared result area."""
+def _run_inter(
+    inter: Inter, result: np.ndarray, shape: tuple[int, ...], window: int | None = None
+) -> None:
+    """The head's step: ``result = inter(result)`` in place in the shared result area
+    (``inter(result, window=window)`` when a window is given)."""
     local = result.reshape(shape)
     local.flags.writeable = False  # inter gets a view of the shared area: it must not write
     try:
-        out = np.asarray(inter(local))
+        if window is None:
+            out = np.asarray(inter(local))
+        else:
+            out = np.asarray(cast(Callable[..., np.ndarray], inter)(local, window=window))
     except Exception as exc:
         raise CollNetError(f"inter-host step failed: {type(exc).__name__}: {exc}", "inter") from exc
     if out.dtype != result.dtype or out.size != result.size:

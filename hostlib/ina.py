@@ -54,6 +54,7 @@ __all__ = [
     "InaTimeoutError",
     "JobSpec",
     "RetryPolicy",
+    "check_window",
 ]
 
 Addr = tuple[str, int]
@@ -161,6 +162,22 @@ class _Rtt:
         self.rto = min(max(self.srtt + 4 * self.rttvar, policy.min_timeout), policy.max_timeout)
 
 
+def check_window(window: int | None, slots: int) -> int:
+    """The slots an INA call uses: ``window``, or all ``slots`` when it is ``None``.
+
+    Raises:
+        TypeError: ``window`` is not an integer.
+        ValueError: ``window`` outside ``1..slots``.
+    """
+    if window is None:
+        return slots
+    if isinstance(window, bool) or not isinstance(window, int | np.integer):
+        raise TypeError(f"window {window!r} is not an integer")
+    if not 1 <= window <= slots:
+        raise ValueError(f"window {window} outside 1..{slots} (the job's slots)")
+    return int(window)
+
+
 def _as_blocks(data: np.ndarray, nblocks: int, lanes: int) -> np.ndarray:
     """``data`` as ``(nblocks, lanes)`` rows: a view when it fills them exactly (the
     engine never writes its input), else a zero-padded copy."""
@@ -182,10 +199,14 @@ class InaAllreduce:
         policy: retransmission timing.
         rtt: the session's round-trip estimator (``None``: a fresh one).
         first_seq: packet number of this call's first packet (1 in a new session).
+        window: slots this call may use, ``0..window-1`` of the job's (``None``: all
+            ``spec.slots``); every worker of the job must use the same. A call of fewer
+            packets uses fewer.
 
     Raises:
         TypeError: data is not float32/int32.
-        ValueError: data is not 1-D, or holds NaN/infinity (float32).
+        ValueError: data is not 1-D, holds NaN/infinity (float32), or the window is
+            outside ``1..spec.slots``.
     """
 
     def __init__(
@@ -196,6 +217,8 @@ class InaAllreduce:
         policy: RetryPolicy,
         rtt: _Rtt | None = None,
         first_seq: int = 1,
+        *,
+        window: int | None = None,
     ) -> None:
         if data.dtype not in (np.float32, np.int32):
             raise TypeError(f"allreduce supports float32 and int32, not {data.dtype}")
@@ -203,6 +226,7 @@ class InaAllreduce:
             raise ValueError("allreduce takes a 1-D array")
         if not 1 <= first_seq <= SEQ_MODULUS:
             raise ValueError(f"first_seq {first_seq} outside 1..{SEQ_MODULUS}")
+        slots = check_window(window, spec.slots)
         self.spec, self.policy, self.uses = spec, policy, uses
         self.first_seq = first_seq
         self.rtt = rtt or _Rtt(policy.timeout)
@@ -211,7 +235,9 @@ class InaAllreduce:
         self.is_float = data.dtype == np.float32
         lanes = spec.lanes
         self.nblocks = max(1, math.ceil(data.size / lanes))
-        self.window = min(spec.slots, self.nblocks)
+        # Slots are used from 0 up: a slot's set alternation (uses) is its own, so calls
+        # with other windows leave every slot's count consistent on all workers.
+        self.window = min(slots, self.nblocks)
         self.npackets = self.nblocks + (self.window if self.is_float else 0)
         self._blocks = _as_blocks(data, self.nblocks, lanes)
         # The result, block by block as results arrive (float32: dequantized then, with

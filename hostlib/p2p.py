@@ -4,7 +4,8 @@ Layer: hostlib, beside ``hostlib.ina``. Ring and tree allreduce (``hostlib.ring`
 ``hostlib.tree``) run over the same :class:`~hostlib.transport.base.Transport` and the
 same packet size as INA, so the three compare on equal terms. This module owns:
 
-* :class:`PeerSpec`: a worker's rank and every rank's address;
+* :class:`PeerSpec`: a worker's rank, every rank's address, and the default packet width
+  and window (a call may set its own: :class:`CollectiveCall`'s ``lanes`` and ``window``);
 * :class:`P2pEndpoint`: the sans-I/O reliable channels of one worker's session (per-peer
   sequence numbers, selective + cumulative acks, a send window, retransmission with the
   adaptive timeout of :class:`~hostlib.ina.RetryPolicy`, duplicate suppression);
@@ -68,6 +69,7 @@ __all__ = [
     "P2pTimeoutError",
     "PeerCollective",
     "PeerSpec",
+    "call_knobs",
 ]
 
 P2P_VERSION = 0xA
@@ -80,6 +82,7 @@ P2P_HEADER = struct.Struct("!BBBBIIHH")
 _HSIZE = P2P_HEADER.size
 _SEQ_MAX = 0xFFFFFFFF  # a channel carries at most 2**32-1 packets per session (no wrap)
 _MAX_RANKS = 256  # src/dst are 8-bit
+_MAX_WINDOW = 1 << 20  # a bound on memory, not on the protocol
 _RECV_BYTES = 65536
 
 Handler = Callable[[int, int, memoryview, float], None]
@@ -122,7 +125,7 @@ class PeerSpec:
         checks = (
             ("rank", self.rank, 0, len(self.addrs) - 1),
             ("lanes", self.lanes, 1, MAX_LANES),
-            ("window", self.window, 1, 1 << 20),
+            ("window", self.window, 1, _MAX_WINDOW),
         )
         for name, value, lo, hi in checks:
             if not lo <= value <= hi:
@@ -131,6 +134,29 @@ class PeerSpec:
     @property
     def world_size(self) -> int:
         return len(self.addrs)
+
+
+def call_knobs(spec: PeerSpec, lanes: int | None, window: int | None) -> tuple[int, int]:
+    """One call's packet width and window: the given ones, or the spec's (``None``).
+
+    Raises:
+        TypeError: a knob that is not an integer.
+        ValueError: lanes outside ``1..MAX_LANES`` or window outside ``1..2**20``.
+    """
+    out = []
+    for name, value, default, hi in (
+        ("lanes", lanes, spec.lanes, MAX_LANES),
+        ("window", window, spec.window, _MAX_WINDOW),
+    ):
+        if value is None:
+            out.append(default)
+            continue
+        if isinstance(value, bool) or not isinstance(value, int | np.integer):
+            raise TypeError(f"{name} {value!r} is not an integer")
+        if not 1 <= value <= hi:
+            raise ValueError(f"{name}={value} outside 1..{hi}")
+        out.append(int(value))
+    return out[0], out[1]
 
 
 @dataclass
@@ -185,10 +211,28 @@ class P2pEndpoint:
         self._outbox: list[bytes | bytearray] = []
         self._handler: Handler | None = None
         self._stash: list[tuple[int, int, bytes]] = []  # messages of the next call
+        self.lanes = spec.lanes  # the current call's largest message
+        self.window = spec.window  # the current call's packets in flight per peer
 
     # ------------------------------------------------------------------ calls
-    def begin_call(self, handler: Handler, now: float) -> list[tuple[int, int, bytes]]:
-        """Start the next call; return the messages of it that arrived early."""
+    def begin_call(
+        self, handler: Handler, now: float, *, lanes: int | None = None, window: int | None = None
+    ) -> list[tuple[int, int, bytes]]:
+        """Start the next call; return the messages of it that arrived early.
+
+        Args:
+            handler: takes each new message of the call.
+            now: the time.
+            lanes: the call's largest message in elements (``None``: ``spec.lanes``).
+            window: the call's packets in flight per peer (``None``: ``spec.window``).
+                Safe to change between calls: a call ends only when every packet it
+                sent is acknowledged, so the next starts with nothing in flight.
+
+        Raises:
+            TypeError: a knob that is not an integer.
+            ValueError: lanes or window out of range (see :func:`call_knobs`).
+        """
+        self.lanes, self.window = call_knobs(self.spec, lanes, window)
         self.call += 1
         self._handler = handler
         self.last_progress = now
@@ -213,7 +257,9 @@ class P2pEndpoint:
 
     # ------------------------------------------------------------------ sending
     def send(self, dst: int, tag: int, payload: np.ndarray, now: float) -> None:
-        """Queue one message (at most ``spec.lanes`` int32/float32 elements) for ``dst``.
+        """Queue one message (at most the call's ``lanes`` int32/float32 elements) for
+        ``dst``; it leaves once fewer than the call's ``window`` packets to ``dst`` wait
+        for their ack.
 
         Raises:
             ValueError: a bad destination, tag or payload size.
@@ -221,7 +267,7 @@ class P2pEndpoint:
         """
         if not 0 <= dst < self.spec.world_size or dst == self.spec.rank:
             raise ValueError(f"no peer rank {dst}")
-        if payload.size > self.spec.lanes or not 0 <= tag <= 0xFFFFFFFF:
+        if payload.size > self.lanes or not 0 <= tag <= 0xFFFFFFFF:
             raise ValueError(f"payload of {payload.size} elements or tag {tag} out of range")
         ch = self._peers[dst]
         seq = ch.next_seq
@@ -233,7 +279,7 @@ class P2pEndpoint:
             packet, 0, P2P_DATA, 0, self.spec.rank, dst, seq, tag, self.call & 0xFFFF, payload.size
         )
         packet[_HSIZE:] = payload.astype(payload.dtype.newbyteorder("<"), copy=False).tobytes()
-        if len(ch.inflight) < self.spec.window:
+        if len(ch.inflight) < self.window:
             self._transmit(dst, seq, packet, now)
         else:
             ch.queue.append((seq, packet))
@@ -307,7 +353,7 @@ class P2pEndpoint:
             if first > cum:
                 break
             self._acked(ch.inflight.pop(first), now)
-        while ch.queue and len(ch.inflight) < self.spec.window:
+        while ch.queue and len(ch.inflight) < self.window:
             qseq, packet = ch.queue.popleft()
             self._transmit(src, qseq, packet, now)
 
@@ -355,19 +401,32 @@ class CollectiveCall:
         endpoint: the worker's session channels.
         data: 1-D int32 or float32 array (not modified).
         linger: quiet time before :attr:`done` (0 in a session).
+        lanes: elements per message (packet) of this call; ``None``: ``spec.lanes``.
+        window: packets in flight per peer in this call; ``None``: ``spec.window``.
+            Every rank must pass the same ``lanes`` (messages are cut by it); the
+            window may differ between ranks, but normally does not.
 
     Raises:
         TypeError: data is not int32/float32.
-        ValueError: data is not 1-D.
+        ValueError: data is not 1-D, or lanes or window out of range.
     """
 
-    def __init__(self, endpoint: P2pEndpoint, data: np.ndarray, linger: float = 0.0) -> None:
+    def __init__(
+        self,
+        endpoint: P2pEndpoint,
+        data: np.ndarray,
+        linger: float = 0.0,
+        *,
+        lanes: int | None = None,
+        window: int | None = None,
+    ) -> None:
         if data.dtype not in (np.float32, np.int32):
             raise TypeError(f"allreduce supports float32 and int32, not {data.dtype}")
         if data.ndim != 1:
             raise ValueError("allreduce takes a 1-D array")
         self.endpoint = endpoint
         self.spec = endpoint.spec
+        self.lanes, self.window = call_knobs(self.spec, lanes, window)
         self.data = data
         self.out = data.copy()
         self.linger = linger
@@ -406,7 +465,9 @@ class CollectiveCall:
 
     def start(self, now: float) -> list[bytes | bytearray]:
         """Begin the call; return the first packets to send."""
-        early = self.endpoint.begin_call(self._on_message, now)
+        early = self.endpoint.begin_call(
+            self._on_message, now, lanes=self.lanes, window=self.window
+        )
         self._begin(now)
         for src, tag, payload in early:
             self._on_message(src, tag, memoryview(payload), now)
@@ -497,28 +558,64 @@ class PeerCollective:
     def retransmissions(self) -> int:
         return self.endpoint.stats.retransmitted
 
-    def allreduce(self, x: Any, inplace: bool = False) -> Any:
+    def allreduce(
+        self,
+        x: Any,
+        inplace: bool = False,
+        *,
+        lanes: int | None = None,
+        window: int | None = None,
+    ) -> Any:
         """Sum ``x`` over all ranks; every rank gets the same bytes.
 
         Args:
             x: a float32 or int32 numpy array or torch CPU tensor, any shape.
             inplace: write the result into ``x`` (and return it).
+            lanes: elements per packet of this call (``None``: ``spec.lanes``); every
+                rank must pass the same.
+            window: packets in flight per peer in this call (``None``: ``spec.window``).
 
         Returns:
             The sum, of ``x``'s type, dtype and shape. int32 sums wrap; float32 sums are
             added in float32, within ``(n-1) * 2**-24 * sum|x|`` per element (first order).
 
         Raises:
-            TypeError: unsupported type or dtype, or a non-CPU tensor.
+            TypeError: unsupported type or dtype, a non-CPU tensor, a non-integer knob.
+            ValueError: lanes outside ``1..MAX_LANES`` or window outside ``1..2**20``.
             P2pTimeoutError: a peer stopped answering for ``policy.deadline``.
             P2pError: peers disagree on the call, or the session broke earlier.
         """
+        return self.run(self._call_type, x, inplace, lanes=lanes, window=window)
+
+    def run(
+        self,
+        call_type: type[CollectiveCall],
+        x: Any,
+        inplace: bool = False,
+        *,
+        lanes: int | None = None,
+        window: int | None = None,
+    ) -> Any:
+        """One allreduce with another algorithm's call (e.g. a
+        :class:`~hostlib.tree.TreeCall` on a ring session) over this session's channels.
+
+        The calls of a session share its per-peer channels and call numbers, so every
+        rank must make the same sequence of calls, of the same types. Arguments, return
+        value and errors as for :meth:`allreduce`.
+        """
+        self._check_usable()
+
+        def reduce(flat: np.ndarray) -> np.ndarray:
+            return self._run_call(call_type(self.endpoint, flat, lanes=lanes, window=window))
+
+        return reduce_flat(x, inplace, reduce)
+
+    def _check_usable(self) -> None:
         if self._broken:
             raise P2pError(f"session unusable after an earlier failure: {self._broken}")
-        return reduce_flat(x, inplace, self._allreduce_flat)
 
-    def _allreduce_flat(self, flat: np.ndarray) -> np.ndarray:
-        call = self._call_type(self.endpoint, flat)
+    def _run_call(self, call: CollectiveCall) -> np.ndarray:
+        """Drive ``call`` to its end; a failure breaks the session."""
         try:
             self._drive(call)
         except P2pError as exc:

@@ -1,65 +1,113 @@
-"""Ring allreduce (reduce-scatter + all-gather) over hostlib's point-to-point layer.
+"""Ring allreduce (reduce-scatter + all-gather) over hostlib's point-to-point layer, and
+its two halves as collectives of their own.
 
 Layer: hostlib collectives, the baseline INA is measured against (NCCL's and Gloo's
 ring). The vector is cut into ``n`` segments (``bounds[g] = g * size // n``) and every
-segment into packet-sized chunks of ``spec.lanes`` elements. At step ``s`` of
-``2(n-1)``, rank ``r`` sends segment ``(r - s) mod n`` to rank ``r+1`` and receives
-segment ``(r - s - 1) mod n`` from rank ``r-1``: in the first ``n-1`` steps
-(reduce-scatter) it adds its own elements to what it receives, in the last ``n-1``
-(all-gather) it stores the finished sums. Pipelined per chunk: chunk ``c`` of step ``s+1``
-leaves as soon as chunk ``c`` of step ``s`` arrived, so a segment streams round the ring
-instead of moving one step per round trip. Message tag = ``step * chunks_per_segment +
-chunk``.
+segment into packet-sized chunks of ``lanes`` elements (the call's, by default
+``spec.lanes``). At step ``s`` of ``2(n-1)``, rank ``r`` sends segment ``(r - s) mod n``
+to rank ``r+1`` and receives segment ``(r - s - 1) mod n`` from rank ``r-1``: in the
+first ``n-1`` steps (reduce-scatter) it adds its own elements to what it receives, in the
+last ``n-1`` (all-gather) it stores the finished sums. Pipelined per chunk: chunk ``c`` of
+step ``s+1`` leaves as soon as chunk ``c`` of step ``s`` arrived, so a segment streams
+round the ring instead of moving one step per round trip. Message tag = ``step *
+chunks_per_segment + chunk`` (``step`` counted from the call's first).
+
+``reduce_scatter`` runs the first ``n-1`` steps and ``all_gather`` the last ``n-1``, each
+on its own. After the reduce-scatter steps rank ``r`` holds the finished segment
+``(r+1) mod n``; both halves therefore relabel the segments (the algorithm's segment
+``a`` is the data's segment ``(a-1) mod n``), so that rank ``r`` ends the reduce-scatter
+with data segment ``r`` and starts the all-gather from it.
 
 Every finished segment is computed on one rank and copied as bytes to the others, so all
 ranks hold identical results; the additions of an element happen in a fixed order (round
 the ring from the segment's first sender), so a run with loss is bit-identical to one
 without. int32 wraps (numpy int32 addition); float32 is added in float32, as Gloo and NCCL
-do: ``|error| <= (n-1) * 2**-24 * sum|x|`` per element, to first order.
+do: ``|error| <= (n-1) * 2**-24 * sum|x|`` per element, to first order, in an allreduce
+and a reduce-scatter alike (the same ``n-1`` additions; the segments of a reduce-scatter
+start from another rank, so its float32 bytes may differ from the allreduce's). An
+all-gather only copies.
 """
 
 from __future__ import annotations
 
+from typing import Any
+
 import numpy as np
 
 from hostlib.p2p import CollectiveCall, P2pEndpoint, PeerCollective
+from hostlib.session import as_numpy
 
-__all__ = ["RingAllreduce", "RingCall"]
+__all__ = ["RING_PHASES", "RingAllreduce", "RingCall"]
+
+RING_PHASES = ("allreduce", "reduce_scatter", "all_gather")
+"""What a :class:`RingCall` runs: both halves, or one."""
 
 
 class RingCall(CollectiveCall):
-    """One ring allreduce call of one rank (see :class:`~hostlib.p2p.CollectiveCall`).
+    """One ring call of one rank (see :class:`~hostlib.p2p.CollectiveCall` for the other
+    arguments).
+
+    Args:
+        phase: ``"allreduce"``; ``"reduce_scatter"``: ``data`` is the whole vector and
+            :meth:`result` this rank's summed part; ``"all_gather"``: ``data`` is this
+            rank's part (every rank's of the same size) and :meth:`result` all parts in
+            rank order.
 
     Raises:
         TypeError: data is not int32/float32.
-        ValueError: data is not 1-D, or too large for 32-bit message tags.
+        ValueError: data is not 1-D, too large for 32-bit message tags, an unknown phase,
+            or lanes or window out of range.
     """
 
-    def __init__(self, endpoint: P2pEndpoint, data: np.ndarray, linger: float = 0.0) -> None:
-        super().__init__(endpoint, data, linger)
-        n, r, lanes = self.spec.world_size, self.spec.rank, self.spec.lanes
-        self.n, self.nsteps = n, 2 * (n - 1)
+    def __init__(
+        self,
+        endpoint: P2pEndpoint,
+        data: np.ndarray,
+        linger: float = 0.0,
+        *,
+        lanes: int | None = None,
+        window: int | None = None,
+        phase: str = "allreduce",
+    ) -> None:
+        super().__init__(endpoint, data, linger, lanes=lanes, window=window)
+        if phase not in RING_PHASES:
+            raise ValueError(f"unknown ring phase {phase!r} (known: {', '.join(RING_PHASES)})")
+        n, r = self.spec.world_size, self.spec.rank
+        self.n, self.phase = n, phase
         self.next, self.prev = (r + 1) % n, (r - 1) % n
-        self.bounds = (np.arange(n + 1, dtype=np.int64) * data.size) // n
-        self.seg_chunks = -(-np.diff(self.bounds) // lanes)  # ceil
+        # Steps [first, first + nsteps) of the allreduce's 2(n-1).
+        self.first = n - 1 if phase == "all_gather" else 0
+        self.nsteps = 2 * (n - 1) if phase == "allreduce" else n - 1
+        self._relabel = 0 if phase == "allreduce" else 1
+        size = data.size
+        if phase == "all_gather":
+            size = n * data.size
+            self.out = np.zeros(size, dtype=data.dtype)
+            self.out[r * data.size : (r + 1) * data.size] = data
+        self.bounds = (np.arange(n + 1, dtype=np.int64) * size) // n
+        self.seg_chunks = -(-np.diff(self.bounds) // self.lanes)  # ceil
         self.cps = max(1, int(self.seg_chunks.max()))
         if self.nsteps * self.cps > 1 << 32:
-            raise ValueError(f"{data.size} elements need more than 2**32 messages")
+            raise ValueError(f"{size} elements need more than 2**32 messages")
         self._remaining = sum(
             int(self.seg_chunks[self._recv_segment(s)]) for s in range(self.nsteps)
         )
 
+    def _segment(self, step: int) -> int:
+        """The data segment rank ``r`` sends at the call's ``step``."""
+        return (self.spec.rank - self.first - step - self._relabel) % self.n
+
     def _recv_segment(self, step: int) -> int:
-        return (self.spec.rank - step - 1) % self.n
+        return self._segment(step + 1)
 
     def _chunk(self, segment: int, chunk: int) -> tuple[int, int]:
-        lo = int(self.bounds[segment]) + chunk * self.spec.lanes
-        return lo, min(lo + self.spec.lanes, int(self.bounds[segment + 1]))
+        lo = int(self.bounds[segment]) + chunk * self.lanes
+        return lo, min(lo + self.lanes, int(self.bounds[segment + 1]))
 
     def _begin(self, now: float) -> None:
         if self.nsteps == 0:
             return
-        own = self.spec.rank
+        own = self._segment(0)
         for c in range(int(self.seg_chunks[own])):
             lo, hi = self._chunk(own, c)
             self.endpoint.send(self.next, c, self.out[lo:hi], now)
@@ -74,19 +122,86 @@ class RingCall(CollectiveCall):
         lo, hi = self._chunk(segment, c)
         received = self._received(payload, lo, hi)
         mine = self.out[lo:hi]
-        if step < self.n - 1:
+        if self.first + step < self.n - 1:
             np.add(received, mine, out=mine)  # reduce-scatter
         else:
             mine[:] = received  # all-gather
         if step + 1 < self.nsteps:  # step s+1 sends the segment step s received
             self.endpoint.send(self.next, tag + self.cps, mine, now)
 
+    def result(self) -> np.ndarray:
+        """The sum (allreduce), this rank's part of it (reduce_scatter: ``bounds[r]`` to
+        ``bounds[r+1]``), or all ranks' parts (all_gather).
+
+        Raises:
+            P2pError: the call has not completed.
+        """
+        out = super().result()
+        if self.phase != "reduce_scatter":
+            return out
+        r = self.spec.rank
+        return out[int(self.bounds[r]) : int(self.bounds[r + 1])]
+
 
 class RingAllreduce(PeerCollective):
-    """Ring allreduce sessions: ``RingAllreduce(spec, transport, policy).allreduce(x)``.
+    """Ring sessions: ``RingAllreduce(spec, transport, policy).allreduce(x)``, and
+    :meth:`reduce_scatter` and :meth:`all_gather`; each call may set its own packet width
+    and window (``allreduce(x, lanes=256, window=8)``).
 
     See :class:`~hostlib.p2p.PeerCollective` for the arguments, the session rules and
     :meth:`close`.
     """
 
     _call_type = RingCall
+
+    def reduce_scatter(self, x: Any, *, lanes: int | None = None, window: int | None = None) -> Any:
+        """Sum ``x`` over all ranks and keep this rank's part: rank ``r`` of ``n`` gets
+        ``sum[r * size // n : (r + 1) * size // n]`` (uneven sizes allowed; with fewer
+        elements than ranks some parts are empty). ``n - 1`` ring steps.
+
+        Args:
+            x: the whole vector, the same size on every rank: a float32 or int32 numpy
+                array or torch CPU tensor, any shape (flattened).
+            lanes: elements per packet of this call (``None``: ``spec.lanes``); every
+                rank must pass the same.
+            window: packets in flight per peer in this call (``None``: ``spec.window``).
+
+        Returns:
+            This rank's part, 1-D, of ``x``'s type and dtype: int32 wrapping sums,
+            float32 within ``(n-1) * 2**-24 * sum|x|`` per element (first order).
+
+        Raises:
+            TypeError: unsupported type or dtype, a non-CPU tensor, a non-integer knob.
+            ValueError: lanes or window out of range.
+            P2pTimeoutError: a peer stopped answering for ``policy.deadline``.
+            P2pError: peers disagree on the call, or the session broke earlier.
+        """
+        return self._phase("reduce_scatter", x, lanes, window)
+
+    def all_gather(self, x: Any, *, lanes: int | None = None, window: int | None = None) -> Any:
+        """Every rank's ``x``, concatenated in rank order, on every rank (the same bytes).
+        ``n - 1`` ring steps.
+
+        Args:
+            x: this rank's part, the same number of elements ``k`` on every rank: a
+                float32 or int32 numpy array or torch CPU tensor, any shape (flattened).
+            lanes: as for :meth:`reduce_scatter`.
+            window: as for :meth:`reduce_scatter`.
+
+        Returns:
+            ``n * k`` elements, 1-D, of ``x``'s type and dtype.
+
+        Raises:
+            The errors of :meth:`reduce_scatter`; ranks passing different ``k`` fail
+            with :class:`~hostlib.p2p.P2pError` (or time out).
+        """
+        return self._phase("all_gather", x, lanes, window)
+
+    def _phase(self, phase: str, x: Any, lanes: int | None, window: int | None) -> Any:
+        self._check_usable()
+        array, wrap = as_numpy(x)
+        flat = np.ascontiguousarray(array).reshape(-1)
+        call = RingCall(self.endpoint, flat, lanes=lanes, window=window, phase=phase)
+        result = self._run_call(call)
+        # A reduce-scatter's part is a view of the whole vector: keep only the part.
+        return wrap(result.copy() if phase == "reduce_scatter" else result)

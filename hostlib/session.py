@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import time
 from collections.abc import Callable
 from typing import Any
@@ -11,7 +12,7 @@ import numpy as np
 from hostlib.ina import InaAllreduce, InaError, JobSpec, RetryPolicy, _Rtt
 from hostlib.transport.base import Transport
 
-__all__ = ["InaSession", "reduce_flat"]
+__all__ = ["InaSession", "as_numpy", "part_bounds", "reduce_flat"]
 
 _RECV_BYTES = 65536
 
@@ -19,8 +20,8 @@ _RECV_BYTES = 65536
 class InaSession:
     """Runs INA allreduce calls of one worker of one job over a transport.
 
-    Every worker of the job must make the same sequence of calls with the same sizes
-    (as with any collective): the per-slot set alternation is derived from it.
+    Every worker of the job must make the same sequence of calls with the same sizes and
+    windows (as with any collective): the per-slot set alternation is derived from it.
 
     Args:
         spec: the job as configured on the switch (this worker's rank and address).
@@ -44,30 +45,69 @@ class InaSession:
         self._buf = bytearray(_RECV_BYTES)
         self._broken: str | None = None
 
-    def allreduce(self, x: Any, inplace: bool = False) -> Any:
+    def allreduce(self, x: Any, inplace: bool = False, *, window: int | None = None) -> Any:
         """Sum ``x`` over all workers of the job.
 
         Args:
             x: a float32 or int32 numpy array or torch CPU tensor, any shape.
             inplace: write the result into ``x`` (and return it).
+            window: use only slots ``0..window-1`` of the job's ``spec.slots`` for this
+                call (``None``: all of them); every worker must pass the same. Each slot
+                keeps its own set alternation, so calls with different windows mix.
 
         Returns:
             The sum, of ``x``'s type, dtype and shape. float32 sums are within
             ``hostlib.quantize.error_bound``; int32 sums are exact (wrapping).
 
         Raises:
-            TypeError: unsupported type or dtype, or a non-CPU tensor.
-            ValueError: NaN or infinity in float32 data.
+            TypeError: unsupported type or dtype, a non-CPU tensor, a non-integer window.
+            ValueError: NaN or infinity in float32 data, or a window outside
+                ``1..spec.slots``.
             InaTimeoutError: the switch or a peer stopped answering for ``policy.deadline``.
             InaError: the session broke in an earlier call.
         """
+        self._check_usable()
+        return reduce_flat(x, inplace, functools.partial(self._allreduce_flat, window=window))
+
+    def reduce_scatter(self, x: Any, *, window: int | None = None) -> Any:
+        """Sum ``x`` over all workers and keep this worker's part: an INA allreduce (the
+        same packets) of which rank ``r`` of ``n = spec.num_workers`` returns
+        ``sum[r * size // n : (r + 1) * size // n]`` (:func:`part_bounds`).
+
+        The parts follow ``spec.rank`` and ``spec.num_workers``, the job's numbering on
+        the switch; a caller with its own numbering (a leaf's ranks under hierarchical
+        aggregation) slices :meth:`allreduce`'s result itself.
+
+        Args:
+            x: a float32 or int32 numpy array or torch CPU tensor, any shape (flattened).
+            window: as for :meth:`allreduce`.
+
+        Returns:
+            This worker's part, 1-D, of ``x``'s type and dtype: float32 within
+            ``hostlib.quantize.error_bound`` of the exact sum, int32 exact (wrapping).
+
+        Raises:
+            The errors of :meth:`allreduce`.
+        """
+        self._check_usable()
+        array, wrap = as_numpy(x)
+        flat = np.ascontiguousarray(array).reshape(-1)
+        lo, hi = part_bounds(flat.size, self.spec.num_workers, self.spec.rank)
+        return wrap(self._allreduce_flat(flat, window)[lo:hi].copy())
+
+    def _check_usable(self) -> None:
         if self._broken:
             raise InaError(f"session unusable after an earlier failure: {self._broken}")
-        return reduce_flat(x, inplace, self._allreduce_flat)
 
-    def _allreduce_flat(self, flat: np.ndarray) -> np.ndarray:
+    def _allreduce_flat(self, flat: np.ndarray, window: int | None = None) -> np.ndarray:
         engine = InaAllreduce(
-            self.spec, flat, self.uses, self.policy, self.rtt, first_seq=self.next_seq
+            self.spec,
+            flat,
+            self.uses,
+            self.policy,
+            self.rtt,
+            first_seq=self.next_seq,
+            window=window,
         )
         try:
             self._drive(engine)
@@ -119,7 +159,7 @@ def reduce_flat(x: Any, inplace: bool, reduce: Callable[[np.ndarray], np.ndarray
     Raises:
         TypeError: ``x`` is neither a numpy array nor a CPU torch tensor.
     """
-    array, wrap = _as_numpy(x)
+    array, wrap = as_numpy(x)
     result = reduce(np.ascontiguousarray(array).reshape(-1)).reshape(array.shape)
     if inplace:
         array[...] = result
@@ -127,8 +167,25 @@ def reduce_flat(x: Any, inplace: bool, reduce: Callable[[np.ndarray], np.ndarray
     return wrap(result)
 
 
-def _as_numpy(x: Any) -> tuple[np.ndarray, Any]:
-    """A numpy view of ``x`` and a function turning a result array back into x's type."""
+def part_bounds(size: int, parts: int, index: int) -> tuple[int, int]:
+    """Where part ``index`` of a ``size``-element vector cut into ``parts`` lies:
+    ``[index * size // parts, (index + 1) * size // parts)``, the ring's segments (uneven
+    sizes allowed; with fewer elements than parts some parts are empty).
+
+    Raises:
+        ValueError: ``parts`` below 1, or ``index`` outside ``0..parts-1``.
+    """
+    if parts < 1 or not 0 <= index < parts:
+        raise ValueError(f"part {index} of {parts} does not exist")
+    return index * size // parts, (index + 1) * size // parts
+
+
+def as_numpy(x: Any) -> tuple[np.ndarray, Any]:
+    """A numpy view of ``x`` and a function turning a result array back into x's type.
+
+    Raises:
+        TypeError: ``x`` is neither a numpy array nor a CPU torch tensor.
+    """
     if isinstance(x, np.ndarray):
         return x, lambda a: a
     module = type(x).__module__

@@ -3,9 +3,10 @@
 Layer: hostlib collectives, the latency-oriented baseline (NCCL's tree; this is a single
 binary tree, not NCCL's double binary tree). Rank 0 is the root; rank ``r`` has children
 ``2r+1`` and ``2r+2`` (those below ``n``) and parent ``(r-1)//2``. The vector is cut into
-chunks of ``spec.lanes`` elements, pipelined: a rank sends chunk ``c`` up as soon as it
-has chunk ``c`` from all its children, and passes chunk ``c`` of the broadcast down as
-soon as it arrives. Message tag: ``c`` going up, ``nchunks + c`` coming down.
+chunks of ``lanes`` elements (the call's, by default ``spec.lanes``), pipelined: a rank
+sends chunk ``c`` up as soon as it has chunk ``c`` from all its children, and passes
+chunk ``c`` of the broadcast down as soon as it arrives. Message tag: ``c`` going up,
+``nchunks + c`` coming down.
 
 A rank adds in a fixed order, own + left child + right child, whatever order the children's
 chunks arrive in, so a run with loss is bit-identical to one without; every rank receives
@@ -23,17 +24,27 @@ __all__ = ["TreeAllreduce", "TreeCall"]
 
 
 class TreeCall(CollectiveCall):
-    """One tree allreduce call of one rank (see :class:`~hostlib.p2p.CollectiveCall`).
+    """One tree allreduce call of one rank (see :class:`~hostlib.p2p.CollectiveCall` for
+    the arguments).
 
     Raises:
         TypeError: data is not int32/float32.
-        ValueError: data is not 1-D, or too large for 32-bit message tags.
+        ValueError: data is not 1-D, too large for 32-bit message tags, or lanes or
+            window out of range.
     """
 
-    def __init__(self, endpoint: P2pEndpoint, data: np.ndarray, linger: float = 0.0) -> None:
-        super().__init__(endpoint, data, linger)
+    def __init__(
+        self,
+        endpoint: P2pEndpoint,
+        data: np.ndarray,
+        linger: float = 0.0,
+        *,
+        lanes: int | None = None,
+        window: int | None = None,
+    ) -> None:
+        super().__init__(endpoint, data, linger, lanes=lanes, window=window)
         n, r = self.spec.world_size, self.spec.rank
-        self.nchunks = -(-data.size // self.spec.lanes)
+        self.nchunks = -(-data.size // self.lanes)
         if 2 * self.nchunks > 1 << 32:
             raise ValueError(f"{data.size} elements need more than 2**32 messages")
         self.parent = (r - 1) // 2 if r else -1
@@ -44,8 +55,8 @@ class TreeCall(CollectiveCall):
         self._remaining = self.nchunks * (len(self.children) + (self.parent >= 0))
 
     def _chunk(self, c: int) -> tuple[int, int]:
-        lo = c * self.spec.lanes
-        return lo, min(lo + self.spec.lanes, self.data.size)
+        lo = c * self.lanes
+        return lo, min(lo + self.lanes, self.data.size)
 
     def _begin(self, now: float) -> None:
         if not self.children:
@@ -86,7 +97,9 @@ class TreeCall(CollectiveCall):
 
 
 class TreeAllreduce(PeerCollective):
-    """Tree allreduce sessions: ``TreeAllreduce(spec, transport, policy).allreduce(x)``.
+    """Tree allreduce sessions: ``TreeAllreduce(spec, transport, policy).allreduce(x)``,
+    optionally with a per-call packet width and window (``allreduce(x, lanes=256,
+    window=8)``).
 
     See :class:`~hostlib.p2p.PeerCollective` for the arguments, the session rules and
     :meth:`close`.
