@@ -26,9 +26,9 @@ from dynamiccl.torch_backend import (
     InaOptions,
     InaProcessGroup,
     connect_session,
+    ina_action,
     ina_allreduce_,
     remove_job,
-    uses_ina,
 )
 from hostlib.session import InaSession
 
@@ -42,7 +42,8 @@ class InaHookState:
     Attributes:
         session: this rank's INA session of the job.
         world_size: ranks in the job (the divisor of the average).
-        chooser: INA or the fallback, per bucket size; the same on every rank.
+        chooser: INA (an "ina" name or Action) or the fallback, per bucket size; the
+            same on every rank.
         group: the fallback's process group (``None``: the default group).
         options: the job's options if this state set the job up (then :meth:`close`
             tears it down), else ``None``.
@@ -100,7 +101,8 @@ def ina_allreduce_hook(
     state: InaHookState, bucket: dist.GradBucket
 ) -> torch.futures.Future[torch.Tensor]:
     """Average ``bucket``'s gradients over all ranks, through the switch if the chooser
-    says ``"ina"``.
+    says ``"ina"`` or an INA :class:`~dynamiccl.actions.Action` (then with its window,
+    within the job's slots); any other answer goes to ``dist.all_reduce``.
 
     Returns:
         A future of the averaged bucket buffer (completed already for INA).
@@ -110,8 +112,9 @@ def ina_allreduce_hook(
         InaError: the switch or a peer stopped answering.
     """
     buffer = bucket.buffer()
-    if uses_ina(buffer, state.chooser):
-        ina_allreduce_(state.session, buffer)
+    action = ina_action(buffer, state.chooser, state.session.spec)
+    if action is not None:
+        ina_allreduce_(state.session, buffer, window=action.window)
         buffer.div_(state.world_size)
         state.ina_buckets += 1
         future: torch.futures.Future[torch.Tensor] = torch.futures.Future()

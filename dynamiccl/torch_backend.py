@@ -2,11 +2,13 @@
 
 ``import dynamiccl.torch_backend`` registers the backend; then
 ``torch.distributed.init_process_group("ina", ...)`` builds an :class:`InaProcessGroup`.
-Its allreduce of CPU int32/float32 tensors with ``ReduceOp.SUM`` goes through hostlib's
-:class:`~hostlib.session.InaSession` (UDP to an INA switch) when the :class:`Chooser`
-says ``"ina"`` for its size; every other call (other ops or dtypes, broadcast,
-allgather, barrier, ...) goes to a Gloo backend built from the same store, registered as
-the group's CPU backend, so torch's own dispatch reaches it.
+Its SUM allreduce, reduce-scatter (``reduce_scatter_tensor``) and all-gather
+(``all_gather_into_tensor``) of int32/float32 tensors (CPU; CUDA staged through host
+memory) run on hostlib: through the switch (:class:`~hostlib.session.InaSession`, UDP)
+or host to host (:class:`~hostlib.ring.RingAllreduce`, ring or tree, over a UDP socket of
+its own), as the :class:`Chooser` says; every other call (other ops or dtypes,
+broadcast, the list forms of allgather, barrier, ...) goes to a Gloo backend built from
+the same store, registered as the group's CPU backend, so torch's own dispatch reaches it.
 
 Job setup (:func:`connect_session`), in one of two modes:
 
@@ -25,15 +27,22 @@ Job setup (:func:`connect_session`), in one of two modes:
 Configuration comes from ``pg_options=InaOptions(...)`` or, without it, from the
 environment (:meth:`InaOptions.from_env`, the ``ENV_*`` names below).
 
-Which allreduces go through the switch is the chooser's call: :class:`AlwaysIna` by
-default, or dynamiccl's :class:`~dynamiccl.policy.Policy` (``chooser=Policy(profile,
+What runs each call is the chooser's pick (:func:`resolve_action`): :class:`AlwaysIna`
+by default, dynamiccl's :class:`~dynamiccl.policy.Policy` (``chooser=Policy(profile,
 world_size)``, or ``INALAB_CHOOSER=dynamiccl`` with an optional ``INALAB_PROFILE`` from
-``inalab calibrate``), which sends a call to Gloo's ring where the ring is predicted
-faster (its ``ring`` and ``tree`` both mean Gloo here).
+``inalab calibrate``), or any object with ``choose(size_bytes)`` and optionally
+``choose_call(collective, size_bytes)``. A name: ``"ina"`` through the switch; any other
+name sends an allreduce to Gloo (so the policy's ``ring`` and ``tree`` mean Gloo's) and a
+reduce-scatter or all-gather to hostlib's ring. A :class:`~dynamiccl.actions.Action`:
+its algorithm with its lanes and window on hostlib. What cannot run here runs on
+hostlib's ring with the action's lanes and window, with a warning logged once per kind:
+CollNet (this backend has no host-local group), INA without switch slots, an algorithm
+that does not run the collective (``all_gather`` is the ring's only). Nothing a chooser
+returns fails the job.
 
-Every rank must make the same sequence of INA calls with the same sizes (the session's
-slot sets follow it), so a chooser must decide from the size alone, the same way on all
-ranks.
+Every rank must make the same sequence of calls with the same sizes and the same picks
+(the session's slot sets and the ring's messages follow it), so a chooser must decide
+from the collective and size alone, the same way on all ranks.
 """
 
 from __future__ import annotations
@@ -42,10 +51,10 @@ import json
 import logging
 import os
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import timedelta
-from typing import Any, Protocol
+from typing import Any, Protocol, cast
 
 import torch
 import torch.distributed as dist
@@ -53,13 +62,23 @@ from torch._C._distributed_c10d import (  # type: ignore[attr-defined]  # not in
     _create_work_from_future,
 )
 
+from dynamiccl.actions import (
+    FALLBACK_ACTION_ALGORITHM,
+    Action,
+    ActionError,
+    algorithms_for,
+)
 from hostlib.ina import Addr, InaError, JobSpec, RetryPolicy
+from hostlib.p2p import PeerSpec
 from hostlib.protocol import DEFAULT_SLOTS_PER_JOB
+from hostlib.ring import RingAllreduce
 from hostlib.session import InaSession
 from hostlib.transport.udp import UdpTransport
+from hostlib.tree import TreeCall
 
 __all__ = [
     "BACKEND_NAME",
+    "ENV_AGENT_STATE",
     "ENV_BIND",
     "ENV_CHOOSER",
     "ENV_DEVICE_ID",
@@ -80,12 +99,16 @@ __all__ = [
     "InaProcessGroup",
     "InaSetupError",
     "StoreExchange",
+    "choose_for",
     "chooser_from_env",
+    "connect_peers",
     "connect_session",
+    "ina_action",
     "ina_allreduce_",
     "parse_addr",
     "register_backend",
     "remove_job",
+    "resolve_action",
     "uses_ina",
 ]
 
@@ -118,10 +141,15 @@ ENV_SLOTS = "INALAB_SLOTS"
 ENV_DEVICE_ID = "INALAB_DEVICE_ID"
 """The switch's P4Runtime device id (default 0)."""
 ENV_CHOOSER = "INALAB_CHOOSER"
-"""``ina`` (default: every supported allreduce through the switch) or ``dynamiccl``
-(dynamiccl's policy per size; needs ``WORLD_SIZE``, as torchrun sets it)."""
+"""``ina`` (default: every supported allreduce through the switch), ``dynamiccl``
+(dynamiccl's policy per size) or ``agent`` (an online agent's learnt configuration per
+call, from :data:`ENV_AGENT_STATE`); the last two need ``WORLD_SIZE``, as torchrun sets it."""
 ENV_PROFILE = "INALAB_PROFILE"
 """``dynamiccl`` chooser: the profile JSON (``inalab calibrate``; default: built-in)."""
+ENV_AGENT_STATE = "INALAB_AGENT_STATE"
+"""``agent`` chooser: an online agent's saved state (``inalab replay --agent-state``),
+used frozen (:meth:`dynamiccl.agent.Agent.frozen`): every action it decides by what it
+learnt, and the same on every rank."""
 
 INA_DTYPES = (torch.float32, torch.int32)
 
@@ -131,11 +159,18 @@ class InaSetupError(RuntimeError):
 
 
 class Chooser(Protocol):
-    """Picks the algorithm of one allreduce from its size; the same on every rank."""
+    """Picks what runs one call from its size; the same on every rank.
 
-    def choose(self, size_bytes: int) -> str:
+    A chooser may also have ``choose_call(collective: str, size_bytes: int) -> str |
+    Action``, then used instead of :meth:`choose` (``collective``: ``"allreduce"``,
+    ``"reduce_scatter"`` or ``"all_gather"``; ``size_bytes``: the whole vector's, i.e. a
+    reduce-scatter's input and an all-gather's output). See :func:`resolve_action` for
+    what each answer runs.
+    """
+
+    def choose(self, size_bytes: int) -> str | Action:
         """``"ina"`` to aggregate in the switch; any other name (``"gloo"``, ``"ring"``)
-        sends the call to the host-based fallback."""
+        sends the call to the host-based fallback; an :class:`Action` runs as it says."""
         ...
 
 
@@ -162,7 +197,7 @@ class InaOptions:
             installed already: at most the slots it was installed with.
         deadline: seconds without progress before an allreduce fails; ``None``: the
             process group's timeout.
-        chooser: INA or the fallback, per allreduce size.
+        chooser: what runs each call, per collective and size (:func:`resolve_action`).
         remove_on_shutdown: rank 0 removes the job when the group shuts down (only a job
             it installed).
         switch_rank: a job installed already: the rank this rank has at its switch
@@ -256,16 +291,24 @@ def chooser_from_env(env: Mapping[str, str]) -> Chooser:
     name = env.get(ENV_CHOOSER, "ina").strip().lower()
     if name == "ina":
         return AlwaysIna()
-    if name != "dynamiccl":
-        raise ValueError(f"{ENV_CHOOSER}={name!r}: expected ina or dynamiccl")
+    if name not in ("dynamiccl", "agent"):
+        raise ValueError(f"{ENV_CHOOSER}={name!r}: expected ina, dynamiccl or agent")
     from dynamiccl.model import DEFAULT_PROFILE, Profile
     from dynamiccl.policy import Policy
 
     if "WORLD_SIZE" not in env:
-        raise ValueError(f"{ENV_CHOOSER}=dynamiccl needs WORLD_SIZE (the job's ranks)")
+        raise ValueError(f"{ENV_CHOOSER}={name} needs WORLD_SIZE (the job's ranks)")
     workers = int(env["WORLD_SIZE"])
     path = env.get(ENV_PROFILE)
     profile = Profile.load(path) if path else DEFAULT_PROFILE
+    if name == "agent":
+        from dynamiccl.agent import Agent
+
+        state = env.get(ENV_AGENT_STATE)
+        if not state:
+            raise ValueError(f"{ENV_CHOOSER}=agent needs {ENV_AGENT_STATE} (a saved agent)")
+        # Frozen: every rank must choose the same way, so it decides by what it learnt.
+        return Agent.load(state, profile, workers=workers).frozen()
     # No exploration: every rank must choose the same way for the same size.
     return Policy(profile, workers, epsilon=0.0)
 
@@ -421,36 +464,203 @@ def remove_job(options: InaOptions) -> None:
         log.warning("could not remove ina job %d: %s", options.job_id, exc)
 
 
-# ----------------------------------------------------------------- the allreduce
+def connect_peers(
+    options: InaOptions, exchange: Exchange, lanes: int, window: int, timeout: timedelta
+) -> RingAllreduce:
+    """This rank's host-to-host session (ring calls, and tree calls through
+    :meth:`~hostlib.p2p.PeerCollective.run`) on a UDP socket of its own at
+    ``options.bind_ip``; every rank's address goes round the exchange. Close it when done.
+
+    Every rank of the group must call this.
+
+    Args:
+        options: where to bind and the no-progress deadline.
+        exchange: the group's ranks.
+        lanes: the default packet width of a call.
+        window: the default packets in flight per peer.
+        timeout: the deadline if ``options.deadline`` is unset.
+
+    Raises:
+        TransportError: ``options.bind_ip`` cannot be bound.
+        ValueError: lanes or window out of range.
+    """
+    transport = UdpTransport(local=(options.bind_ip, 0))
+    try:
+        gathered = exchange.gather(json.dumps(list(transport.local_addr)))
+        every = None if gathered is None else json.dumps([json.loads(a) for a in gathered])
+        addrs = tuple((str(host), int(port)) for host, port in json.loads(exchange.share(every)))
+        spec = PeerSpec(exchange.rank, addrs, lanes, window)
+        deadline = options.deadline or timeout.total_seconds()
+        return RingAllreduce(spec, transport, RetryPolicy(deadline=deadline))
+    except BaseException:
+        transport.close()
+        raise
+
+
+# ----------------------------------------------------------------- choosing
+def choose_for(chooser: Chooser, collective: str, size_bytes: int) -> str | Action:
+    """The chooser's answer for one call: ``choose_call(collective, size_bytes)`` when it
+    has that method, else ``choose(size_bytes)``."""
+    choose_call = getattr(chooser, "choose_call", None)
+    if choose_call is not None:
+        return cast(str | Action, choose_call(collective, size_bytes))
+    return chooser.choose(size_bytes)
+
+
+Warn = Callable[[str, str], None]
+"""``warn(key, message)``: an action could not run as chosen (``key`` names the kind)."""
+
+
+def resolve_action(
+    choice: str | Action,
+    collective: str,
+    *,
+    switch_lanes: int,
+    slots: int,
+    lanes: int,
+    window: int,
+    warn: Warn | None = None,
+) -> Action | None:
+    """What runs a call of ``collective`` that the chooser answered ``choice`` for.
+
+    Args:
+        choice: a name (``"ina"``: through the switch; another name: Gloo for an
+            allreduce, hostlib's ring for the others) or an :class:`Action`.
+        collective: ``"allreduce"``, ``"reduce_scatter"`` or ``"all_gather"``.
+        switch_lanes: the switch's lanes per packet (INA's only width).
+        slots: the job's slots on the switch (an INA window is clamped to them); 0: no
+            switch to use.
+        lanes: the ring's packet width for a name.
+        window: the ring's window for a name.
+        warn: told when an action cannot run as chosen: CollNet (no host-local group
+            here), INA without slots, an algorithm that does not run ``collective``;
+            the ring runs it then, with the action's lanes and window.
+
+    Returns:
+        The action to run on hostlib, or ``None``: Gloo.
+
+    Raises:
+        ActionError: an unknown collective, or a choice that is neither a name nor an
+            :class:`Action`.
+    """
+    supported = algorithms_for(collective)
+    if isinstance(choice, str):
+        return _resolve_name(choice, collective, switch_lanes, slots, lanes, window, warn)
+    if not isinstance(choice, Action):
+        raise ActionError(f"a chooser returned {choice!r}, not an algorithm name or Action")
+    fallback = Action(FALLBACK_ACTION_ALGORITHM, choice.lanes, choice.window)
+    why = ""
+    if choice.algorithm not in supported:
+        why = f"{choice.algorithm} does not run {collective}"
+    elif choice.algorithm == "collnet":
+        why = "the ina backend has no host-local group for collnet"
+    elif choice.algorithm == "ina" and slots < 1:
+        why = "no switch slots for ina"
+    if why:
+        if warn is not None:
+            warn(f"{choice.algorithm}/{collective}", f"{why}: {fallback} runs {choice} instead")
+        return fallback
+    if choice.algorithm == "ina":
+        return Action("ina", switch_lanes, min(choice.window, slots))
+    return choice
+
+
+def _resolve_name(
+    name: str,
+    collective: str,
+    switch_lanes: int,
+    slots: int,
+    lanes: int,
+    window: int,
+    warn: Warn | None,
+) -> Action | None:
+    """:func:`resolve_action` of a chooser's name."""
+    ring = Action(FALLBACK_ACTION_ALGORITHM, lanes, window)
+    if name != "ina":
+        return None if collective == "allreduce" else ring
+    if "ina" not in algorithms_for(collective):  # a chooser that does not know it
+        return ring
+    if slots < 1:
+        if warn is not None:
+            warn(f"ina/{collective}", f"no switch slots for ina: {ring} runs it instead")
+        return ring
+    return Action("ina", switch_lanes, slots)
+
+
+def _carried(tensor: torch.Tensor) -> bool:
+    """Whether hostlib can take ``tensor``: int32/float32, on the CPU or staged from CUDA."""
+    return tensor.dtype in INA_DTYPES and tensor.device.type in ("cpu", "cuda")
+
+
+def _nbytes(tensor: torch.Tensor) -> int:
+    return tensor.numel() * tensor.element_size()
+
+
+def ina_action(tensor: torch.Tensor, chooser: Chooser, spec: JobSpec) -> Action | None:
+    """The INA action (the switch's lanes, a window within the job's slots) of a SUM
+    allreduce of ``tensor`` if it goes through the switch, else ``None``."""
+    if not _carried(tensor) or tensor.numel() == 0:
+        return None
+    choice = choose_for(chooser, "allreduce", _nbytes(tensor))
+    action = resolve_action(
+        choice,
+        "allreduce",
+        switch_lanes=spec.lanes,
+        slots=spec.slots,
+        lanes=spec.lanes,
+        window=spec.slots,
+    )
+    return action if action is not None and action.algorithm == "ina" else None
+
+
 def uses_ina(tensor: torch.Tensor, chooser: Chooser) -> bool:
     """Whether a SUM allreduce of ``tensor`` goes through the switch: a non-empty int32
-    or float32 tensor on the CPU or a CUDA device, and the chooser says ``"ina"``."""
-    if tensor.dtype not in INA_DTYPES or tensor.numel() == 0:
+    or float32 tensor on the CPU or a CUDA device, and the chooser says ``"ina"`` (or an
+    INA :class:`Action`)."""
+    if not _carried(tensor) or tensor.numel() == 0:
         return False
-    if tensor.device.type not in ("cpu", "cuda"):
-        return False
-    return chooser.choose(tensor.numel() * tensor.element_size()) == "ina"
+    choice = choose_for(chooser, "allreduce", _nbytes(tensor))
+    return choice == "ina" or (isinstance(choice, Action) and choice.algorithm == "ina")
 
 
-def ina_allreduce_(session: InaSession, tensor: torch.Tensor) -> torch.Tensor:
+# ----------------------------------------------------------------- the collectives
+def ina_allreduce_(
+    session: InaSession, tensor: torch.Tensor, *, window: int | None = None
+) -> torch.Tensor:
     """Sum ``tensor`` in place over the session's job; return it.
 
     A CPU contiguous tensor is reduced in its own memory; a non-contiguous or CUDA
     tensor is staged through a contiguous host copy and copied back.
 
+    Args:
+        session: this rank's INA session.
+        tensor: an int32 or float32 tensor.
+        window: the call's INA window (``None``: the job's slots).
+
     Raises:
         TypeError: a dtype other than int32/float32.
-        ValueError: NaN or infinity in float32 data.
+        ValueError: NaN or infinity in float32 data, or a window outside the job's slots.
         InaError: the switch or a peer stopped answering.
     """
+    return _in_place(tensor, lambda host: session.allreduce(host, inplace=True, window=window))
+
+
+def _in_place(tensor: torch.Tensor, reduce: Callable[[torch.Tensor], Any]) -> torch.Tensor:
+    """``reduce(host)`` on ``tensor``'s own memory if it is CPU and contiguous, else on a
+    contiguous host copy that is copied back."""
     data = tensor.detach()
     if data.device.type == "cpu" and data.is_contiguous():
-        session.allreduce(data, inplace=True)
+        reduce(data)
         return tensor
     host = data.to("cpu", memory_format=torch.contiguous_format, copy=True)
-    session.allreduce(host, inplace=True)
+    reduce(host)
     data.copy_(host)
     return tensor
+
+
+def _host_flat(tensor: torch.Tensor) -> torch.Tensor:
+    """``tensor``'s elements as a contiguous 1-D CPU tensor (a view when it is one)."""
+    return tensor.detach().to("cpu").contiguous().reshape(-1)
 
 
 def _completed(result: Any) -> dist.Work:
@@ -460,11 +670,17 @@ def _completed(result: Any) -> dist.Work:
 
 
 class InaProcessGroup(dist.ProcessGroup):
-    """A process group whose SUM allreduce of int32/float32 goes through an INA switch;
-    everything else is Gloo's (created from ``store``).
+    """A process group whose SUM allreduce and reduce-scatter and whose all-gather of
+    int32/float32 tensors run on hostlib (the switch, or host to host); everything else
+    is Gloo's (created from ``store``).
 
     Built by ``init_process_group("ina")`` (see :func:`register_backend`); construct it
     directly only for a group of your own (every rank at once: it sets up the job).
+
+    Attributes:
+        session: this rank's INA session.
+        peers: this rank's host-to-host session (ring and tree), by default with the
+            switch's packet width and the job's slots as its window.
 
     Raises:
         InaSetupError: the job could not be set up.
@@ -491,35 +707,146 @@ class InaProcessGroup(dist.ProcessGroup):
         self._register_backend(torch.device("cpu"), gloo_type, self._gloo)
         if torch.cuda.is_available():
             self._register_backend(torch.device("cuda"), gloo_type, self._gloo)
-        exchange = StoreExchange(store, rank, world_size, f"ina/job{options.job_id}")
-        self.session = connect_session(options, exchange, timeout)
+        prefix = f"ina/job{options.job_id}"
+        self.session = connect_session(options, StoreExchange(store, rank, world_size, prefix),
+                                       timeout)  # fmt: skip
+        try:
+            spec = self.session.spec
+            exchange = StoreExchange(store, rank, world_size, f"{prefix}/peers")
+            self.peers = connect_peers(options, exchange, spec.lanes, spec.slots, timeout)
+        except BaseException:
+            self.session.close()
+            raise
         self._closed = False
+        self._warned: set[str] = set()
 
     def getBackendName(self) -> str:
         return BACKEND_NAME
 
+    # ------------------------------------------------------------------ choosing
+    def _plan(self, collective: str, size_bytes: int) -> Action | None:
+        """What runs this call (``None``: Gloo), from the chooser."""
+        choice = choose_for(self.options.chooser, collective, size_bytes)
+        spec, peers = self.session.spec, self.peers.spec
+        return resolve_action(
+            choice,
+            collective,
+            switch_lanes=spec.lanes,
+            slots=spec.slots,
+            lanes=peers.lanes,
+            window=peers.window,
+            warn=self._warn_once,
+        )
+
+    def _warn_once(self, key: str, message: str) -> None:
+        if key not in self._warned:
+            self._warned.add(key)
+            log.warning("ina backend: %s (logged once)", message)
+
+    def _check_open(self) -> None:
+        if self._closed:
+            raise InaError("the ina process group is shut down")
+
+    # ------------------------------------------------------------------ collectives
     def allreduce(  # type: ignore[override]  # what the C++ trampoline passes
         self, tensors: list[torch.Tensor], opts: Any = None
     ) -> dist.Work:
-        """SUM of int32/float32 through the switch; anything else through Gloo."""
+        """SUM of non-empty int32/float32 tensors as the chooser says; anything else, and
+        a call the chooser sends to Gloo, through Gloo."""
         if opts is None:
             opts = dist.AllreduceOptions()
-        chooser = self.options.chooser
-        if not (opts.reduceOp == dist.ReduceOp.SUM and all(uses_ina(t, chooser) for t in tensors)):
+        if opts.reduceOp != dist.ReduceOp.SUM or not all(
+            _carried(t) and t.numel() for t in tensors
+        ):
             return self._gloo.allreduce(tensors, opts)
-        if self._closed:
-            raise InaError("the ina process group is shut down")
-        for tensor in tensors:
-            ina_allreduce_(self.session, tensor)
+        actions = [self._plan("allreduce", _nbytes(t)) for t in tensors]
+        if any(a is None for a in actions):
+            return self._gloo.allreduce(tensors, opts)
+        self._check_open()
+        for tensor, action in zip(tensors, actions, strict=True):
+            self._allreduce_(tensor, cast(Action, action))
         return _completed(tensors)
 
+    def _allreduce_(self, tensor: torch.Tensor, action: Action) -> None:
+        lanes, window = action.lanes, action.window
+        if action.algorithm == "ina":
+            ina_allreduce_(self.session, tensor, window=window)
+        elif action.algorithm == "tree":
+            _in_place(tensor, lambda host: self.peers.run(
+                TreeCall, host, inplace=True, lanes=lanes, window=window))  # fmt: skip
+        else:
+            _in_place(tensor, lambda host: self.peers.allreduce(
+                host, inplace=True, lanes=lanes, window=window))  # fmt: skip
+
+    def reduce_scatter_single(
+        self, output: torch.Tensor, input: torch.Tensor, opts: Any = None
+    ) -> dist.Work:
+        """``reduce_scatter_tensor``: rank ``r`` of ``n`` gets elements ``r * k`` to
+        ``(r + 1) * k`` of the SUM of every rank's ``n * k``-element input, through the
+        switch (an INA allreduce of which it keeps its part) or hostlib's ring. Other
+        ops, dtypes or sizes go to Gloo."""
+        if opts is None:
+            opts = dist.ReduceScatterOptions()
+        k = output.numel()
+        if not (
+            opts.reduceOp == dist.ReduceOp.SUM
+            and _carried(input)
+            and output.dtype == input.dtype
+            and k > 0
+            and input.numel() == self.size() * k
+        ):
+            return self._gloo._reduce_scatter_base(output, input, opts)
+        action = self._plan("reduce_scatter", _nbytes(input))
+        self._check_open()
+        host = _host_flat(input)
+        if action is not None and action.algorithm == "ina":
+            r = self.rank()
+            part = self.session.allreduce(host, window=action.window)[r * k : (r + 1) * k]
+        else:
+            lanes, window = self._knobs(action)
+            part = self.peers.reduce_scatter(host, lanes=lanes, window=window)
+        output.detach().copy_(part.reshape(output.shape))
+        return _completed([output])
+
+    def all_gather_single(
+        self, output: torch.Tensor, input: torch.Tensor, opts: Any = None
+    ) -> dist.Work:
+        """``all_gather_into_tensor``: every rank's ``k``-element input, in rank order, in
+        every rank's ``n * k``-element output, over hostlib's ring. Other dtypes or sizes
+        go to Gloo."""
+        k = input.numel()
+        if not (
+            _carried(input) and output.dtype == input.dtype and k > 0
+            and output.numel() == self.size() * k
+        ):  # fmt: skip
+            args = (output, input) if opts is None else (output, input, opts)
+            return self._gloo._allgather_base(*args)
+        lanes, window = self._knobs(self._plan("all_gather", _nbytes(output)))
+        self._check_open()
+        full = self.peers.all_gather(_host_flat(input), lanes=lanes, window=window)
+        output.detach().copy_(full.reshape(output.shape))
+        return _completed([output])
+
+    # The names torch before 2.13 calls, deprecated there: the same collectives.
+    _reduce_scatter_base = reduce_scatter_single  # type: ignore[assignment]  # arg names
+    _allgather_base = all_gather_single
+
+    def _knobs(self, action: Action | None) -> tuple[int, int]:
+        """The ring's packet width and window for ``action`` (``None``: the defaults)."""
+        if action is None:
+            return self.peers.spec.lanes, self.peers.spec.window
+        return action.lanes, action.window
+
+    # ------------------------------------------------------------------ teardown
     def shutdown(self) -> None:
-        """Close the session; rank 0 removes the job once every rank has shut down
+        """Close the sessions; rank 0 removes the job once every rank has shut down
         (waiting at most a few seconds for them)."""
         if self._closed:
             return
         self._closed = True
         self.session.close()
+        # A peer whose last ack from us was lost needs us a little longer, if any call ran.
+        self.peers.close(linger=0.0 if self.peers.endpoint.call == 0 else None)
         if not self.options.remove_on_shutdown or self.options.installed:
             return
         key = f"ina/job{self.options.job_id}/closed"
@@ -535,6 +862,7 @@ class InaProcessGroup(dist.ProcessGroup):
         if not self._closed:
             self._closed = True
             self.session.close()
+            self.peers.close(linger=0.0)
 
     def _wait_for_count(self, key: str, count: int, seconds: float = 10.0) -> None:
         deadline = time.monotonic() + seconds

@@ -368,3 +368,215 @@ def test_the_dynamiccl_chooser_from_the_environment(tmp_path: Path) -> None:
         InaOptions.from_env(env | {"INALAB_CHOOSER": "nccl"})
     with pytest.raises(InaSetupError, match="bad INALAB"):
         InaOptions.from_env(dyn | {"INALAB_PROFILE": str(tmp_path / "missing.json")})
+
+
+# ----------------------------------------------------------------- reduce-scatter, all-gather
+class ActionChooser:
+    """A chooser of :class:`~dynamiccl.actions.Action` per collective and size (picklable).
+
+    allreduce: ring/l64/w1 up to 1 KiB, tree/l256/w8 up to 16 KiB, ina/w4 above;
+    reduce_scatter: ina/w2 up to 4 KiB, ring/l2048/w32 above; all_gather: ring/l256/w8,
+    but collnet (which this backend runs on the ring, warning once) up to 64 bytes.
+    """
+
+    def choose(self, size_bytes: int) -> Any:
+        return self.choose_call("allreduce", size_bytes)
+
+    def choose_call(self, collective: str, size_bytes: int) -> Any:
+        from dynamiccl.actions import Action
+
+        if collective == "allreduce":
+            if size_bytes <= 1024:
+                return Action("ring", 64, 1)
+            return Action("tree", 256, 8) if size_bytes <= 16384 else Action("ina", 64, 4)
+        if collective == "reduce_scatter":
+            return Action("ina", 64, 2) if size_bytes <= 4096 else Action("ring", 2048, 32)
+        return Action("collnet", 64, 4) if size_bytes <= 64 else Action("ring", 256, 8)
+
+
+def _p2p_messages(algorithm: str, world: int, rank: int, size: int, lanes: int) -> int:
+    """Data packets one rank sends in one ring or tree allreduce of ``size`` elements."""
+    if algorithm == "ring":
+        seg = [(g + 1) * size // world - g * size // world for g in range(world)]
+        return sum(-(-seg[(rank - s) % world] // lanes) for s in range(2 * (world - 1)))
+    links = (rank > 0) + sum(c < world for c in (2 * rank + 1, 2 * rank + 2))
+    return links * -(-size // lanes)
+
+
+def _ring_bound(world: int, count: int, dtype: str) -> np.ndarray:
+    """``gamma_(n-1) * sum|x|`` per element, and the float64 reference's own error."""
+    xs = np.stack([_inputs(r, count, dtype).astype(np.float64) for r in range(world)])
+    wide, u = np.abs(xs).sum(axis=0), 2.0**-24
+    return (world - 1) * u / (1 - (world - 1) * u) * wide + world * 2.0**-52 * wide
+
+
+def _check_part(got: Any, world: int, rank: int, k: int, dtype: str, how: str, lanes: int) -> None:
+    """Rank ``rank``'s part of the sum of every rank's ``world * k`` inputs."""
+    ref, absmax = _expected(world, world * k, dtype)
+    part = slice(rank * k, (rank + 1) * k)
+    values = got.numpy().reshape(-1)
+    assert values.dtype == np.dtype(dtype) and values.size == k
+    if dtype == "int32":
+        np.testing.assert_array_equal(values, ref[part].astype(np.int32))
+        return
+    if how == "ina":
+        bound = error_bound(absmax, world, lanes, ref)[part]
+    else:
+        bound = _ring_bound(world, world * k, dtype)[part]
+    assert np.all(np.abs(values.astype(np.float64) - ref[part]) <= bound)
+
+
+def _gathered(world: int, k: int, dtype: str) -> np.ndarray:
+    return np.concatenate([_inputs(r, k, dtype) for r in range(world)])
+
+
+def _rs_ag_rank(rank: int, world: int, init: str, options: InaOptions) -> None:
+    dist.init_process_group(
+        "ina", init_method=init, rank=rank, world_size=world, timeout=TIMEOUT, pg_options=options
+    )
+    pg = dist.group.WORLD
+    assert isinstance(pg, InaProcessGroup)
+    lanes = pg.session.spec.lanes
+    for k, dtype in [(1, "int32"), (7, "float32"), (333, "int32"), (1001, "float32")]:
+        x = torch.from_numpy(_inputs(rank, world * k, dtype)).reshape(world, k)  # stack form
+        out = torch.empty(k, dtype=x.dtype)
+        seq = pg.session.next_seq
+        dist.reduce_scatter_tensor(out, x)
+        assert pg.session.next_seq > seq, "the default chooser's ina did not run"
+        _check_part(out, world, rank, k, dtype, "ina", lanes)
+        np.testing.assert_array_equal(x.numpy().reshape(-1), _inputs(rank, world * k, dtype))
+
+        call = pg.peers.endpoint.call
+        gathered = torch.empty(world * k, dtype=x.dtype)
+        dist.all_gather_into_tensor(gathered, torch.from_numpy(_inputs(rank, k, dtype)))
+        assert pg.peers.endpoint.call == call + 1, "all_gather did not run on the ring"
+        np.testing.assert_array_equal(gathered.numpy(), _gathered(world, k, dtype))
+
+    # A non-contiguous output and input, and Gloo for what hostlib does not carry.
+    def rows(r: int) -> Any:
+        return torch.from_numpy(_inputs(r, 2 * world * 5, "int32")).reshape(2 * world, 5)[::2]
+
+    out = torch.zeros(5, 2, dtype=torch.int32)[:, 0]
+    dist.reduce_scatter_tensor(out, rows(rank))
+    assert torch.equal(out, sum(rows(r)[rank] for r in range(world)))
+    seq, call = pg.session.next_seq, pg.peers.endpoint.call
+    f64 = torch.full((world * 3,), float(rank + 1), dtype=torch.float64)
+    o64 = torch.empty(3, dtype=torch.float64)
+    dist.reduce_scatter_tensor(o64, f64)
+    assert torch.all(o64 == world * (world + 1) / 2)
+    g64 = torch.empty(world * 2, dtype=torch.float64)
+    dist.all_gather_into_tensor(g64, torch.full((2,), float(rank), dtype=torch.float64))
+    assert g64.tolist() == [float(r) for r in range(world) for _ in range(2)]
+    m = torch.full((world * 2,), rank, dtype=torch.int32)
+    o = torch.empty(2, dtype=torch.int32)
+    dist.reduce_scatter_tensor(o, m, op=dist.ReduceOp.MAX)
+    assert o.tolist() == [world - 1] * 2
+    assert (pg.session.next_seq, pg.peers.endpoint.call) == (seq, call)
+    dist.destroy_process_group()
+
+
+def _actions_rank(rank: int, world: int, init: str, options: InaOptions) -> None:
+    import logging
+
+    records: list[logging.LogRecord] = []
+    handler = logging.Handler()
+    handler.emit = records.append  # type: ignore[method-assign]
+    logging.getLogger("dynamiccl.torch_backend").addHandler(handler)
+    dist.init_process_group(
+        "ina", init_method=init, rank=rank, world_size=world, timeout=TIMEOUT, pg_options=options
+    )
+    pg = dist.group.WORLD
+    assert isinstance(pg, InaProcessGroup)
+    ep, session = pg.peers.endpoint, pg.session
+
+    # allreduce: ring/l64/w1, tree/l256/w8, ina/w4 (slots 0..3 only).
+    for count, algorithm, knobs in [(201, "ring", (64, 1)), (3001, "tree", (256, 8))]:
+        x = torch.from_numpy(_inputs(rank, count, "int32"))
+        sent, seq = ep.stats.sent - ep.stats.retransmitted, session.next_seq
+        dist.all_reduce(x)
+        ref, _ = _expected(world, count, "int32")
+        np.testing.assert_array_equal(x.numpy(), ref.astype(np.int32))
+        assert (ep.lanes, ep.window) == knobs and session.next_seq == seq
+        lanes = knobs[0]
+        want = _p2p_messages(algorithm, world, rank, count, lanes)
+        assert ep.stats.sent - ep.stats.retransmitted - sent == want, algorithm
+    x = torch.from_numpy(_inputs(rank, 8001, "float32"))
+    uses, call = session.uses.copy(), ep.call
+    dist.all_reduce(x)
+    ref, absmax = _expected(world, 8001, "float32")
+    err = np.abs(x.numpy().astype(np.float64) - ref)
+    assert np.all(err <= error_bound(absmax, world, session.spec.lanes, ref))
+    assert np.flatnonzero(session.uses - uses).tolist() == [0, 1, 2, 3] and ep.call == call
+
+    # reduce_scatter: ina/w2 for 4 KiB, ring/l2048/w32 above.
+    for k, how in [(1024 // world, "ina"), (3001, "ring")]:
+        uses, call = session.uses.copy(), ep.call
+        x = torch.from_numpy(_inputs(rank, world * k, "float32"))
+        out = torch.empty(k, dtype=torch.float32)
+        dist.reduce_scatter_tensor(out, x)
+        _check_part(out, world, rank, k, "float32", how, session.spec.lanes)
+        if how == "ina":
+            assert np.flatnonzero(session.uses - uses).tolist() == [0, 1] and ep.call == call
+        else:
+            assert (ep.lanes, ep.window, ep.call) == (2048, 32, call + 1)
+
+    # all_gather: collnet falls back to the ring (one warning), ring/l256/w8.
+    for k in (3, 3, 1001):
+        gathered = torch.empty(world * k, dtype=torch.int32)
+        dist.all_gather_into_tensor(gathered, torch.from_numpy(_inputs(rank, k, "int32")))
+        np.testing.assert_array_equal(gathered.numpy(), _gathered(world, k, "int32"))
+        assert (ep.lanes, ep.window) == ((64, 4) if 4 * world * k <= 64 else (256, 8))
+    warned = [r.getMessage() for r in records if r.levelname == "WARNING"]
+    collnet = [m for m in warned if "collnet" in m]
+    assert len(collnet) == (1 if 4 * world * 3 <= 64 else 0), warned
+    dist.destroy_process_group()
+
+
+@pytest.mark.parametrize("world", [1, 2, 4])
+def test_reduce_scatter_and_all_gather_tensors(switch: SoftSwitchProcess, world: int) -> None:
+    _spawn(_rs_ag_rank, world, _options(switch, 60 + world, slots=16))
+
+
+@pytest.mark.parametrize("world", [2, 3])
+def test_a_chooser_of_actions_sets_algorithm_lanes_and_window(
+    switch: SoftSwitchProcess, world: int
+) -> None:
+    _spawn(_actions_rank, world, _options(switch, 70 + world, slots=16, chooser=ActionChooser()))
+
+
+def test_what_an_action_resolves_to() -> None:
+    from dynamiccl.actions import Action, ActionError
+    from dynamiccl.torch_backend import resolve_action
+
+    warned: list[tuple[str, str]] = []
+
+    def resolve(choice: Any, collective: str, slots: int = 16) -> Any:
+        return resolve_action(choice, collective, switch_lanes=64, slots=slots, lanes=128,
+                              window=8, warn=lambda k, m: warned.append((k, m)))  # fmt: skip
+
+    # Names: "ina" through the switch with every slot; others to Gloo (allreduce) or ring.
+    assert resolve("ina", "allreduce") == Action("ina", 64, 16)
+    assert resolve("ina", "reduce_scatter") == Action("ina", 64, 16)
+    assert resolve("ina", "all_gather") == Action("ring", 128, 8)
+    assert resolve("ring", "allreduce") is None and resolve("gloo", "allreduce") is None
+    assert resolve("tree", "reduce_scatter") == Action("ring", 128, 8)
+    assert not warned
+    # Actions: as chosen, an INA window within the slots and the switch's lanes.
+    assert resolve(Action("tree", 2048, 32), "allreduce") == Action("tree", 2048, 32)
+    assert resolve(Action("ina", 256, 4), "allreduce") == Action("ina", 64, 4)
+    assert resolve(Action("ina", 64, 64), "reduce_scatter") == Action("ina", 64, 16)
+    assert not warned
+    # What cannot run here: the ring with the action's lanes and window, and a warning.
+    assert resolve(Action("collnet", 64, 4), "allreduce") == Action("ring", 64, 4)
+    assert resolve(Action("ina", 64, 4), "all_gather") == Action("ring", 64, 4)
+    assert resolve(Action("tree", 256, 8), "reduce_scatter") == Action("ring", 256, 8)
+    assert resolve(Action("ina", 64, 4), "allreduce", slots=0) == Action("ring", 64, 4)
+    assert resolve("ina", "allreduce", slots=0) == Action("ring", 128, 8)
+    assert [k for k, _ in warned] == [
+        "collnet/allreduce", "ina/all_gather", "tree/reduce_scatter", "ina/allreduce",
+        "ina/allreduce",
+    ]  # fmt: skip
+    with pytest.raises(ActionError, match="broadcast"):
+        resolve("ina", "broadcast")
+    with pytest.raises(ActionError, match="not an algorithm name"):
+        resolve(3, "allreduce")
