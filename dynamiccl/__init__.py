@@ -5,9 +5,12 @@ adds), ``dynamiccl.policy`` chooses (a pure function and an online learner),
 ``dynamiccl.fit`` calibrates a profile from measurements, ``dynamiccl.tuner`` exports
 decisions as an NCCL tuner rule file and ``dynamiccl.cli`` is ``inalab decide``. The
 names below are the ones a training job needs; nothing here imports torch or numpy.
+Measurements and the network (a :class:`TopologySummary`) arrive as plain data: the
+emulation and the bench hand them over (``emulation.topology_summary`` reads topology
+files, ``emulation.bench.calibrate`` measures); nothing in dynamiccl imports them.
 """
 
-from dynamiccl.model import DEFAULT_PROFILE, Profile, TopologySummary, summarize_topology
+from dynamiccl.model import DEFAULT_PROFILE, Profile, TopologySummary
 from dynamiccl.policy import Decision, Policy, choose
 
 __all__ = [
@@ -17,5 +20,4 @@ __all__ = [
     "Profile",
     "TopologySummary",
     "choose",
-    "summarize_topology",
 ]

@@ -58,7 +58,7 @@ from dynamiccl.actions import (
     ActionError,
     parse_action,
 )
-from dynamiccl.model import Profile, TopologySummary, byte_coefficient, estimate
+from dynamiccl.model import AlgoParams, Profile, TopologySummary, byte_coefficient, estimate
 from dynamiccl.policy import size_bucket
 
 __all__ = [
@@ -101,7 +101,11 @@ def predict(
     """The cost model's time of one call with ``action`` (``math.inf``: cannot run).
 
     The model's per-algorithm alpha and beta are used with the action's packet width and
-    window (packets per loss stall; for INA the window bound ``rtt / (window * packet)``).
+    window. hostlib's software cost is per packet (measured on loopback: the ring with
+    256-lane packets 6.3x slower than with 2048), so beta, measured at the profile's
+    ``packet_bytes``, scales by ``profile.packet_bytes / action.packet_bytes``; the window
+    bounds every algorithm to ``window`` packets per round trip (the step's alpha plus
+    twice the delay) and sets how many losses overlap.
     CollNet is modelled as INA (its switch leg); ``reduce_scatter`` and ``all_gather`` on
     the ring are half a ring allreduce (``n - 1`` of its ``2(n - 1)`` steps and bytes);
     INA's ``reduce_scatter`` is an INA allreduce.
@@ -115,7 +119,13 @@ def predict(
     if action.algorithm not in algorithms_for(collective):
         raise ActionError(f"{action.algorithm} does not run {collective}")
     model_algo = "ina" if action.algorithm == "collnet" else action.algorithm
-    tuned = replace(profile, packet_bytes=action.packet_bytes, window=action.window)
+    params = profile.params(model_algo)
+    per_packet = profile.packet_bytes / action.packet_bytes
+    tuned = replace(
+        profile.with_params(model_algo, AlgoParams(params.alpha, params.beta * per_packet)),
+        packet_bytes=action.packet_bytes,
+        window=action.window,
+    )
     topo = topology if topology is not None else TopologySummary()
     if model_algo == "ina":
         slots = action.window if topo.slots is None else min(topo.slots, action.window)

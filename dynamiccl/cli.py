@@ -2,15 +2,19 @@
 
 Reads a profile (``--profile``, a JSON file from :meth:`Profile.save` or ``inalab
 calibrate``; without it :data:`~dynamiccl.model.DEFAULT_PROFILE`, whose ``source`` says
-it is the built-in one and where it was measured) and optionally a topology
-(``--topology``: link bandwidth, delay, loss, contention and whether a switch aggregates
-for the job; its job's ranks are the workers), prints one line per algorithm (time,
-share in latency steps, what bounds its bytes: :data:`BOUNDS_HELP`) and the choice with
-its reason, or the same as JSON (``--json``). ``--export-tuner PATH`` also writes the
-choices over ``--min..--max`` as an NCCL example-tuner rule file. Sizes use nccl-tests'
-syntax (``4096``, ``4K``, ``1M``, ``1G``). Bad input exits 2 with one line.
+it is the built-in one and where it was measured) and optionally the job's network: link
+bandwidth, delay, loss, contention and whether a switch aggregates for the job, as a
+:class:`~dynamiccl.model.TopologySummary` JSON file (``--summary``) or from a topology
+file (``--topology``: its job's ranks are the workers). Prints one line per algorithm
+(time, share in latency steps, what bounds its bytes: :data:`BOUNDS_HELP`) and the
+choice with its reason, or the same as JSON (``--json``). ``--export-tuner PATH`` also
+writes the choices over ``--min..--max`` as an NCCL example-tuner rule file. Sizes use
+nccl-tests' syntax (``4096``, ``4K``, ``1M``, ``1G``). Bad input exits 2 with one line.
 
-Also runs standalone: ``python -m dynamiccl.cli --size 4M --workers 8``.
+dynamiccl reads no topology file itself (it imports nothing of emulation): ``--topology``
+works through the :data:`Summarize` function the caller injects into :func:`run`, which
+the ``inalab`` command does. Also runs standalone, without ``--topology``: ``python -m
+dynamiccl.cli --size 4M --workers 8 [--summary FILE]``.
 """
 
 from __future__ import annotations
@@ -19,22 +23,31 @@ import argparse
 import json
 import math
 import sys
-from collections.abc import Sequence
-from dataclasses import asdict
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from emulation.argtypes import int_in, size
-from emulation.bench.config import format_size
+from dynamiccl.actions import (
+    ALL_COLLECTIVES,
+    DEFAULT_LANE_CHOICES,
+    DEFAULT_WINDOW_CHOICES,
+    action_space,
+)
+from dynamiccl.model import SummaryError, TopologySummary
+from hostlib.protocol import MAX_LANES
+from hostlib.units import format_size, parse_size
 
 if TYPE_CHECKING:
-    from dynamiccl.model import Estimate, MeasuredLinks, Profile, TopologySummary
+    from dynamiccl.model import Estimate, MeasuredLinks, Profile
     from dynamiccl.policy import Decision
-    from emulation.topology import Topology
 
-__all__ = ["BOUNDS_HELP", "add_arguments", "main", "run"]
+__all__ = ["BOUNDS_HELP", "JobRanks", "Summarize", "add_arguments", "main", "run"]
 
 PROG = "inalab decide"
+
+DEFAULT_SWITCH_LANES = 2048
+"""``--switch-lanes``: the bench's switch (one 8 KiB jumbo payload per packet)."""
 
 BOUNDS_HELP = """\
 Each algorithm's line: its predicted time, the share of it spent in latency steps
@@ -43,33 +56,105 @@ what limits how fast its bytes move (what large messages pay):
   software  the profile's measured time per byte: the hosts' (and, for INA, the soft
             switch's) CPU as calibrated. The network, if any, is faster than that.
             A faster link will not help; a faster host or switch would.
-  wire      the network: the slowest worker link in --topology, slowed further when
-            several of the algorithm's streams share one switch-to-switch link.
+  wire      the network: the slowest worker link in --topology (or --summary), slowed
+            further when several of the algorithm's streams share one switch-to-switch
+            link.
   switch    INA only: one aggregating switch cannot sum the workers' contributions
             faster (the profile's switch rate shared by the ranks it sums).
   window    INA only: too few switch slots (--slots) to keep the link busy over a
             round trip.
-Without --topology there is no wire: every time is the calibrated machine's.
+Without --topology or --summary there is no wire: every time is the calibrated machine's.
 The built-in profile was measured on one machine (its line says which);
 "inalab calibrate --workers N -o profile.json" measures yours for --profile."""
 """``--help``'s epilog: what the per-algorithm bound means, in a user's words."""
 
 
+@dataclass(frozen=True)
+class JobRanks:
+    """A topology's job as ``--topology`` checks ``--workers`` against it.
+
+    Attributes:
+        ranks: the job's ranks: the workers of the decision.
+        hosts: the job's hosts.
+        job: the job's id; None for a topology without jobs (all its hosts are one job).
+        per_job: every job's ranks by id, in the topology's order (empty without jobs).
+    """
+
+    ranks: int
+    hosts: int
+    job: int | None = None
+    per_job: Mapping[int, int] = field(default_factory=dict)
+
+
+Summarize = Callable[[Path, int | None, int | None], tuple[TopologySummary, JobRanks]]
+"""Reads ``--topology PATH`` for ``--job`` (None: the first) with ``--slots`` (None:
+unknown): the job's :class:`TopologySummary` and its :class:`JobRanks`. It may raise
+ValueError (an unreadable or invalid file) or KeyError (no such job), which decide
+reports as one line. ``inalab`` passes ``emulation.topology_summary.decide_summary``."""
+
+
+def _size(text: str) -> int:
+    """An nccl-tests size for argparse (:func:`hostlib.units.parse_size`)."""
+    try:
+        return parse_size(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+
+
+def _int_in(lo: int, hi: int | None = None) -> Callable[[str], int]:
+    """An argparse parser of integers in ``lo..hi`` (no upper bound when ``hi`` is None)."""
+
+    def parse(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"invalid integer {text!r}") from None
+        if value < lo or (hi is not None and value > hi):
+            bounds = f"{lo}..{hi}" if hi is not None else f">= {lo}"
+            raise argparse.ArgumentTypeError(f"{value} outside {bounds}")
+        return value
+
+    return parse
+
+
+def _int_list(lo: int, hi: int) -> Callable[[str], tuple[int, ...]]:
+    """An argparse parser of comma-separated integers in ``lo..hi``."""
+    one = _int_in(lo, hi)
+
+    def parse(text: str) -> tuple[int, ...]:
+        values = tuple(one(part) for part in text.split(",") if part.strip())
+        if not values:
+            raise argparse.ArgumentTypeError(f"no values in {text!r}")
+        return values
+
+    return parse
+
+
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     """The flags of ``inalab decide``, and :data:`BOUNDS_HELP` as ``--help``'s epilog."""
-    from dynamiccl.model import COLLECTIVES
-
     parser.epilog = BOUNDS_HELP
     parser.formatter_class = argparse.RawDescriptionHelpFormatter  # keep the epilog's lines
 
-    parser.add_argument("--size", type=size, help="message size, e.g. 4096, 4K, 4M, 1G")
+    parser.add_argument("--size", type=_size, help="message size, e.g. 4096, 4K, 4M, 1G")
     parser.add_argument(
         "--workers",
-        type=int_in(1),
+        type=_int_in(1),
         help="ranks taking part (with --topology: its job's ranks, and no other number)",
     )
-    parser.add_argument("--topology", type=Path, help="a topologies/ file: the job's network")
-    parser.add_argument("--job", type=int_in(0, 0xFFFF), help="the topology's job (default: first)")
+    network = parser.add_mutually_exclusive_group()
+    network.add_argument(
+        "--topology", type=Path, help="a topologies/ file: the job's network and its ranks"
+    )
+    network.add_argument(
+        "--summary",
+        type=Path,
+        metavar="FILE",
+        help="the job's network as TopologySummary JSON (written by "
+        "emulation.topology_summary.summary_json)",
+    )
+    parser.add_argument(
+        "--job", type=_int_in(0, 0xFFFF), help="the topology's job (default: first)"
+    )
     parser.add_argument(
         "--profile",
         type=Path,
@@ -77,23 +162,65 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "another machine's loopback; its source line says which)",
     )
     parser.add_argument(
-        "--collective", default="allreduce", choices=COLLECTIVES, help="default: allreduce"
+        "--collective",
+        default="allreduce",
+        choices=ALL_COLLECTIVES,
+        help="default: allreduce (reduce_scatter and all_gather: --explain's view only)",
     )
     parser.add_argument(
-        "--slots", type=int_in(0), help="the job's free switch slots (0: INA unavailable)"
+        "--slots", type=_int_in(0), help="the job's free switch slots (0: INA unavailable)"
     )
     parser.add_argument(
         "--no-ina", action="store_true", help="the switch is unreachable: never choose INA"
     )
     parser.add_argument("--json", action="store_true", help="print JSON instead of text")
     parser.add_argument(
+        "--explain",
+        action="store_true",
+        help="decide the whole configuration: every action (algorithm, lanes per packet, "
+        "window) with its model time, prior and measured mean, and the online agent's "
+        "choice and phase",
+    )
+    parser.add_argument(
+        "--agent-state",
+        type=Path,
+        metavar="FILE",
+        help="an online agent's saved state (inalab replay --agent-state FILE): explain "
+        "what it learnt (implies --explain; default: a model-only agent)",
+    )
+    parser.add_argument(
+        "--switch-lanes",
+        type=_int_in(1, MAX_LANES),
+        default=DEFAULT_SWITCH_LANES,
+        help=f"the switch's lanes per packet, INA's only width (default {DEFAULT_SWITCH_LANES}, "
+        "the bench's)",
+    )
+    parser.add_argument(
+        "--lanes-choices",
+        type=_int_list(1, MAX_LANES),
+        default=DEFAULT_LANE_CHOICES,
+        metavar="N,N",
+        help="ring and tree packet widths --explain considers (default "
+        + ",".join(map(str, DEFAULT_LANE_CHOICES))
+        + ")",
+    )
+    parser.add_argument(
+        "--window-choices",
+        type=_int_list(1, 1 << 20),
+        default=DEFAULT_WINDOW_CHOICES,
+        metavar="N,N",
+        help="windows --explain considers (default "
+        + ",".join(map(str, DEFAULT_WINDOW_CHOICES))
+        + ")",
+    )
+    parser.add_argument(
         "--export-tuner", type=Path, metavar="PATH", help="write an NCCL tuner rule file"
     )
     parser.add_argument(
-        "--min", type=size, default=4096, help="--export-tuner's smallest size (default 4K)"
+        "--min", type=_size, default=4096, help="--export-tuner's smallest size (default 4K)"
     )
     parser.add_argument(
-        "--max", type=size, default=1 << 30, help="--export-tuner's largest size (default 1G)"
+        "--max", type=_size, default=1 << 30, help="--export-tuner's largest size (default 1G)"
     )
 
 
@@ -101,16 +228,20 @@ class _UsageError(ValueError):
     pass
 
 
-def run(args: argparse.Namespace) -> int:
-    """Print the decision (and write the rule file); 0 on success, 2 on bad input."""
+def run(args: argparse.Namespace, summarize: Summarize | None = None) -> int:
+    """Print the decision (and write the rule file); 0 on success, 2 on bad input.
+
+    ``summarize`` reads ``--topology`` (see :data:`Summarize`); without one,
+    ``--topology`` is a usage error (``--summary`` needs none).
+    """
     try:
-        return _run(args)
+        return _run(args, summarize)
     except _UsageError as exc:
         print(f"{PROG}: error: {exc}", file=sys.stderr)
         return 2
 
 
-def _run(args: argparse.Namespace) -> int:
+def _run(args: argparse.Namespace, summarize: Summarize | None) -> int:
     from dynamiccl.model import DEFAULT_PROFILE, Profile, ProfileError
     from dynamiccl.policy import choose
     from dynamiccl.tuner import tuner_rules, write_rules
@@ -123,10 +254,16 @@ def _run(args: argparse.Namespace) -> int:
         profile = DEFAULT_PROFILE if args.profile is None else Profile.load(args.profile)
     except ProfileError as exc:
         raise _UsageError(str(exc)) from None
-    summary, workers, hosts = _topology(args)
+    summary, workers, hosts = _network(args, summarize)
     if workers is None:
         raise _UsageError("give --workers (or a --topology with a job)")
     ina = not args.no_ina
+    if args.explain or args.agent_state is not None or args.collective != "allreduce":
+        if args.export_tuner is not None:
+            raise _UsageError("--export-tuner writes algorithms only: leave out --explain")
+        if args.size is None:
+            raise _UsageError("--explain needs --size")
+        return _explain(args, profile, summary, workers, hosts)
 
     def decide(size: int) -> Decision:
         return choose(args.collective, size, workers, summary, profile, ina_available=ina)
@@ -137,7 +274,7 @@ def _run(args: argparse.Namespace) -> int:
         rules = tuner_rules(decide, args.collective, args.min, args.max, n_ranks=workers)
         comment = (
             f"inalab decide: {args.collective}, {workers} workers"
-            + (f", topology {args.topology}" if args.topology else "")
+            + _network_label(args)
             + f"\nprofile: {_profile_label(args, profile)}"
             + "\ncollnet_direct = INA: needs NCCL_COLLNET_ENABLE=1 and a CollNet plugin"
         )
@@ -153,6 +290,7 @@ def _run(args: argparse.Namespace) -> int:
             "size_bytes": args.size,
             "workers": workers,
             "topology": None if args.topology is None else str(args.topology),
+            "summary": None if args.summary is None else str(args.summary),
             "nodes": hosts,
             "profile": profile.source,
             "profile_is_default": args.profile is None,
@@ -169,11 +307,11 @@ def _run(args: argparse.Namespace) -> int:
         return 0
     print(
         f"# {args.collective} of {format_size(args.size)} ({args.size} bytes), "
-        f"{workers} workers" + (f", topology {args.topology}" if args.topology else "")
+        f"{workers} workers" + _network_label(args)
     )
     print(f"# profile: {_profile_label(args, profile)}")
     if profile.links is not None:
-        print(f"# {_links_note(profile.links, args.topology is not None)}")
+        print(f"# {_links_note(profile.links, _network_flag(args))}")
     for algo, est in decision.estimates.items():
         print(_estimate_line(algo, est, decision.predicted[algo], decision.sources[algo]))
     print(f"choice: {decision.algorithm}: {decision.reason}")
@@ -182,18 +320,99 @@ def _run(args: argparse.Namespace) -> int:
     return 0
 
 
+def _explain(
+    args: argparse.Namespace,
+    profile: Profile,
+    summary: TopologySummary,
+    workers: int,
+    hosts: int | None,
+) -> int:
+    """``--explain``: the online agent's view of every action for ``--size``."""
+    from dynamiccl.agent import Agent, AgentError
+
+    if args.agent_state is not None:
+        try:
+            agent = Agent.load(args.agent_state, profile, summary, workers=workers)
+        except AgentError as exc:
+            raise _UsageError(str(exc)) from None
+        who = f"the agent saved in {args.agent_state} (job {agent.job})"
+    else:
+        offered = ["ina", "ring", "tree"]
+        if hosts is not None and hosts < workers:
+            offered.insert(1, "collnet")  # several ranks per host: CollNet can run
+        slots = summary.slots if summary.slots else max(args.window_choices)
+        actions = {
+            c: action_space(c, switch_lanes=args.switch_lanes, slots=slots, algorithms=offered,
+                            lane_choices=args.lanes_choices, window_choices=args.window_choices)
+            for c in ALL_COLLECTIVES
+        }  # fmt: skip
+        agent = Agent(profile, workers, summary, actions, learn=False)
+        who = "a model-only agent (the profile's prior; nothing measured)"
+    if args.collective not in agent.actions:
+        raise _UsageError(f"{args.agent_state} has no actions for {args.collective}")
+    decision = agent.decide(args.collective, args.size, free_slots=args.slots,
+                            switch_reachable=not args.no_ina)  # fmt: skip
+    if args.json:
+        doc = {
+            "collective": args.collective,
+            "size_bytes": args.size,
+            "workers": workers,
+            "topology": None if args.topology is None else str(args.topology),
+            "summary": None if args.summary is None else str(args.summary),
+            "profile": profile.source,
+            "agent": who,
+            "explain": decision.to_dict(),
+        }
+        print(json.dumps(doc, indent=2))
+        return 0
+    print(
+        f"# {args.collective} of {format_size(args.size)} ({args.size} bytes), "
+        f"{workers} workers" + _network_label(args)
+    )
+    print(f"# profile: {_profile_label(args, profile)}")
+    print(f"# decided by {who}")
+    print(f"{'action':>16} {'model':>12} {'prior':>12} {'measured':>12} {'calls':>6}")
+    for arm in decision.arms:
+        cells = (_ms(arm.model), _ms(arm.prior), _ms(arm.observed), str(arm.count))
+        note = "" if arm.available else "  (switch unreachable or short of slots)"
+        print(f"{arm.action.label:>16} " + " ".join(f"{c:>12}" for c in cells[:3])
+              + f" {cells[3]:>6}{note}")  # fmt: skip
+    print(f"choice: {decision.action.label} ({decision.phase}): {decision.reason}")
+    return 0
+
+
+def _ms(seconds: float | None) -> str:
+    if seconds is None:
+        return "-"
+    return "n/a" if not math.isfinite(seconds) else f"{seconds * 1e3:.3f} ms"
+
+
 def _profile_label(args: argparse.Namespace, profile: Profile) -> str:
     """The profile as every output names it: the built-in one says so in its source."""
     return profile.source if args.profile is None else f"{args.profile} ({profile.source})"
 
 
-def _links_note(links: MeasuredLinks, with_topology: bool) -> str:
+def _network_flag(args: argparse.Namespace) -> str | None:
+    """``--topology`` or ``--summary``, whichever gave the network (None: neither)."""
+    if args.topology is not None:
+        return "--topology"
+    return None if args.summary is None else "--summary"
+
+
+def _network_label(args: argparse.Namespace) -> str:
+    """``, topology PATH`` or ``, summary PATH`` for the headers; empty without either."""
+    if args.topology is not None:
+        return f", topology {args.topology}"
+    return "" if args.summary is None else f", summary {args.summary}"
+
+
+def _links_note(links: MeasuredLinks, network_flag: str | None) -> str:
     note = (
         f"profile measured across the emulated links of {links.where} "
         f"({links.describe()}): their bandwidth, delay and loss are in its numbers"
     )
-    if with_topology:
-        note += "; --topology adds its links' delay and loss on top"
+    if network_flag is not None:
+        note += f"; {network_flag} adds its links' delay and loss on top"
     return note
 
 
@@ -205,51 +424,58 @@ def _estimate_line(algo: str, est: Estimate, seconds: float, source: str) -> str
     return f"{algo:>6} {seconds * 1e3:12.3f} ms  {source}, latency {share}, bound: {est.bound}"
 
 
-def _topology(args: argparse.Namespace) -> tuple[TopologySummary, int | None, int | None]:
-    """(summary, workers, hosts) from --topology/--job/--slots/--no-ina and --workers:
-    with a topology the workers are its job's ranks, and --workers must agree.
+def _network(
+    args: argparse.Namespace, summarize: Summarize | None
+) -> tuple[TopologySummary, int | None, int | None]:
+    """(summary, workers, hosts) from --topology/--summary/--job/--slots and --workers:
+    with a topology the workers are its job's ranks, and --workers must agree; --slots
+    overrides a --summary's slots.
 
     Raises:
-        _UsageError: an unreadable topology, an unknown job, --job without a topology,
-            or --workers other than the job's ranks.
+        _UsageError: --job without a topology, --topology with nothing to read it, an
+            unreadable topology or summary, an unknown job, or --workers other than the
+            job's ranks.
     """
-    from dynamiccl.model import TopologySummary, summarize_topology
-
+    if args.topology is None and args.job is not None:
+        raise _UsageError("--job needs --topology")
+    if args.summary is not None:
+        try:
+            summary = TopologySummary.load(args.summary)
+        except SummaryError as exc:
+            raise _UsageError(str(exc)) from None
+        if args.slots is not None:
+            summary = replace(summary, slots=args.slots)
+        return summary, args.workers, None
     if args.topology is None:
-        if args.job is not None:
-            raise _UsageError("--job needs --topology")
         return TopologySummary(slots=args.slots), args.workers, None
-    from emulation.topology import TopologyError, load_topology
-
+    if summarize is None:
+        raise _UsageError(
+            "--topology needs the inalab command to read topology files (dynamiccl reads "
+            "none): run inalab decide, or give --summary FILE"
+        )
     try:
-        topo = load_topology(args.topology)
-        summary = summarize_topology(topo, args.job, slots=args.slots)
-    except TopologyError as exc:
+        summary, job = summarize(args.topology, args.job, args.slots)
+    except ValueError as exc:
         raise _UsageError(str(exc)) from None
     except KeyError as exc:
         raise _UsageError(str(exc.args[0])) from None
-    job = next((j for j in topo.jobs if args.job in (None, j.job_id)), None)
-    names = job.workers if job is not None else tuple(h.name for h in topo.hosts)
-    ranks = sum(topo.host(n).ranks for n in names)
-    if args.workers is not None and args.workers != ranks:
-        raise _UsageError(_workers_mismatch(args, topo, ranks))
-    return summary, ranks, len(names)
+    if args.workers is not None and args.workers != job.ranks:
+        raise _UsageError(_workers_mismatch(args, job))
+    return summary, job.ranks, job.hosts
 
 
-def _workers_mismatch(args: argparse.Namespace, topo: Topology, ranks: int) -> str:
+def _workers_mismatch(args: argparse.Namespace, job: JobRanks) -> str:
     """One line: the model would describe a network the job does not have."""
-    sizes = {j.job_id: sum(topo.host(n).ranks for n in j.workers) for j in topo.jobs}
-    if not sizes:
+    if not job.per_job:
         return (
             f"--workers {args.workers}, but {args.topology} has no jobs: its "
-            f"{len(topo.hosts)} hosts make one job of {ranks} ranks (omit --workers)"
+            f"{job.hosts} hosts make one job of {job.ranks} ranks (omit --workers)"
         )
-    job = args.job if args.job is not None else topo.jobs[0].job_id
-    listed = ", ".join(f"job {j}: {n}" for j, n in sizes.items())
-    pick = ", or pick another job with --job" if len(sizes) > 1 else ""
+    listed = ", ".join(f"job {j}: {n}" for j, n in job.per_job.items())
+    pick = ", or pick another job with --job" if len(job.per_job) > 1 else ""
     return (
-        f"--workers {args.workers}, but job {job} of {args.topology} has {ranks} ranks "
-        f"(ranks per job: {listed}); omit --workers{pick}"
+        f"--workers {args.workers}, but job {job.job} of {args.topology} has {job.ranks} "
+        f"ranks (ranks per job: {listed}); omit --workers{pick}"
     )
 
 

@@ -32,38 +32,34 @@ every byte cost ``1/(1-p)`` and each lost packet of a window stall for a timeout
 
 from __future__ import annotations
 
-import itertools
 import json
 import math
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import asdict, dataclass, field, fields, replace
 from importlib import resources
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from hostlib.protocol import MAX_WORKERS
-
-if TYPE_CHECKING:
-    from emulation.topology import Topology, TopologyJob
 
 __all__ = [
     "ALGORITHMS",
     "COLLECTIVES",
     "DEFAULT_PROFILE",
     "PROFILE_SCHEMA",
+    "SUMMARY_SCHEMA",
     "TREE_BYTE_FACTOR",
     "AlgoParams",
     "Estimate",
     "MeasuredLinks",
     "Profile",
     "ProfileError",
+    "SummaryError",
     "TopologySummary",
     "byte_coefficient",
     "estimate",
     "estimate_all",
-    "measured_links",
     "steps",
-    "summarize_topology",
 ]
 
 ALGORITHMS = ("ina", "ring", "tree")
@@ -78,9 +74,16 @@ TREE_BYTE_FACTOR = 2.0
 PROFILE_SCHEMA = 1
 """Version of the profile JSON; :meth:`Profile.load` refuses any other."""
 
+SUMMARY_SCHEMA = 1
+"""Version of the topology summary JSON; :meth:`TopologySummary.load` refuses any other."""
+
 
 class ProfileError(ValueError):
     """A profile that cannot be read or has invalid numbers; the message says where."""
+
+
+class SummaryError(ValueError):
+    """A topology summary that cannot be read or has invalid values; the message says where."""
 
 
 @dataclass(frozen=True)
@@ -113,7 +116,8 @@ class MeasuredLinks:
     calibrate``), as applied: after ``--bw``, ``--delay``, ``--link-loss``, ``--jitter``.
 
     Their bandwidth, delay and loss are inside the profile's alpha and beta, so a
-    decision with the profile already pays them; see :func:`measured_links`.
+    decision with the profile already pays them. The bench records them from the
+    topology it emulated (``emulation.topology_summary.measured_links``).
 
     Attributes:
         topology: the topology's name.
@@ -357,7 +361,10 @@ floor and INA's single step and ``S`` bytes win on slow links.
 
 @dataclass(frozen=True)
 class TopologySummary:
-    """What the network adds to the model for one job (see :func:`summarize_topology`).
+    """What the network adds to the model for one job: plain data, so dynamiccl decides
+    for a network it never loads (``emulation.topology_summary`` derives one from a
+    topology file; :meth:`to_dict` and :meth:`load` are its JSON, ``inalab decide
+    --summary``).
 
     Attributes:
         link_bandwidth: bytes/s of the slowest worker link, None for unshaped.
@@ -390,6 +397,92 @@ class TopologySummary:
 
     def contention_of(self, algorithm: str) -> float:
         return max(1.0, float(self.contention.get(algorithm, 1.0)))
+
+    def to_dict(self) -> dict[str, Any]:
+        """The JSON document :meth:`from_dict` reads: every field, and the schema."""
+        doc = {f.name: getattr(self, f.name) for f in fields(self)}
+        doc["contention"] = dict(self.contention)
+        return {"schema": SUMMARY_SCHEMA, **doc}
+
+    @classmethod
+    def from_dict(cls, doc: Any, where: str = "summary") -> TopologySummary:
+        """Build a summary from :meth:`to_dict`'s document; an omitted field keeps its
+        default (the default is no network: loopback).
+
+        Raises:
+            SummaryError: not an object, wrong schema version, unknown keys, or a value
+                out of its range (the message names the key).
+        """
+        if not isinstance(doc, Mapping):
+            raise SummaryError(f"{where}: expected a JSON object, got {type(doc).__name__}")
+        if doc.get("schema") != SUMMARY_SCHEMA:
+            raise SummaryError(
+                f"{where}: schema {doc.get('schema')!r} is not {SUMMARY_SCHEMA} "
+                "(a summary written by another inalab version?)"
+            )
+        unknown = sorted(set(doc) - set(_SUMMARY_VALUES) - {"schema"})
+        contention = doc.get("contention")
+        if isinstance(contention, Mapping):
+            unknown += sorted(f"contention.{a}" for a in set(contention) - set(ALGORITHMS))
+        if unknown:
+            raise SummaryError(f"{where}: unknown key(s) {', '.join(unknown)}")
+        values = {k: v for k, v in doc.items() if k != "schema"}
+        for name, value in values.items():
+            valid, expected = _SUMMARY_VALUES[name]
+            if not valid(value):
+                raise SummaryError(f"{where}: {name} must be {expected}, got {value!r}")
+        return cls(**values)
+
+    @classmethod
+    def load(cls, path: str | Path) -> TopologySummary:
+        """Read a summary written from :meth:`to_dict` (e.g. by
+        ``emulation.topology_summary.summary_json``).
+
+        Raises:
+            SummaryError: the file cannot be read, is not JSON or not a valid summary.
+        """
+        file = Path(path)
+        try:
+            text = file.read_text(encoding="utf-8")
+        except OSError as exc:
+            raise SummaryError(f"cannot read summary {file}: {exc.strerror}") from None
+        try:
+            doc = json.loads(text)
+        except ValueError as exc:
+            raise SummaryError(f"{file}: not JSON: {exc}") from None
+        return cls.from_dict(doc, where=str(file))
+
+
+def _is_number(value: Any, lo: float, *, above: bool = False) -> bool:
+    """A finite int or float (not a bool) >= ``lo`` (> ``lo`` when ``above``)."""
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        return False
+    return math.isfinite(value) and (value > lo if above else value >= lo)
+
+
+def _is_count(value: Any, lo: int) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and value >= lo
+
+
+_SUMMARY_VALUES: dict[str, tuple[Callable[[Any], bool], str]] = {
+    "link_bandwidth": (
+        lambda v: v is None or _is_number(v, 0, above=True),
+        "null (unshaped) or bytes/s > 0",
+    ),
+    "delay": (lambda v: _is_number(v, 0), "seconds >= 0"),
+    "hops": (lambda v: _is_count(v, 0), "an integer >= 0"),
+    "oversubscription": (lambda v: _is_number(v, 1), "a number >= 1"),
+    "contention": (
+        lambda v: isinstance(v, Mapping) and all(_is_number(v[a], 1) for a in v),
+        f"an object of numbers >= 1 for any of {', '.join(ALGORITHMS)}",
+    ),
+    "loss": (lambda v: _is_number(v, 0) and v < 1, "a probability in [0, 1)"),
+    "switch_reachable": (lambda v: isinstance(v, bool), "true or false"),
+    "fan_in": (lambda v: v is None or _is_count(v, 1), "null or an integer >= 1"),
+    "slots": (lambda v: v is None or _is_count(v, 0), "null or an integer >= 0"),
+}
+"""Each :class:`TopologySummary` field's check in :meth:`TopologySummary.from_dict` and
+what a valid JSON value is (a test keeps the keys the fields)."""
 
 
 @dataclass(frozen=True)
@@ -538,190 +631,3 @@ def estimate_all(
         a: estimate(a, size_bytes, workers, profile, topology, ina_available=ina_available)
         for a in ALGORITHMS
     }
-
-
-# --------------------------------------------------------------------- topology
-
-
-def summarize_topology(
-    topology: Topology, job_id: int | None = None, *, slots: int | None = None
-) -> TopologySummary:
-    """The model's view of one job's network.
-
-    The job is ``job_id``, or the topology's first job; a topology without jobs is read
-    as one job of all its hosts on its first aggregating switch (none: INA unreachable).
-
-    Raises:
-        KeyError: no job ``job_id`` in the topology.
-    """
-    from emulation.topology import aggregation_tree
-
-    job, workers, root = _job_network(topology, job_id)
-    reachable = job is not None
-    graph = _Graph(topology)
-    paths = {w: graph.path(w, root) for w in workers}
-    access = [topology.attachment(w)[2].bw for w in workers]
-    slowest = None if None in access else min(a for a in access if a is not None)
-    rate = None if slowest is None else slowest * 1e6 / 8  # Mbit/s -> bytes/s
-    contention = {"ring": graph.single_stream_factor(paths, slowest)}
-    contention["tree"] = contention["ring"]
-    fan_in = None
-    if job is not None:
-        tree = aggregation_tree(topology, job)
-        streams = [graph.path(m, s) for s, members in tree.members.items() for m in members]
-        contention["ina"] = graph.stream_factor(streams, slowest)
-        fan_in = max(len(m) for m in tree.members.values())
-    return TopologySummary(
-        link_bandwidth=rate,
-        delay=max((graph.delay(p) for p in paths.values()), default=0.0) / 1e3,
-        hops=max((sum(n in graph.switches for n in p) for p in paths.values()), default=1),
-        oversubscription=graph.oversubscription(workers, root),
-        contention=contention,
-        loss=max((graph.loss(p) for p in paths.values()), default=0.0),
-        switch_reachable=reachable,
-        fan_in=fan_in,
-        slots=slots,
-    )
-
-
-def _job_network(
-    topology: Topology, job_id: int | None
-) -> tuple[TopologyJob | None, tuple[str, ...], str]:
-    """(the job, its worker hosts, the switch they reduce at) as :func:`summarize_topology`
-    reads them; the job is None when no switch can aggregate for the hosts.
-
-    Raises:
-        KeyError: no job ``job_id`` in the topology.
-    """
-    from emulation.topology import TopologyJob
-
-    if job_id is not None:
-        matching = [j for j in topology.jobs if j.job_id == job_id]
-        if not matching:
-            known = ", ".join(str(j.job_id) for j in topology.jobs) or "none"
-            raise KeyError(f"topology {topology.name} has no job {job_id} (jobs: {known})")
-        job: TopologyJob | None = matching[0]
-    elif topology.jobs:
-        job = topology.jobs[0]
-    else:
-        aggregators = [s.name for s in topology.switches if s.role == "aggregate"]
-        hosts = tuple(h.name for h in topology.hosts)
-        job = TopologyJob(0, hosts, aggregators[0]) if aggregators else None
-    if job is None:
-        return None, tuple(h.name for h in topology.hosts), topology.switches[0].name
-    return job, job.workers, job.switch
-
-
-def measured_links(topology: Topology, job_id: int | None = None) -> MeasuredLinks:
-    """What the links of one job's network are, for a profile measured across them.
-
-    The job is chosen as :func:`summarize_topology` does; its links are those on each
-    worker's path to the job's switch, with the values ``topology`` holds (pass the
-    topology as emulated, overrides applied).
-
-    Raises:
-        KeyError: no job ``job_id`` in the topology.
-    """
-    summary = summarize_topology(topology, job_id)
-    job, workers, root = _job_network(topology, job_id)
-    graph = _Graph(topology)
-    links = [graph.links[h] for w in workers for h in graph.hops(graph.path(w, root))]
-    shaped = [link.bw for link in links if link.bw is not None]
-    return MeasuredLinks(
-        topology=topology.name,
-        job=None if job is None or not topology.jobs else job.job_id,
-        bw_mbit=min(shaped) if shaped else None,
-        delay_ms=summary.delay * 1e3,
-        loss=summary.loss,
-        jitter_ms=max((link.jitter for link in links), default=0.0),
-    )
-
-
-class _Graph:
-    """Shortest paths and per-link sums over a topology's links (breadth-first, in link
-    order, so the result is a pure function of the file)."""
-
-    def __init__(self, topology: Topology) -> None:
-        self.switches = {s.name for s in topology.switches}
-        self.hosts = {h.name for h in topology.hosts}
-        self.links = {frozenset((link.a, link.b)): link for link in topology.links}
-        self.neighbours: dict[str, list[str]] = {}
-        for link in topology.links:
-            self.neighbours.setdefault(link.a, []).append(link.b)
-            self.neighbours.setdefault(link.b, []).append(link.a)
-
-    def path(self, src: str, dst: str) -> list[str]:
-        back: dict[str, str] = {}
-        frontier, seen = [src], {src}
-        while frontier and dst not in seen:
-            nxt = []
-            for node in frontier:
-                for other in self.neighbours.get(node, []):
-                    if other not in seen:
-                        seen.add(other)
-                        back[other] = node
-                        nxt.append(other)
-            frontier = nxt
-        if dst not in seen:
-            return [src]  # disconnected: parse_topology allows it, the model ignores it
-        out = [dst]
-        while out[-1] != src:
-            out.append(back[out[-1]])
-        return out[::-1]
-
-    def hops(self, path: list[str]) -> list[frozenset[str]]:
-        return [frozenset(pair) for pair in itertools.pairwise(path)]
-
-    def delay(self, path: list[str]) -> float:
-        return sum(self.links[h].delay for h in self.hops(path))
-
-    def loss(self, path: list[str]) -> float:
-        keep = 1.0
-        for h in self.hops(path):
-            keep *= 1.0 - self.links[h].loss
-        return 1.0 - keep
-
-    def stream_factor(self, streams: list[list[str]], rate: float | None) -> float:
-        """Worst link's (streams on it x ``rate``) / its capacity, for streams toward
-        the switch (each also comes back: the same count the other way)."""
-        if rate is None:
-            return 1.0
-        count: dict[frozenset[str], int] = {}
-        for path in streams:
-            for h in self.hops(path):
-                count[h] = count.get(h, 0) + 1
-        worst = 1.0
-        for h, n in count.items():
-            bw = self.links[h].bw
-            if bw is not None:
-                worst = max(worst, n * rate / bw)
-        return worst
-
-    def single_stream_factor(self, paths: Mapping[str, list[str]], rate: float | None) -> float:
-        """One stream per link each way: only a link slower than the workers' matters."""
-        if rate is None:
-            return 1.0
-        slower = [
-            rate / bw
-            for path in paths.values()
-            for h in self.hops(path)
-            if (bw := self.links[h].bw) is not None
-        ]
-        return max([1.0, *slower])
-
-    def oversubscription(self, workers: tuple[str, ...], root: str) -> float:
-        """Per switch-to-switch link on the workers' paths to ``root``: the access
-        bandwidth of the worker hosts whose path crosses it over its capacity."""
-        demand: dict[frozenset[str], float] = {}
-        for w in workers:
-            path = self.path(w, root)
-            bw = self.links[self.hops(path)[0]].bw if len(path) > 1 else None
-            for h in self.hops(path)[1:]:
-                if bw is not None and h <= self.switches:
-                    demand[h] = demand.get(h, 0.0) + bw
-        worst = 1.0
-        for h, d in demand.items():
-            cap = self.links[h].bw
-            if cap is not None:
-                worst = max(worst, d / cap)
-        return worst

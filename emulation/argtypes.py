@@ -81,8 +81,10 @@ def positive_float(text: str) -> float:
 
 
 def size(text: str) -> int:
-    """An nccl-tests size (``4096``, ``4K``, ``1M``; :func:`emulation.bench.config.parse_size`)."""
-    from emulation.bench.config import parse_size
+    """An nccl-tests size (``4096``, ``4K``, ``1M``; :func:`hostlib.units.parse_size`)."""
+    # Here, not at the top: the soft switch uses this module and shares only
+    # hostlib.protocol with the hosts.
+    from hostlib.units import parse_size
 
     try:
         return parse_size(text)

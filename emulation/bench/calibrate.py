@@ -16,6 +16,10 @@ twice, but their delay is part of the fitted latency. Such a profile records the
 as applied (``links``: the slowest bandwidth, the worst delay and loss of the job's
 paths, after ``--bw``, ``--delay``, ``--link-loss``), and ``inalab decide`` says so when
 it uses it. Every result is checked like a bench run: a wrong sum fails the calibration.
+
+This is the bench's side of calibration: it runs the sweeps and hands dynamiccl plain
+measurements (``dynamiccl.fit``) and the links they crossed
+(``emulation.topology_summary.measured_links``); dynamiccl imports nothing of it.
 """
 
 from __future__ import annotations
@@ -33,6 +37,16 @@ from typing import TYPE_CHECKING, Any
 
 from dynamiccl.model import ALGORITHMS
 from emulation.argtypes import int_in, positive_float, size
+from emulation.bench.config import (
+    DEFAULT_BENCH_LANES,
+    DEFAULT_BENCH_SLOTS,
+    DEFAULT_EMULATED_SLOTS,
+    BenchConfig,
+    align_down,
+    format_size,
+    size_sweep,
+)
+from hostlib.protocol import MAX_LANES, MAX_SLOT, MAX_WORKERS
 
 if TYPE_CHECKING:
     from dynamiccl.fit import Measurement
@@ -65,8 +79,6 @@ def worker_counts(text: str) -> tuple[int, ...]:
     Raises:
         argparse.ArgumentTypeError: anything else.
     """
-    from hostlib.protocol import MAX_WORKERS
-
     try:
         counts = sorted({int(part) for part in text.split(",") if part.strip()})
     except ValueError:
@@ -91,13 +103,6 @@ def add_arguments(parser: argparse.ArgumentParser, emulated: bool = False) -> No
     """The flags of ``inalab calibrate`` (the sweep's follow ``inalab bench``);
     ``emulated``: for ``inalab emulate TOPOLOGY calibrate``, whose job gives the workers
     and whose run directory is the emulation's."""
-    from emulation.bench.config import (
-        DEFAULT_BENCH_LANES,
-        DEFAULT_BENCH_SLOTS,
-        DEFAULT_EMULATED_SLOTS,
-    )
-    from hostlib.protocol import MAX_LANES, MAX_SLOT
-
     slots = DEFAULT_EMULATED_SLOTS if emulated else DEFAULT_BENCH_SLOTS
     add = parser.add_argument
     add("-o", "--output", type=Path, required=True, metavar="PATH", help="profile JSON to write")
@@ -148,7 +153,7 @@ def calibrate(
     None on loopback): the profile records its links for the job ``args.job`` (None:
     the first, as ``inalab emulate`` picks it)."""
     from dynamiccl.fit import FitError
-    from dynamiccl.model import measured_links
+    from emulation.topology_summary import measured_links
 
     for path in (args.output, args.json):
         if path is not None and not path.parent.is_dir():
@@ -182,14 +187,12 @@ def calibrate(
     return 0
 
 
-def _configs(args: argparse.Namespace, workers: Sequence[int]) -> list[Any]:
+def _configs(args: argparse.Namespace, workers: Sequence[int]) -> list[BenchConfig]:
     """One bench configuration per worker count.
 
     Raises:
         ValueError: flags that do not make a sweep.
     """
-    from emulation.bench.config import BenchConfig, align_down, size_sweep
-
     sizes = size_sweep(align_down(args.minbytes, 4), align_down(args.maxbytes, 4), args.stepfactor)
     if len(sizes) < 2:
         raise ValueError("need two sizes at least to separate latency from bandwidth")
@@ -210,7 +213,7 @@ def _configs(args: argparse.Namespace, workers: Sequence[int]) -> list[Any]:
     ]
 
 
-def measure(configs: Sequence[Any], run_dir: Path, fabric: Any = None) -> list[Measurement]:
+def measure(configs: Sequence[BenchConfig], run_dir: Path, fabric: Any = None) -> list[Measurement]:
     """Run each configuration's sweep (on ``fabric``, default loopback); one measurement
     per algorithm, size and worker count.
 
@@ -218,7 +221,6 @@ def measure(configs: Sequence[Any], run_dir: Path, fabric: Any = None) -> list[M
         CalibrationError: a run failed or a result was wrong.
     """
     from dynamiccl.fit import Measurement
-    from emulation.bench.config import format_size
     from emulation.bench.progress import TerminalProgress
     from emulation.bench.sweep import BenchError, run_sweep
 
@@ -294,8 +296,6 @@ def fit_report(profile: Profile, points: Sequence[Measurement]) -> list[dict[str
 
 
 def _format(profile: Profile, report: Sequence[dict[str, Any]]) -> str:
-    from emulation.bench.config import format_size
-
     lines = [f"# {PROG}: {profile.source}", "#", "# algorithm   alpha (us/step)   beta (ns/B)"]
     if profile.links is not None:
         links = profile.links

@@ -1,17 +1,18 @@
 """What one ``inalab bench`` run measures: the size sweep, data type and knobs. Pure data.
 
-Sizes use nccl-tests' syntax (``4K``, ``1M``, ``64M``, plain bytes; binary multiples) and
-its sweep rule: ``minbytes, minbytes*f, minbytes*f**2, ...`` while ``<= maxbytes``.
-Nothing here starts a process or imports torch: ``inalab --help`` imports this module.
+Sizes use nccl-tests' syntax (``4K``, ``1M``, ``64M``, plain bytes; binary multiples;
+:mod:`hostlib.units`, re-exported here) and its sweep rule: ``minbytes, minbytes*f,
+minbytes*f**2, ...`` while ``<= maxbytes``. Nothing here starts a process or imports
+torch: ``inalab --help`` imports this module.
 """
 
 from __future__ import annotations
 
-import re
 from dataclasses import dataclass
 
 from dynamiccl.model import ALGORITHMS as AUTO_CHOICES
 from hostlib.protocol import MAX_LANES, MAX_WORKERS
+from hostlib.units import format_size, parse_size  # re-exported: the bench's size syntax
 
 __all__ = [
     "ALGORITHMS",
@@ -73,33 +74,6 @@ DEFAULT_ALGORITHMS = ("ina", "gloo")
 
 ELEMENT_BYTES = {"float32": 4, "int32": 4}
 """Supported data types and their sizes: the two types the INA wire format carries."""
-
-_UNITS = {"": 1, "K": 1 << 10, "M": 1 << 20, "G": 1 << 30}
-_SIZE_RE = re.compile(r"^\s*(\d+)\s*([KMG]?)\s*$", re.IGNORECASE)
-
-
-def parse_size(text: str) -> int:
-    """Parse an nccl-tests size: digits with an optional K, M or G suffix (powers of 1024).
-
-    Raises:
-        ValueError: anything else, or zero.
-    """
-    m = _SIZE_RE.match(text)
-    if m is None:
-        raise ValueError(f"invalid size {text!r}: expected bytes like 4096, 4K, 1M or 1G")
-    value = int(m.group(1)) * _UNITS[m.group(2).upper()]
-    if value == 0:
-        raise ValueError(f"invalid size {text!r}: must be positive")
-    return value
-
-
-def format_size(nbytes: int) -> str:
-    """The shortest exact nccl-tests spelling of ``nbytes`` (``4096`` -> ``"4K"``)."""
-    for suffix in ("G", "M", "K"):
-        unit = _UNITS[suffix]
-        if nbytes >= unit and nbytes % unit == 0:
-            return f"{nbytes // unit}{suffix}"
-    return str(nbytes)
 
 
 def align_down(nbytes: int, element_bytes: int) -> int:

@@ -1,7 +1,9 @@
 """``inalab decide`` end to end: the command a user types, in a subprocess.
 
 Runs ``python -m dynamiccl.cli`` (the same parser and ``run`` as ``inalab decide``);
-the last test goes through ``emulation.cli`` once the subcommand is registered there.
+with ``--topology`` it runs ``inalab decide`` (``emulation.cli``), which gives dynamiccl
+its topology reader (dynamiccl reads no topology file), and the last test goes through
+``emulation.cli`` once the subcommand is registered there.
 """
 
 from __future__ import annotations
@@ -17,11 +19,15 @@ import pytest
 from helpers import save_latency_vs_bandwidth_profile
 
 from dynamiccl.tuner import parse_rules
+from emulation.topology import load_topology
+from emulation.topology_summary import summary_json
 
 TOPOLOGIES = Path(__file__).resolve().parents[2] / "topologies"
 
 
-def _decide(*argv: str, module: str = "dynamiccl.cli") -> subprocess.CompletedProcess[str]:
+def _decide(*argv: str, module: str | None = None) -> subprocess.CompletedProcess[str]:
+    if module is None:
+        module = "emulation.cli" if "--topology" in argv else "dynamiccl.cli"
     prefix = ["decide"] if module == "emulation.cli" else []
     return subprocess.run(
         [sys.executable, "-m", module, *prefix, *argv],
@@ -240,3 +246,105 @@ def test_the_readme_shows_what_decide_prints() -> None:
     shown = re.search(r"```\n(# allreduce of 64M .*?)```", section, re.DOTALL)
     assert shown is not None
     assert _ok(_decide("--size", "64M", "--workers", "4")) == shown.group(1)
+
+
+def test_dynamiccl_alone_reads_no_topology_file() -> None:
+    star4 = str(TOPOLOGIES / "star4.yaml")
+    proc = _decide("--size", "4K", "--topology", star4, module="dynamiccl.cli")
+    assert proc.returncode == 2 and not proc.stdout
+    assert "--topology needs the inalab command to read topology files" in proc.stderr
+    assert "--summary FILE" in proc.stderr and len(proc.stderr.splitlines()) == 1
+
+
+@pytest.mark.parametrize(("topology", "job"), [("leaf_spine.yaml", None), ("star8.yaml", 2)])
+def test_a_summary_file_decides_as_its_topology_does(
+    tmp_path: Path, topology: str, job: int | None
+) -> None:
+    summary = tmp_path / "summary.json"
+    summary.write_text(summary_json(load_topology(TOPOLOGIES / topology), job))
+    argv = ["--size", "64M", "--json", "--profile", str(_profile(tmp_path))]
+    via_topology = json.loads(_ok(_decide(*argv, "--topology", str(TOPOLOGIES / topology),
+                                          *(["--job", str(job)] if job else []))))  # fmt: skip
+    workers = str(via_topology["workers"])
+    alone = json.loads(_ok(_decide(*argv, "--summary", str(summary), "--workers", workers)))
+    assert alone["summary"] == str(summary) and alone["topology"] is None
+    for key in ("algorithm", "predicted_seconds", "bounds"):
+        assert alone[key] == via_topology[key], key
+    text = _ok(_decide("--size", "4M", "--workers", workers, "--summary", str(summary)))
+    assert f"{workers} workers, summary {summary}" in text.splitlines()[0]
+
+
+@pytest.mark.parametrize(
+    ("content", "argv", "message"),
+    [
+        ('{"schema": 1, "loss": 2}', [], "loss must be a probability in [0, 1), got 2"),
+        ("{not json", [], "not JSON"),
+        (None, [], "cannot read summary"),
+        ('{"schema": 1}', ["--job", "1"], "--job needs --topology"),
+        ('{"schema": 1}', ["--topology", "t.yaml"], "not allowed with argument --summary"),
+    ],
+)
+def test_bad_summaries_exit_2_with_one_line(
+    tmp_path: Path, content: str | None, argv: list[str], message: str
+) -> None:
+    path = tmp_path / "summary.json"
+    if content is not None:
+        path.write_text(content)
+    proc = _decide("--size", "4K", "--workers", "2", "--summary", str(path), *argv,
+                   module="dynamiccl.cli")  # fmt: skip
+    assert proc.returncode == 2 and message in proc.stderr
+    assert "Traceback" not in proc.stderr
+    if "not allowed" not in message:  # argparse's own errors come with the usage
+        assert len(proc.stderr.splitlines()) == 1
+
+
+# ----------------------------------------------------------------- --explain (the agent)
+
+
+def test_explain_lists_every_action_and_the_agents_choice() -> None:
+    out = _ok(_decide("--size", "4M", "--workers", "4", "--explain"))
+    assert "decided by a model-only agent" in out
+    rows = [ln.split()[0] for ln in out.splitlines() if "/l" in ln and not ln.startswith("choice")]
+    # ina at the switch's width, ring and tree at each default width, two windows each
+    assert sorted(rows) == sorted(
+        ["ina/l2048/w8", "ina/l2048/w32"]
+        + [f"{a}/l{n}/w{w}" for a in ("ring", "tree") for n in (256, 2048) for w in (8, 32)]
+    )
+    choice = out.splitlines()[-1]
+    assert choice.startswith("choice: ") and "(model)" in choice
+
+
+def test_explain_json_and_collectives_without_ina(tmp_path: Path) -> None:
+    doc = json.loads(_ok(_decide("--size", "1M", "--workers", "4", "--collective",
+                                 "all_gather", "--json")))  # fmt: skip
+    assert doc["explain"]["action"]["algorithm"] == "ring"  # nothing to sum at a switch
+    assert {a["action"].split("/")[0] for a in doc["explain"]["arms"]} == {"ring"}
+    doc = json.loads(_ok(_decide("--size", "1M", "--workers", "4", "--explain", "--no-ina",
+                                 "--json")))  # fmt: skip
+    assert doc["explain"]["action"]["algorithm"] != "ina"
+    assert all(not a["available"] for a in doc["explain"]["arms"] if a["action"][:3] == "ina")
+
+
+def test_explain_a_saved_agent(tmp_path: Path) -> None:
+    from dynamiccl.actions import action_space
+    from dynamiccl.agent import Agent
+    from dynamiccl.model import DEFAULT_PROFILE
+
+    actions = {"allreduce": action_space("allreduce", switch_lanes=2048, slots=32)}
+    agent = Agent(DEFAULT_PROFILE, 4, None, actions, job="j1")
+    tree = next(a for a in actions["allreduce"] if a.algorithm == "tree")
+    for _ in range(3):  # the agent measured the tree as 1 ms and nothing else
+        agent.record("allreduce", 1 << 20, tree, 0.001)
+    state = tmp_path / "agent.json"
+    agent.save(state)
+    doc = json.loads(_ok(_decide("--size", "1M", "--workers", "4", "--agent-state",
+                                 str(state), "--json")))  # fmt: skip
+    assert "j1" in doc["agent"]
+    arms = {a["action"]: a for a in doc["explain"]["arms"]}
+    assert arms[tree.label]["observed_seconds"] == pytest.approx(0.001)
+    assert arms[tree.label]["count"] == 3
+    bad = _decide("--size", "1M", "--workers", "8", "--agent-state", str(state))
+    assert bad.returncode == 2 and "saved for 4 workers, not 8" in bad.stderr
+    assert len(bad.stderr.strip().splitlines()) == 1
+    assert _decide("--size", "1M", "--workers", "4", "--explain", "--export-tuner",
+                   str(tmp_path / "r.csv")).returncode == 2  # fmt: skip

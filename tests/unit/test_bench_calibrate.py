@@ -1,4 +1,4 @@
-"""dynamiccl.calibrate without running anything: the profile it writes from given
+"""emulation.bench.calibrate without running anything: the profile it writes from given
 measurements, and what it records about the network they were taken on."""
 
 from __future__ import annotations
@@ -12,9 +12,9 @@ from typing import Any
 
 import pytest
 
-from dynamiccl import calibrate as calibrate_module
 from dynamiccl.fit import Measurement
 from dynamiccl.model import ALGORITHMS, DEFAULT_PROFILE, MeasuredLinks, Profile, estimate
+from emulation.bench import calibrate as calibrate_module
 from emulation.emulate import apply_overrides
 from emulation.topology import load_topology
 

@@ -1,4 +1,5 @@
-"""dynamiccl.model: the alpha-beta cost model, the profile file and the topology summary."""
+"""dynamiccl.model: the alpha-beta cost model, the profile file and the topology summary's
+JSON (emulation.topology_summary derives summaries: tests/unit/test_topology_summary.py)."""
 
 from __future__ import annotations
 
@@ -16,24 +17,20 @@ from hypothesis import strategies as st
 from dynamiccl.model import (
     DEFAULT_PROFILE,
     PROFILE_SCHEMA,
+    SUMMARY_SCHEMA,
     TREE_BYTE_FACTOR,
     AlgoParams,
     MeasuredLinks,
     Profile,
     ProfileError,
+    SummaryError,
     TopologySummary,
     byte_coefficient,
     estimate,
     estimate_all,
-    measured_links,
     steps,
-    summarize_topology,
 )
-from emulation.emulate import apply_overrides
-from emulation.topology import load_topology, parse_topology
 from hostlib.protocol import MAX_WORKERS
-
-TOPOLOGIES = Path(__file__).resolve().parents[2] / "topologies"
 
 # alpha 10 us a step, 1 ns a byte for every algorithm; a switch far faster than that.
 FLAT = Profile(
@@ -328,90 +325,78 @@ def test_default_profile_predicts_hostlibs_own_algorithms(algo: str, size: int) 
     assert measured / 2 <= predicted <= measured * 2, (predicted, measured)
 
 
-# ----------------------------------------------------------------- topology
+# ----------------------------------------------------------------- the summary file
+
+LEAF_SPINE = TopologySummary(
+    link_bandwidth=125e6,
+    delay=2e-3,
+    hops=2,
+    oversubscription=4.0,
+    contention={"ina": 4.0, "ring": 1.0, "tree": 1.0},
+    loss=0.01,
+    fan_in=8,
+    slots=16,
+)
 
 
-def test_star_has_no_contention() -> None:
-    s = summarize_topology(load_topology(TOPOLOGIES / "star4.yaml"))
-    assert s.link_bandwidth == pytest.approx(1000e6 / 8)
-    assert s.hops == 1 and s.oversubscription == 1.0 and s.fan_in == 4
-    assert s.contention == {"ina": 1.0, "ring": 1.0, "tree": 1.0}
-    assert s.switch_reachable and s.slots is None
+def test_a_summary_round_trips_through_json(tmp_path: Path) -> None:
+    path = tmp_path / "summary.json"
+    path.write_text(json.dumps(LEAF_SPINE.to_dict()))
+    assert TopologySummary.load(path) == LEAF_SPINE
+    assert json.loads(path.read_text())["schema"] == SUMMARY_SCHEMA
+    assert TopologySummary.from_dict(TopologySummary().to_dict()) == TopologySummary()
 
 
-def test_flat_leaf_spine_funnels_a_leaf_into_one_uplink() -> None:
-    s = summarize_topology(load_topology(TOPOLOGIES / "leaf_spine.yaml"), slots=16)
-    assert s.hops == 2 and s.fan_in == 8 and s.slots == 16
-    assert s.oversubscription == pytest.approx(4.0)  # 4 hosts' 1 Gbit/s on a 1 Gbit/s uplink
-    assert s.contention["ina"] == pytest.approx(4.0)  # the leaves only forward
-    assert s.contention["ring"] == 1.0
+def test_an_omitted_field_keeps_its_default() -> None:
+    doc = {"schema": SUMMARY_SCHEMA, "link_bandwidth": 1e6}
+    assert TopologySummary.from_dict(doc) == TopologySummary(link_bandwidth=1e6)
 
 
-def test_hierarchical_leaf_spine_sends_one_partial_sum_up() -> None:
-    s = summarize_topology(load_topology(TOPOLOGIES / "leaf_spine_hier.yaml"))
-    assert s.contention["ina"] == 1.0
-    assert s.fan_in == 4  # a leaf sums its 4 hosts; the spine sums 2 leaves
-    assert s.oversubscription == pytest.approx(4.0)  # the cabling is the same
+def test_every_summary_field_is_checked() -> None:
+    from dataclasses import fields
+
+    from dynamiccl.model import _SUMMARY_VALUES
+
+    assert set(_SUMMARY_VALUES) == {f.name for f in fields(TopologySummary)}
 
 
-def test_delay_and_loss_come_from_the_worst_path() -> None:
-    topo = parse_topology(
-        {
-            "switches": {"s1": {}},
-            "hosts": {"h1": {}, "h2": {}},
-            "links": [
-                {"a": "h1", "b": "s1", "delay": "2ms", "loss": 0.01, "bw": 100},
-                {"a": "h2", "b": "s1", "bw": 10},
-            ],
-        }
-    )
-    s = summarize_topology(topo)
-    assert s.delay == pytest.approx(2e-3) and s.loss == pytest.approx(0.01)
-    assert s.link_bandwidth == pytest.approx(10e6 / 8)
-    assert s.switch_reachable  # no jobs: all hosts on the first aggregating switch
+@pytest.mark.parametrize(
+    ("edit", "message"),
+    [
+        ({"schema": 2}, "schema 2 is not 1"),
+        ({"colour": "red"}, r"unknown key\(s\) colour"),
+        ({"contention": {"gloo": 2.0}}, r"unknown key\(s\) contention.gloo"),
+        ({"contention": {"ina": 0.5}}, "contention must be an object of numbers >= 1"),
+        ({"contention": [1]}, "contention must be an object"),
+        ({"link_bandwidth": 0}, "link_bandwidth must be null"),
+        ({"link_bandwidth": "fast"}, "link_bandwidth must be null"),
+        ({"delay": -1}, "delay must be seconds >= 0"),
+        ({"delay": float("nan")}, "delay must be"),
+        ({"hops": 1.5}, "hops must be an integer"),
+        ({"oversubscription": 0.5}, "oversubscription must be a number >= 1"),
+        ({"loss": 1.0}, r"loss must be a probability in \[0, 1\)"),
+        ({"switch_reachable": 1}, "switch_reachable must be true or false"),
+        ({"fan_in": 0}, "fan_in must be null or an integer >= 1"),
+        ({"slots": True}, "slots must be null or an integer >= 0"),
+    ],
+)
+def test_bad_summaries_say_what_is_wrong(
+    tmp_path: Path, edit: dict[str, object], message: str
+) -> None:
+    path = tmp_path / "s.json"
+    path.write_text(json.dumps({**LEAF_SPINE.to_dict(), **edit}))
+    with pytest.raises(SummaryError, match=message) as info:
+        TopologySummary.load(path)
+    assert str(info.value).startswith(f"{path}: ") and "\n" not in str(info.value)
 
 
-def test_forwarding_only_networks_cannot_aggregate() -> None:
-    s = summarize_topology(load_topology(TOPOLOGIES / "tutorials_triangle.json"))
-    assert not s.switch_reachable
-    assert not estimate("ina", 4096, 3, DEFAULT_PROFILE, s).available
-
-
-def test_measured_links_are_the_jobs_links_as_applied() -> None:
-    star4 = apply_overrides(load_topology(TOPOLOGIES / "star4.yaml"), bw=100, delay=2.5)
-    assert measured_links(star4) == MeasuredLinks("star4", 1, 100.0, 2.5, 0.0, 0.0)
-    unshaped = apply_overrides(load_topology(TOPOLOGIES / "star4.yaml"), loss=0.01)
-    links = measured_links(replace(unshaped, links=tuple(
-        replace(link, bw=None) for link in unshaped.links)))  # fmt: skip
-    assert links.bw_mbit is None and links.loss == pytest.approx(0.01)
-
-
-def test_measured_links_follow_the_job_and_the_worst_path() -> None:
-    topo = parse_topology(
-        {
-            "switches": {"s1": {}, "s2": {}},
-            "hosts": {"h1": {}, "h2": {}, "h3": {}},
-            "links": [
-                {"a": "h1", "b": "s1", "bw": 100, "delay": "1ms"},
-                {"a": "h2", "b": "s2", "bw": 1000, "jitter": "0.5ms"},
-                {"a": "s1", "b": "s2", "bw": 40, "delay": "2ms", "loss": 0.02},
-                {"a": "h3", "b": "s2", "bw": 10},
-            ],
-            "jobs": [
-                {"id": 3, "workers": ["h1", "h2"], "switch": "s2"},
-                {"id": 5, "workers": ["h2"], "switch": "s2"},
-            ],
-        }
-    )
-    first = measured_links(topo)
-    assert (first.job, first.bw_mbit, first.delay_ms) == (3, 40.0, 3.0)  # h1 -> s1 -> s2
-    assert first.loss == pytest.approx(0.02) and first.jitter_ms == 0.5
-    other = measured_links(topo, 5)  # h3's 10 Mbit/s link is on neither job's paths
-    assert (other.bw_mbit, other.delay_ms, other.loss) == (1000.0, 0.0, 0.0)
-    with pytest.raises(KeyError, match="no job 7"):
-        measured_links(topo, 7)
-
-
-def test_unknown_job_is_a_key_error() -> None:
-    with pytest.raises(KeyError, match="no job 7"):
-        summarize_topology(load_topology(TOPOLOGIES / "star4.yaml"), 7)
+def test_unreadable_or_non_json_summaries(tmp_path: Path) -> None:
+    with pytest.raises(SummaryError, match="cannot read summary"):
+        TopologySummary.load(tmp_path / "missing.json")
+    bad = tmp_path / "bad.json"
+    bad.write_text("{not json")
+    with pytest.raises(SummaryError, match="not JSON"):
+        TopologySummary.load(bad)
+    bad.write_text("[1, 2]")
+    with pytest.raises(SummaryError, match="expected a JSON object, got list"):
+        TopologySummary.load(bad)

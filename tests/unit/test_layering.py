@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import ast
 import subprocess
 import sys
+from pathlib import Path
 
 
 def _modules_loaded_by(statement: str) -> set[str]:
@@ -34,3 +36,47 @@ def test_a_topology_is_pure_data() -> None:
     loaded = _modules_loaded_by("import emulation.topology")
     assert not {m for m in loaded if m.split(".")[0] in ("mininet", "grpc", "controller")}
     assert "emulation.softswitch" not in loaded
+
+
+DYNAMICCL = Path(__file__).resolve().parents[2] / "dynamiccl"
+
+
+def test_dynamiccl_loads_no_emulation() -> None:
+    # Every module, torch's too (torch_backend, ddp): the bench hands dynamiccl data.
+    loaded = _modules_loaded_by(
+        "import importlib, pkgutil, dynamiccl; "
+        "[importlib.import_module(m.name) for m in "
+        "pkgutil.walk_packages(dynamiccl.__path__, 'dynamiccl.')]"
+    )
+    assert {"dynamiccl.cli", "dynamiccl.model", "dynamiccl.torch_backend"} <= loaded
+    assert not {m for m in loaded if m.split(".")[0] == "emulation"}
+
+
+def _imported_names(tree: ast.AST) -> list[str]:
+    """Every module an import anywhere in ``tree`` names: statements (in function bodies
+    and ``if TYPE_CHECKING:`` blocks too) and ``import_module("...")``/``__import__``."""
+    names = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            names += [alias.name for alias in node.names]
+        elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+            names.append(node.module)
+        elif isinstance(node, ast.Call) and node.args:
+            func = node.func
+            called = func.attr if isinstance(func, ast.Attribute) else getattr(func, "id", "")
+            first = node.args[0]
+            if called in ("import_module", "__import__") and isinstance(first, ast.Constant):
+                names.append(str(first.value))
+    return names
+
+
+def test_no_dynamiccl_source_imports_emulation() -> None:
+    sources = sorted(DYNAMICCL.rglob("*.py"))
+    assert DYNAMICCL / "cli.py" in sources
+    offending = [
+        f"{path.relative_to(DYNAMICCL.parent)}: {name}"
+        for path in sources
+        for name in _imported_names(ast.parse(path.read_text(), str(path)))
+        if name.split(".")[0] == "emulation"
+    ]
+    assert not offending
