@@ -1,7 +1,9 @@
 """The ``inalab`` command: one entry point, one module per subcommand.
 
 Each subcommand module exports ``add_arguments(parser)`` and ``run(args) -> int`` and is
-imported only when chosen, so ``inalab switch`` does not pay for torch or matplotlib.
+imported only when chosen, so ``inalab switch`` does not pay for torch or matplotlib. A
+lower layer's command gets what it may not import from here (``_injected``): ``inalab
+decide`` (dynamiccl) reads ``--topology`` through emulation's reader.
 
 SIGTERM and SIGHUP (what ``timeout``, schedulers, ``kill`` and a closed terminal send) stop
 a run as Ctrl-C does: :class:`Interrupted` is raised in the main thread, so every
@@ -48,8 +50,12 @@ SUBCOMMANDS: dict[str, tuple[str, str]] = {
         "predict INA, ring and tree times for a collective and choose one",
     ),
     "calibrate": (
-        "dynamiccl.calibrate",
+        "emulation.bench.calibrate",
         "measure INA, ring and tree briefly and fit a dynamiccl profile",
+    ),
+    "replay": (
+        "emulation.bench.replay",
+        "replay a training iteration's collectives under static, model, agent and oracle",
     ),
     "emulate": (
         "emulation.emulate",
@@ -160,6 +166,16 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 128 + int(signal.SIGPIPE)
 
 
+def _injected(module: str) -> dict[str, Any]:
+    """Keyword arguments of ``module``'s ``run`` that this layer supplies: dynamiccl
+    imports no emulation, so ``inalab decide --topology`` gets its reader from here."""
+    if module == "dynamiccl.cli":
+        from emulation.topology_summary import decide_summary
+
+        return {"summarize": decide_summary}
+    return {}
+
+
 def _main(argv: Sequence[str] | None) -> int:
     args = build_parser().parse_args(argv)
     level = logging.WARNING - 10 * min(args.verbose, 2)
@@ -167,7 +183,7 @@ def _main(argv: Sequence[str] | None) -> int:
     handler = _StopHandler()
     previous = {s: signal.signal(s, handler) for s in _STOP_SIGNALS}
     try:
-        return int(importlib.import_module(args._module).run(args))
+        return int(importlib.import_module(args._module).run(args, **_injected(args._module)))
     except KeyboardInterrupt as exc:
         signum = exc.signum if isinstance(exc, Interrupted) else signal.SIGINT
         print(f"inalab {args.command}: stopped by {signal.Signals(signum).name}; what this run "

@@ -86,7 +86,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     sub = parser.add_subparsers(dest="action", metavar="ACTION", prog=f"{parser.prog} TOPOLOGY")
     bench = sub.add_parser("bench", help="allreduce sweep in the hosts (inalab bench's flags)")
     bench_arguments(bench, emulated=True)
-    from dynamiccl.calibrate import add_arguments as calibrate_arguments
+    from emulation.bench.calibrate import add_arguments as calibrate_arguments
 
     cal = sub.add_parser(
         "calibrate", help="fit a dynamiccl profile across the links (inalab calibrate's flags)"
@@ -106,6 +106,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
     program = sub.add_parser("run", help="run COMMAND once per rank of the job, in its host")
     run_arguments(program)
+    from emulation.bench.replay import add_arguments as replay_arguments
+
+    replay = sub.add_parser(
+        "replay", help="replay a workload's collectives in the hosts (inalab replay's flags)"
+    )
+    replay_arguments(replay, emulated=True)
     up = sub.add_parser("up", help="keep the network up until Ctrl-C (the default)")
     up.add_argument("--seconds", type=float, help="stop after this long instead")
 
@@ -162,6 +168,9 @@ def run(args: argparse.Namespace) -> int:
         job = _job(topo, args.job) if args.action in _JOB_ACTIONS else None
         if args.action == "bench":  # a bad flag is refused before any network exists
             _check_bench_flags(args)
+        elif args.action == "replay":
+            assert job is not None
+            _check_replay_flags(args, topo, job)
         _check_machine()
     except (TopologyError, _Refused) as exc:
         print(f"{PROG}: error: {exc}", file=sys.stderr)
@@ -201,6 +210,46 @@ def _check_bench_flags(args: argparse.Namespace) -> None:
         raise _Refused(str(exc)) from None
 
 
+def _check_replay_flags(args: argparse.Namespace, topo: Topology, job: TopologyJob) -> None:
+    """What ``inalab replay`` checks before it starts anything (the workload, the
+    flags, a profile or agent state), and, for ``bandwidth-drop``, shaped host links;
+    sets ``args.slots``: the job's slots on every switch, its widest INA window.
+
+    Raises:
+        _Refused: one of them fails.
+    """
+    from emulation.bench.replay_setup import UsageError, prepare
+
+    try:
+        setup = prepare(args, sum(topo.host(h).ranks for h in job.workers), emulated=True)
+    except UsageError as exc:
+        raise _Refused(str(exc)) from None
+    if setup.scenario == "bandwidth-drop":
+        _host_link_rate(topo)
+    args.slots = setup.slots
+
+
+def _host_link_rate(topo: Topology) -> float:
+    """The one HTB rate of every link with a host at one end (bandwidth-drop's "before").
+
+    Raises:
+        _Refused: a host link is unshaped, or they differ.
+    """
+    rates = {link.bw for link in _host_links(topo)}
+    if len(rates) != 1 or None in rates:
+        shown = ", ".join("unshaped" if r is None else f"{r:g}" for r in sorted(rates, key=str))
+        raise _Refused(f"--scenario bandwidth-drop needs every host link shaped at one rate"
+                       f" (here: {shown}): give --bw MBIT")  # fmt: skip
+    (rate,) = rates
+    assert rate is not None
+    return rate
+
+
+def _host_links(topo: Topology) -> list[Any]:
+    hosts = {h.name for h in topo.hosts}
+    return [link for link in topo.links if link.a in hosts or link.b in hosts]
+
+
 def _check_machine() -> None:
     if os.geteuid() != 0:
         raise _Refused("needs root: Mininet creates network namespaces and veth pairs")
@@ -219,7 +268,7 @@ def _job(topo: Topology, job_id: int | None) -> TopologyJob:
     raise _Refused(f"topology {topo.name} has no job {job_id}")
 
 
-_JOB_ACTIONS = ("bench", "calibrate", "switch-only", "run")
+_JOB_ACTIONS = ("bench", "calibrate", "switch-only", "run", "replay")
 """Actions that install a job of their own (the topology's jobs are not installed)."""
 
 
@@ -247,6 +296,9 @@ def _run(args: argparse.Namespace, topo: Topology, job: TopologyJob | None, run_
 
             assert job is not None
             status = run_command(args, em, job, run_dir)
+        elif args.action == "replay":
+            assert job is not None
+            status = _replay(args, em, job, run_dir)
         elif bench:
             assert job is not None
             status = _bench(args, em, job, run_dir)
@@ -282,7 +334,7 @@ def _bench(args: argparse.Namespace, em: Emulation, job: TopologyJob, run_dir: P
         },
         "loss_applies_to": "switch drop simulator (INA only); link loss in emulation.links",
     }
-    from dynamiccl.model import summarize_topology
+    from emulation.topology_summary import summarize_topology
 
     summary = summarize_topology(em.topology, job.job_id, slots=cfg.slots)
     try:
@@ -293,11 +345,43 @@ def _bench(args: argparse.Namespace, em: Emulation, job: TopologyJob, run_dir: P
 
 
 def _calibrate(args: argparse.Namespace, em: Emulation, job: TopologyJob, run_dir: Path) -> int:
-    from dynamiccl.calibrate import calibrate
+    from emulation.bench.calibrate import calibrate
 
     fabric = EmulatedFabric(em, job)
     where = f"{em.topology.name} (Mininet hosts, job {job.job_id})"
     return calibrate(args, (fabric.workers,), run_dir / "calibrate", fabric, where, em.topology)
+
+
+def _replay(args: argparse.Namespace, em: Emulation, job: TopologyJob, run_dir: Path) -> int:
+    from emulation.bench.replay import run_replay
+    from emulation.bench.replay_setup import prepare
+    from emulation.bench.sweep import BenchError
+    from emulation.topology_summary import summarize_topology
+
+    fabric = EmulatedFabric(em, job)
+    setup = prepare(args, fabric.workers, emulated=True)  # refused before the network if bad
+    widths = {em.topology.switch(s).lanes for s in em.installed_switches(job)}
+    if widths != {setup.lanes}:
+        print(f"{PROG}: error: --lanes {setup.lanes} but the job's switches have"
+              f" {sorted(widths)}", file=sys.stderr)  # fmt: skip
+        return 2
+    bw = None
+    if setup.scenario == "bandwidth-drop":
+        rate = _host_link_rate(em.topology)
+        bw = (rate, args.bw_after if args.bw_after is not None else rate / 10)
+    meta = {"emulation": {
+        "topology": em.topology.name,
+        "job": job.job_id,
+        "hosts": list(job.workers),
+        "links": [dataclasses.asdict(link) for link in em.topology.links],
+        "manifest": str(run_dir / "manifest.json"),
+    }}  # fmt: skip
+    summary = summarize_topology(em.topology, job.job_id, slots=setup.slots)
+    try:
+        return run_replay(args, setup, run_dir, fabric, summary, meta, bw)
+    except BenchError as exc:
+        print(f"{PROG}: failed: {exc}", file=sys.stderr)
+        return 1
 
 
 def _switch_only(args: argparse.Namespace, em: Emulation, job: TopologyJob, run_dir: Path) -> int:
@@ -439,6 +523,15 @@ class EmulatedFabric:
         """Every switch process of the network, by name: they forward every algorithm's
         packets (ring, tree and Gloo too), so the bench reports their CPU for all."""
         return _EmulatedSwitch.pids_of(self.em, [s.name for s in self.em.topology.switches])
+
+    def set_link_rate(self, mbit: float) -> None:
+        """Set every host link's HTB rate (both ends) to ``mbit`` Mbit/s, as ``inalab
+        replay --scenario bandwidth-drop`` does at its change.
+
+        Raises:
+            EmulationError: a host link is unshaped, or tc failed.
+        """
+        self.em.set_link_rate(mbit, _host_links(self.em.topology))
 
     @contextmanager
     def ina_switch(self, cfg: BenchConfig, run_dir: Path) -> Iterator[InaSwitch]:

@@ -45,6 +45,7 @@ from emulation.datapaths import LinkPlan, netem_available, plan_links
 from emulation.softswitch.process import SoftSwitchProcess
 from emulation.topology import (
     AggregationTree,
+    Link,
     Topology,
     TopologyJob,
     aggregation_tree,
@@ -295,6 +296,26 @@ class Emulation:
         for s in reversed(self.installed.pop(job_id, [])):
             self.controllers[s].remove_job(job_id)
 
+    def set_link_rate(self, mbit: float, links: Sequence[Link] | None = None) -> None:
+        """Change the HTB rate of ``links`` (default: every link), both ends, to ``mbit``
+        Mbit/s while the network runs (``tc class change`` of the class Mininet's TCLink
+        made; a queue or netem below it stays). ``self.topology`` keeps the built rates.
+
+        Raises:
+            EmulationError: a link was built unshaped (it has no HTB class), or tc failed.
+        """
+        burst = _shaper_burst(mbit)
+        for link in self.topology.links if links is None else links:
+            if link.bw is None:
+                raise EmulationError(f"link {link.a}-{link.b} is unshaped: no rate to change")
+            pair = self.net.linksBetween(self.net.get(link.a), self.net.get(link.b))[0]
+            for intf in (pair.intf1, pair.intf2):
+                out = intf.cmd(
+                    f"tc class change dev {intf.name} parent 5:0 classid 5:1 htb quantum"
+                    f" {HTB_QUANTUM} rate {mbit:g}Mbit burst {burst} cburst {burst}"
+                )
+                _check(out, intf.name)
+
     def counters(self, switches: Sequence[str] | None = None) -> dict[str, dict[str, int]]:
         """Each switch's INA statistics (default: every switch)."""
         names = switches if switches is not None else list(self.controllers)
@@ -474,6 +495,12 @@ emulation's CPU (measured: star4 at 1 Gbit/s, 64 MiB INA 1.5-2.0 s with 15 kB, 0
 unshaped); 1 ms is the kernel's own default for a rate at HZ=1000."""
 
 
+def _shaper_burst(bw: float) -> int:
+    """A shaped link's HTB burst and cburst in bytes at ``bw`` Mbit/s
+    (:data:`SHAPER_BURST_SECONDS` of its rate, at least Mininet's 15 kB)."""
+    return max(15_000, int(bw * 1e6 / 8 * SHAPER_BURST_SECONDS))
+
+
 def _link_class() -> type:
     """Mininet's TCLink whose interfaces shape with :data:`HTB_QUANTUM` and a burst of
     :data:`SHAPER_BURST_SECONDS` (imports Mininet lazily)."""
@@ -484,7 +511,7 @@ def _link_class() -> type:
             cmds, parent = super().bwCmds(bw=bw, **params)
             if bw is None or params.get("use_hfsc") or params.get("use_tbf"):
                 return cmds, parent
-            burst = max(15_000, int(bw * 1e6 / 8 * SHAPER_BURST_SECONDS))
+            burst = _shaper_burst(bw)
             return [
                 cmd.replace("htb rate", f"htb quantum {HTB_QUANTUM} rate").replace(
                     "burst 15k", f"burst {burst} cburst {burst}"

@@ -338,15 +338,21 @@ def _local_groups(plans: Sequence[WorkerPlan]) -> dict[int, Any]:
 
 
 class _Fleet:
-    """The worker processes of one algorithm: spawned, driven in lock-step, reaped."""
+    """The worker processes of one algorithm: spawned, driven in lock-step, reaped.
+
+    ``target`` is the workers' entry point, called as ``target(plan, conn, *extra)``
+    (default the bench's :func:`~emulation.bench.workers.worker_main`; ``inalab replay``
+    passes its own); a plan needs ``rank`` and ``log_path``.
+    """
 
     def __init__(
         self,
         algo: str,
-        plans: Sequence[WorkerPlan],
+        plans: Sequence[Any],
         stall_s: float,
         switch_log: Path | None = None,
         extra_args: Sequence[tuple[Any, ...]] = (),
+        target: Callable[..., None] = worker_main,
     ) -> None:
         self.algo = algo
         self.stall_s = stall_s
@@ -360,7 +366,7 @@ class _Fleet:
                 parent, child = ctx.Pipe()
                 extra = tuple(extra_args[i]) if extra_args else ()
                 proc = ctx.Process(
-                    target=worker_main,
+                    target=target,
                     args=(plan, child, *extra),
                     name=f"inalab-bench-{algo}-{plan.rank}",
                     daemon=True,
