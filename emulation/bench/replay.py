@@ -5,8 +5,11 @@ A workload (:mod:`emulation.bench.workloads`: a shipped model or a trace file) i
 iteration's calls in order. The replay starts one soft switch (the fabric's, as ``inalab
 bench`` does), installs one INA job with the slots of the widest INA window, and spawns
 one worker per rank holding an INA, a ring and a tree session
-(:mod:`emulation.bench.replay_worker`). Each strategy then runs the workload for
-``--iterations`` iterations on the same workers; per iteration the coordinator sends
+(:mod:`emulation.bench.replay_worker`). Every strategy then runs the workload for
+``--iterations`` iterations on the same workers, interleaved: iteration ``i`` of every
+strategy, then iteration ``i + 1`` of every strategy, so a machine whose speed drifts
+(another process, the clock) weighs on all strategies alike. Per iteration the
+coordinator sends
 every rank the list of actions (:class:`~dynamiccl.actions.Action`: algorithm, lanes,
 window) for the iteration's calls and gathers each rank's per-call times (one message
 each way per iteration). The strategies:
@@ -29,11 +32,11 @@ each way per iteration). The strategies:
   (:mod:`emulation.bench.replay_report`), never run.
 
 Iteration 0 of every run is a warm-up that no total counts (the agent learns from it).
-A scenario changes the network at ``--change-at`` in every strategy's run alike:
+A scenario changes the network once, before iteration ``--change-at`` of every strategy:
 ``bandwidth-drop`` (under ``inalab emulate`` only) sets every host link's HTB rate from
 the run's rate to ``--bw-after``; ``competing-job`` starts a second INA job on the same
 switch (its own id and slots, the same hosts) running int32 allreduces back to back
-until the run ends, when it pauses until the next run's change.
+until the last iteration ends.
 """
 
 from __future__ import annotations
@@ -348,10 +351,9 @@ def _replay(
                 _join_peers(fleet)
             scenario = stack.enter_context(_scenario(setup, ctx, switch))
             for strategy in strategies:
-                run = StrategyRun(strategy.name, strategy.kind, config=_labels_of(strategy.config))
-                runs.append(run)
-                _run_strategy(setup, fleet, strategy, scenario, run, ctx)
-                progress.step(strategy.name)
+                config = _labels_of(strategy.config)
+                runs.append(StrategyRun(strategy.name, strategy.kind, config=config))
+            _run_interleaved(setup, fleet, strategies, scenario, runs, ctx, progress)
             _exit(fleet)
             switch.remove(REPLAY_JOB_ID)
     except KeyboardInterrupt as exc:
@@ -365,35 +367,61 @@ def _labels_of(config: Mapping[str, Action] | None) -> dict[str, str] | None:
     return None if config is None else {c: a.label for c, a in config.items()}
 
 
-def _run_strategy(
+def _run_interleaved(
     setup: ReplaySetup,
     fleet: _Fleet,
-    strategy: _Strategy,
+    strategies: Sequence[_Strategy],
     scenario: _Scenario,
-    run: StrategyRun,
+    runs: Sequence[StrategyRun],
     ctx: _Context,
+    progress: Any,
 ) -> None:
-    """One strategy's iterations; the scenario's change at its iteration."""
-    from emulation.bench.sweep import BenchError
-
+    """Iteration ``i`` of every strategy, then ``i + 1`` of every strategy, and so on: a
+    machine whose speed drifts during the replay (another process, the CPU's clock) slows
+    every strategy alike, and the scenario's change happens once, at ``change_at``, for
+    all of them (a competing job then runs through every strategy's remaining
+    iterations)."""
     scenario.start_run()
     for i in range(setup.iterations):
         if i == setup.change_at:
             scenario.change()
-        actions, decisions = strategy.decide(setup)
-        fleet.send_all(("iter", i, [(a.algorithm, a.lanes, a.window) for a in actions]))
-        replies = fleet.gather("done")
-        if any(r[1] != i for r in replies):
-            raise BenchError(f"{strategy.name}: ranks answered for other iterations than {i}")
-        calls = _merge(actions, [list(r[2]) for r in replies])
-        run.iterations.append(calls)
-        if decisions:
-            run.decisions.append(decisions)
-        strategy.observe(setup, calls)
+        for strategy, run in zip(strategies, runs, strict=True):
+            _run_iteration(setup, fleet, strategy, run, i)
+        progress.step(f"iteration {i}")
     competitor = scenario.end_run()
     if competitor is not None:
-        ctx.competitor.append({"strategy": strategy.name, **competitor})
-    run.complete = True
+        ctx.competitor.append({"strategy": "every strategy (interleaved)", **competitor})
+    for run in runs:
+        run.complete = True
+
+
+def _run_iteration(
+    setup: ReplaySetup, fleet: _Fleet, strategy: _Strategy, run: StrategyRun, i: int
+) -> None:
+    """One iteration of one strategy: its actions to every rank, the call times back."""
+    from emulation.bench.sweep import BenchError
+
+    actions, decisions = strategy.decide(setup)
+    fleet.send_all(("iter", i, [(a.algorithm, a.lanes, a.window) for a in actions]))
+    replies = fleet.gather("done")
+    if any(r[1] != i for r in replies):
+        raise BenchError(f"{strategy.name}: ranks answered for other iterations than {i}")
+    calls = _merge(actions, [list(r[2]) for r in replies])
+    run.iterations.append(calls)
+    if decisions:
+        run.decisions.append(decisions)
+    strategy.observe(setup, calls)
+
+
+def _even_out(runs: Sequence[StrategyRun]) -> int:
+    """After a stop: cut every run to the iterations all of them finished, so the table
+    compares like with like; returns that count (runs with any are marked complete)."""
+    done = min((len(r.iterations) for r in runs), default=0)
+    for run in runs:
+        del run.iterations[done:]
+        del run.decisions[done:]
+        run.complete = done > 0
+    return done
 
 
 def _merge(actions: Sequence[Action], per_rank: Sequence[Sequence[Any]]) -> list[CallTime]:
@@ -542,14 +570,20 @@ def run_replay(
     print(_banner(setup, fabric, ctx), flush=True)
     stopped: KeyboardInterrupt | None = None
     try:
-        runs = _replay(setup, ctx, strategies, TerminalProgress(len(strategies)))
+        runs = _replay(setup, ctx, strategies, TerminalProgress(setup.iterations))
     except ReplayInterrupted as exc:
         runs, stopped = exc.runs, exc.cause
-        print(f"# stopped by {_signal_name(stopped)}: the table holds the runs that finished")
+        done = _even_out(runs)
+        print(f"# stopped by {_signal_name(stopped)}: the table holds the {done} iteration(s) "
+              "every strategy finished")  # fmt: skip
     static = [r for r in runs if r.kind == "static" and r.complete]
     oracle = None
     if "oracle" in setup.strategies and static:
-        oracle = compute_oracle(static, phases(setup.iterations, setup.change_at))
+        measured = min(len(r.iterations) for r in static)  # fewer after a stop
+        change = setup.change_at
+        if change is not None and change >= measured:
+            change = None  # stopped before the change: one phase
+        oracle = compute_oracle(static, phases(measured, change))
     summary = summarize(runs, oracle)
     _save_agent(args.agent_state, strategies, runs)
     _report(args, setup, ctx, runs, oracle, summary, stopped, extra_meta)

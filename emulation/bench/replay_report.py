@@ -117,7 +117,9 @@ class StrategyRun:
         config: a static run's action per collective (labels); None otherwise.
         decisions: the model's and the agent's decisions per iteration and call
             (``AgentDecision.to_dict()``).
-        complete: whether every iteration ran (False: the run was stopped).
+        complete: whether its iterations are comparable with the other runs' (False: a
+            stop signal cut it short; after a stop every run is cut to the iterations all
+            finished, and those count as complete).
     """
 
     name: str
