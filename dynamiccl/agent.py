@@ -59,7 +59,7 @@ from dynamiccl.actions import (
     parse_action,
 )
 from dynamiccl.model import AlgoParams, Profile, TopologySummary, byte_coefficient, estimate
-from dynamiccl.policy import size_bucket
+from dynamiccl.policy import format_seconds, size_bucket
 
 __all__ = [
     "AGENT_SCHEMA",
@@ -330,7 +330,8 @@ class Agent:
         if not self.learn:
             best = usable[0]
             source = "model" if best.observed is None else f"measured over {best.count}"
-            reason = f"{best.action.label} {_fmt(best.estimate)} ({source})" + _versus(best, usable)
+            reason = f"{best.action.label} {format_seconds(best.estimate)} ({source})"
+            reason += _versus(best, usable)
             return AgentDecision(best.action, "model", reason, collective, size_bytes, bucket, arms)
         ctx = self._contexts.setdefault((collective, bucket), _Context())
         pick, phase = self._pick(ctx, usable)
@@ -509,7 +510,7 @@ class Agent:
     # ------------------------------------------------------------------ explaining
     def _reason(self, pick: ArmView, phase: str, usable: list[ArmView], ctx: _Context) -> str:
         source = f"observed over {pick.count}" if pick.observed is not None else "prior"
-        text = f"{pick.action.label} {_fmt(pick.estimate)} ({source})"
+        text = f"{pick.action.label} {format_seconds(pick.estimate)} ({source})"
         if phase in ("explore", "re-explore"):
             tried = sum(1 for v in usable if v.count)
             text = f"{phase} {tried + 1}/{self.budget}: {text}"
@@ -680,18 +681,8 @@ def _finite(seconds: float) -> float | None:
     return seconds if math.isfinite(seconds) else None
 
 
-def _fmt(seconds: float) -> str:
-    if not math.isfinite(seconds):
-        return "n/a"
-    if seconds >= 1.0:
-        return f"{seconds:.3g} s"
-    if seconds >= 1e-3:
-        return f"{seconds * 1e3:.3g} ms"
-    return f"{seconds * 1e6:.3g} us"
-
-
 def _versus(pick: ArmView, usable: Sequence[ArmView]) -> str:
     others = [v for v in usable if v.action != pick.action][:2]
     if not others:
         return ""
-    return " vs " + ", ".join(f"{v.action.label} {_fmt(v.estimate)}" for v in others)
+    return " vs " + ", ".join(f"{v.action.label} {format_seconds(v.estimate)}" for v in others)

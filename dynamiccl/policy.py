@@ -41,6 +41,7 @@ __all__ = [
     "Observed",
     "Policy",
     "choose",
+    "format_seconds",
     "size_bucket",
 ]
 
@@ -172,7 +173,9 @@ def choose(
     return Decision(best, predicted, reason, sources, estimates)
 
 
-def _fmt(seconds: float) -> str:
+def format_seconds(seconds: float) -> str:
+    """``seconds`` to three significant digits in s, ms or us, as a decision's reason
+    shows a time; ``n/a`` for one that is not finite (an algorithm that cannot run)."""
     if not math.isfinite(seconds):
         return "n/a"
     if seconds >= 1.0:
@@ -190,8 +193,10 @@ def _reason(
 ) -> str:
     est = estimates[best]
     others = [a for a in ALGORITHMS if a != best]
-    versus = ", ".join(f"{a} {_fmt(predicted[a])}" for a in others if math.isfinite(predicted[a]))
-    text = f"{best} {_fmt(predicted[best])} ({sources[best]})"
+    versus = ", ".join(
+        f"{a} {format_seconds(predicted[a])}" for a in others if math.isfinite(predicted[a])
+    )
+    text = f"{best} {format_seconds(predicted[best])} ({sources[best]})"
     text += f" vs {versus}" if versus else ""
     if sources[best] == "model" and est.seconds > 0:
         if est.latency >= est.transfer + est.stalls:

@@ -391,11 +391,13 @@ class P2pEndpoint:
 class CollectiveCall:
     """One call of a host-based collective on one worker, as a state machine.
 
-    Subclasses plan the messages in :meth:`_begin` and react to each new one in
-    :meth:`_on_message`, counting down ``_remaining`` (messages still expected). The call
-    is done when nothing is expected, every sent packet is acknowledged, and no datagram
-    arrived for ``linger`` seconds (a peer whose last ack we lost retransmits within its
-    timeout; a session instead answers such late packets in its next call or in close).
+    Subclasses set up their state in :meth:`_prepare` (the constructor's last step, so
+    a subclass without arguments of its own needs no ``__init__``), plan the messages in
+    :meth:`_begin` and react to each new one in :meth:`_on_message`, counting down
+    ``_remaining`` (messages still expected). The call is done when nothing is expected,
+    every sent packet is acknowledged, and no datagram arrived for ``linger`` seconds (a
+    peer whose last ack we lost retransmits within its timeout; a session instead answers
+    such late packets in its next call or in close).
 
     Args:
         endpoint: the worker's session channels.
@@ -433,8 +435,17 @@ class CollectiveCall:
         self._wire_dtype = data.dtype.newbyteorder("<")
         self._remaining = 0
         self._done = False
+        self._prepare()
 
     # ------------------------------------------------------------------ for subclasses
+    def _prepare(self) -> None:
+        """The algorithm's state for this call, from the fields set above (``spec``,
+        ``data``, ``lanes``, ...), ``_remaining`` among it.
+
+        Raises:
+            ValueError: a call the algorithm cannot make (e.g. too many messages).
+        """
+
     def _begin(self, now: float) -> None:
         raise NotImplementedError
 

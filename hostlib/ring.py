@@ -69,11 +69,15 @@ class RingCall(CollectiveCall):
         window: int | None = None,
         phase: str = "allreduce",
     ) -> None:
+        self.phase = phase  # read by _prepare, which the base class's __init__ calls
         super().__init__(endpoint, data, linger, lanes=lanes, window=window)
+
+    def _prepare(self) -> None:
+        phase, data = self.phase, self.data
         if phase not in RING_PHASES:
             raise ValueError(f"unknown ring phase {phase!r} (known: {', '.join(RING_PHASES)})")
         n, r = self.spec.world_size, self.spec.rank
-        self.n, self.phase = n, phase
+        self.n = n
         self.next, self.prev = (r + 1) % n, (r - 1) % n
         # Steps [first, first + nsteps) of the allreduce's 2(n-1).
         self.first = n - 1 if phase == "all_gather" else 0

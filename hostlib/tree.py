@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from hostlib.p2p import CollectiveCall, P2pEndpoint, PeerCollective
+from hostlib.p2p import CollectiveCall, PeerCollective
 
 __all__ = ["TreeAllreduce", "TreeCall"]
 
@@ -33,17 +33,8 @@ class TreeCall(CollectiveCall):
             window out of range.
     """
 
-    def __init__(
-        self,
-        endpoint: P2pEndpoint,
-        data: np.ndarray,
-        linger: float = 0.0,
-        *,
-        lanes: int | None = None,
-        window: int | None = None,
-    ) -> None:
-        super().__init__(endpoint, data, linger, lanes=lanes, window=window)
-        n, r = self.spec.world_size, self.spec.rank
+    def _prepare(self) -> None:
+        n, r, data = self.spec.world_size, self.spec.rank, self.data
         self.nchunks = -(-data.size // self.lanes)
         if 2 * self.nchunks > 1 << 32:
             raise ValueError(f"{data.size} elements need more than 2**32 messages")

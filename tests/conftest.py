@@ -12,7 +12,8 @@ deselected with ``-m "not slow"``.
 Temporary files go under pytest's base temporary directory (``TMPDIR`` is pointed there
 for the session, subprocesses included), so a run that makes its own (``inalab bench``
 without ``--run-dir``) leaves nothing in the system's temporary directory; pytest
-keeps the last three base directories.
+keeps the last three base directories. A test that must see every temporary directory a
+run makes asks for its own (the ``own_tmpdir`` fixture).
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ import os
 import shutil
 import tempfile
 from collections.abc import Callable, Iterator
+from pathlib import Path
 
 import pytest
 
@@ -130,3 +132,13 @@ def _temporary_files_under_basetemp(tmp_path_factory: pytest.TempPathFactory) ->
     else:
         os.environ["TMPDIR"] = saved
     tempfile.tempdir = None
+
+
+@pytest.fixture
+def own_tmpdir(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Path]:
+    """A private TMPDIR, so a test sees every temporary directory a run makes."""
+    tmp = tmp_path / "tmp"
+    tmp.mkdir()
+    monkeypatch.setenv("TMPDIR", str(tmp))
+    monkeypatch.setattr(tempfile, "tempdir", None)  # re-read TMPDIR
+    yield tmp

@@ -1,4 +1,5 @@
-"""Shared test code: reference allreduce results and a worker's state across calls.
+"""Shared test code: reference allreduce results, a worker's state across calls, ranks
+in threads, a fake network for point-to-point collectives and a soft switch in a thread.
 
 Imported as ``helpers`` (``tests/conftest.py`` puts this directory on ``sys.path``).
 The references are computed independently of the engine and the switch: int32 as a
@@ -9,6 +10,7 @@ exactly as the protocol specifies, so a correct INA run is *bit-identical* to th
 from __future__ import annotations
 
 import contextlib
+import functools
 import math
 import os
 import pty
@@ -18,21 +20,27 @@ import signal
 import socket
 import subprocess
 import sys
+import threading
 import time
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import numpy as np
 
 from emulation.softswitch.pipeline import JobConfig, Pipeline
 from hostlib.ina import Addr, InaAllreduce, JobSpec, RetryPolicy
+from hostlib.p2p import P2pEndpoint, PeerCollective, PeerSpec
 from hostlib.protocol import INA_UDP_PORT
 from hostlib.quantize import block_exponents, dequantize, error_bound, quantize_block
-from hostlib.transport.memory import FakeNetwork
+from hostlib.session import InaSession
+from hostlib.transport.memory import FakeNetwork, LinkModel
+from hostlib.transport.udp import UdpTransport
 
 if TYPE_CHECKING:  # the controller layer (grpc) is imported only by tests that drive one
     from controller.switch import WorkerAddress
+    from emulation.softswitch.server import SwitchServer
 
 INT32_MIN = -(2**31)
 INT32_MAX = 2**31 - 1
@@ -198,6 +206,190 @@ class FakeJob:
         errors = net.run(engines)
         assert all(e is None for e in errors.values()), errors
         return self.finish(engines)
+
+
+def float_sum_bound(inputs: np.ndarray) -> np.ndarray:
+    """``gamma_(n-1) * sum|x|`` per element of the sum of ``inputs`` (one row per rank):
+    any order of n-1 float32 additions stays within it (Higham, Accuracy and Stability,
+    4.2); plus the float64 reference's own error."""
+    n, u = len(inputs), 2.0**-24
+    wide = np.abs(inputs.astype(np.float64)).sum(axis=0)
+    return (n - 1) * u / (1 - (n - 1) * u) * wide + n * 2.0**-52 * wide
+
+
+def check_allreduce(results: Sequence[np.ndarray], inputs: np.ndarray) -> None:
+    """Every rank holds the same bytes, of the inputs' dtype and shape, and they are the
+    sum: int32 exactly (wrapping), float32 within :func:`float_sum_bound`."""
+    first = results[0]
+    for got in results:
+        assert got.dtype == inputs.dtype and got.shape == inputs.shape[1:]
+        np.testing.assert_array_equal(got.view(np.uint32), first.view(np.uint32))
+    if inputs.dtype == np.int32:
+        np.testing.assert_array_equal(first, wrapping_sum(inputs))
+    else:
+        err = np.abs(first.astype(np.float64) - inputs.astype(np.float64).sum(axis=0))
+        assert np.all(err <= float_sum_bound(inputs))
+
+
+# ----------------------------------------------------------------- ranks in threads
+def in_threads(bodies: Sequence[Callable[[], Any]], timeout: float = 120.0) -> list[Any]:
+    """Run every body in its own thread; return their values (re-raise the first error).
+
+    Raises:
+        AssertionError: a body still ran after ``timeout`` seconds.
+    """
+    out: list[Any] = [None] * len(bodies)
+    errors: list[BaseException] = []
+
+    def run(i: int) -> None:
+        try:
+            out[i] = bodies[i]()
+        except BaseException as exc:
+            errors.append(exc)
+
+    threads = [threading.Thread(target=run, args=(i,), daemon=True) for i in range(len(bodies))]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout)
+    assert not any(t.is_alive() for t in threads), "a rank hung"
+    if errors:
+        raise errors[0]
+    return out
+
+
+def peer_ranks(
+    make: type[PeerCollective],
+    n: int,
+    work: Callable[[int, Any], Any],
+    policy: RetryPolicy,
+    **spec: Any,
+) -> list[Any]:
+    """Run ``work(rank, session)`` on ``n`` ring or tree sessions (``make``) over UDP on
+    127.0.0.1, one thread each; return each rank's value. ``spec``: the
+    :class:`PeerSpec`'s other arguments (``lanes``, ``window``)."""
+    transports = [UdpTransport() for _ in range(n)]
+    addrs = tuple(t.local_addr for t in transports)
+    sessions = [make(PeerSpec(r, addrs, **spec), t, policy) for r, t in enumerate(transports)]
+
+    def body(rank: int) -> Any:
+        try:
+            return work(rank, sessions[rank])
+        finally:
+            sessions[rank].close(linger=0.05)
+
+    return in_threads([functools.partial(body, r) for r in range(n)])
+
+
+# ----------------------------------------------------------------- p2p on the fake network
+ROUTER: Addr = ("10.254.0.1", 9)
+"""Where ranks on a :class:`FakePeers` network send: its :class:`Router`."""
+
+
+@dataclass
+class _Routed:
+    payload: memoryview
+    dests: Sequence[Addr]
+
+
+class Router:
+    """Forwards a p2p datagram to the address of its destination rank (the ``dst`` byte),
+    as an L3 switch forwards non-INA traffic: the "switch" of a :class:`FakeNetwork`."""
+
+    def __init__(self, addrs: Sequence[Addr]) -> None:
+        self.addrs = list(addrs)
+
+    def process(self, data: memoryview, src: Addr) -> _Routed | None:
+        dst = data[3]
+        return _Routed(data, [self.addrs[dst]]) if dst < len(self.addrs) else None
+
+
+_Call = TypeVar("_Call")
+
+
+class FakePeers:
+    """``n`` ranks' p2p endpoints on one fake network through a :class:`Router`, kept
+    across calls (every traversal, rank->router and router->rank, impaired by ``link``)."""
+
+    def __init__(
+        self,
+        n: int,
+        policy: RetryPolicy,
+        lanes: int,
+        window: int,
+        link: LinkModel | None = None,
+        seed: int = 0,
+    ) -> None:
+        self.addrs = [(f"10.1.0.{r + 1}", 7000 + r) for r in range(n)]
+        self.endpoints = [
+            P2pEndpoint(PeerSpec(r, tuple(self.addrs), lanes, window), policy) for r in range(n)
+        ]
+        self.net = FakeNetwork(Router(self.addrs), ROUTER, link, seed=seed)
+
+    def run_calls(
+        self, make: Callable[[P2pEndpoint, np.ndarray], _Call], inputs: Sequence[np.ndarray]
+    ) -> dict[Addr, _Call]:
+        """One call of every rank, ``make(endpoint, its input)``, run to completion
+        without an error; the calls by address."""
+        calls = {
+            a: make(ep, x) for a, ep, x in zip(self.addrs, self.endpoints, inputs, strict=True)
+        }
+        errors = self.net.run(calls)  # type: ignore[arg-type]
+        assert all(e is None for e in errors.values()), errors
+        return calls
+
+    def run(
+        self, make: Callable[[P2pEndpoint, np.ndarray], Any], inputs: Sequence[np.ndarray]
+    ) -> list[np.ndarray]:
+        """As :meth:`run_calls`; every rank's result in rank order."""
+        calls = self.run_calls(make, inputs)
+        return [calls[a].result() for a in self.addrs]
+
+    @property
+    def retransmissions(self) -> int:
+        return sum(ep.stats.retransmitted for ep in self.endpoints)
+
+
+# ----------------------------------------------------------------- a soft switch in a thread
+@contextlib.contextmanager
+def switch_thread(pipeline: Pipeline, join_timeout: float = 30.0) -> Iterator[SwitchServer]:
+    """A :class:`SwitchServer` of ``pipeline`` on free ports of 127.0.0.1, serving in a
+    daemon thread until the block ends (then stopped, joined and closed)."""
+    from emulation.softswitch.server import SwitchServer
+
+    server = SwitchServer(pipeline, ("127.0.0.1", 0), ("127.0.0.1", 0))
+    thread = threading.Thread(target=server.serve_forever, name="switch", daemon=True)
+    thread.start()
+    try:
+        yield server
+    finally:
+        server.request_stop()
+        thread.join(join_timeout)
+        server.close()
+
+
+class SwitchJob:
+    """Job ``job_id`` of ``n`` workers installed directly in ``switch``'s pipeline, one
+    :class:`InaSession` each on its own UDP socket of 127.0.0.1."""
+
+    def __init__(
+        self, switch: SwitchServer, job_id: int, n: int, slots: int, policy: RetryPolicy
+    ) -> None:
+        self.switch, self.job_id = switch, job_id
+        transports = [UdpTransport(("127.0.0.1", 0)) for _ in range(n)]
+        addrs = tuple(t.local_addr for t in transports)
+        switch.control.call(lambda: switch.pipeline.add_job(JobConfig(job_id, addrs, slots)))
+        lanes = switch.pipeline.lanes
+        self.sessions = [
+            InaSession(JobSpec(job_id, r, n, switch.data_addr, lanes, slots), t, policy)
+            for r, t in enumerate(transports)
+        ]
+
+    def close(self) -> None:
+        """Close every session, then remove the job from the switch."""
+        for s in self.sessions:
+            s.close()
+        self.switch.control.call(lambda: self.switch.pipeline.remove_job(self.job_id))
 
 
 @contextlib.contextmanager

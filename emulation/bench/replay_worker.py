@@ -34,6 +34,7 @@ import contextlib
 import logging
 import time
 import traceback
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from multiprocessing.connection import Connection
 from typing import Any
@@ -44,8 +45,10 @@ from emulation.bench.workers import (
     Placement,
     count_wrong,
     enter_netns,
+    expect,
     make_input,
     reference,
+    setup_logging,
 )
 
 __all__ = [
@@ -212,7 +215,7 @@ class _Sessions:
         transport = UdpTransport(local=(self.plan.placement.bind_ip, 0))
         try:
             conn.send(("addr", tuple(transport.local_addr)))
-            msg = _expect(conn, "job")
+            msg = expect(conn, "job")
             self.wire_rank = int(msg[3])
             plan = self.plan
             spec = JobSpec(job_id=msg[1], rank=self.wire_rank, num_workers=plan.num_workers,
@@ -230,7 +233,7 @@ class _Sessions:
         transport = UdpTransport(local=(self.plan.placement.bind_ip, 0))
         try:
             conn.send(("addr", tuple(transport.local_addr)))
-            addrs = tuple((str(a[0]), int(a[1])) for a in _expect(conn, "peers")[1])
+            addrs = tuple((str(a[0]), int(a[1])) for a in expect(conn, "peers")[1])
             spec = PeerSpec(self.plan.rank, addrs, lanes=self.plan.peer_lanes,
                             window=self.plan.peer_window)  # fmt: skip
             return make(spec, transport, RetryPolicy(deadline=self.plan.timeout))
@@ -296,7 +299,7 @@ class _Sessions:
 def replay_worker_main(plan: ReplayPlan, conn: Connection) -> None:
     """Process entry point: join the sessions, run iterations until told to exit, report
     the traceback on failure."""
-    _setup_logging(plan)
+    setup_logging(plan.log_path, plan.log_level)
     try:
         if plan.placement.netns is not None:
             enter_netns(plan.placement.netns)
@@ -314,20 +317,27 @@ def replay_worker_main(plan: ReplayPlan, conn: Connection) -> None:
         conn.close()
 
 
+def _serve(conn: Connection, sessions: _Sessions, answer: Callable[[Any], tuple[Any, ...]]) -> None:
+    """Send ``answer(message)`` for each of the coordinator's messages until ``exit``, then
+    this rank's retransmissions; close ``sessions`` however it ends."""
+    try:
+        while (msg := conn.recv()) != ("exit",):
+            conn.send(answer(msg))
+        conn.send(("result", sessions.retransmits))
+    finally:
+        sessions.close()
+
+
 def _replay(plan: ReplayPlan, conn: Connection) -> None:
     sessions = _Sessions(plan, conn)
     data = _Data(plan)
-    try:
-        while True:
-            msg = conn.recv()
-            if msg == ("exit",):
-                conn.send(("result", sessions.retransmits))
-                return
-            if not isinstance(msg, tuple) or len(msg) != 3 or msg[0] != "iter":
-                raise RuntimeError(f"coordinator sent {msg!r}, expected 'iter' or 'exit'")
-            conn.send(("done", msg[1], _iteration(plan, sessions, data, list(msg[2]))))
-    finally:
-        sessions.close()
+
+    def answer(msg: Any) -> tuple[Any, ...]:
+        if not isinstance(msg, tuple) or len(msg) != 3 or msg[0] != "iter":
+            raise RuntimeError(f"coordinator sent {msg!r}, expected 'iter' or 'exit'")
+        return ("done", msg[1], _iteration(plan, sessions, data, list(msg[2])))
+
+    _serve(conn, sessions, answer)
 
 
 def _iteration(
@@ -360,17 +370,13 @@ def _compete(plan: ReplayPlan, conn: Connection) -> None:
     call = plan.calls[0]
     x = make_input(plan.seed, plan.rank, call.count, "int32")
     ref, _ = reference(plan.seed, plan.num_workers, call.count, "int32")
-    try:
-        while True:
-            msg = conn.recv()
-            if msg == ("exit",):
-                conn.send(("result", sessions.retransmits))
-                return
-            if msg != ("go",):
-                raise RuntimeError(f"coordinator sent {msg!r}, expected 'go' or 'exit'")
-            conn.send(("paused", *_compete_until_paused(sessions, conn, x, ref)))
-    finally:
-        sessions.close()
+
+    def answer(msg: Any) -> tuple[Any, ...]:
+        if msg != ("go",):
+            raise RuntimeError(f"coordinator sent {msg!r}, expected 'go' or 'exit'")
+        return ("paused", *_compete_until_paused(sessions, conn, x, ref))
+
+    _serve(conn, sessions, answer)
 
 
 def _compete_until_paused(
@@ -382,7 +388,7 @@ def _compete_until_paused(
     start = time.perf_counter()
     while True:
         if not seen and conn.poll():
-            _expect(conn, "pause")
+            expect(conn, "pause")
             seen = True
         x[-1] = int(seen)
         y = np.asarray(sessions.ina.allreduce(x))
@@ -391,22 +397,5 @@ def _compete_until_paused(
         if y[-1] > 0:
             break
     if not seen:
-        _expect(conn, "pause")
+        expect(conn, "pause")
     return calls, time.perf_counter() - start, wrong
-
-
-def _expect(conn: Connection, kind: str) -> tuple[Any, ...]:
-    msg = conn.recv()
-    if not isinstance(msg, tuple) or not msg or msg[0] != kind:
-        raise RuntimeError(f"coordinator sent {msg!r}, expected {kind!r}")
-    return msg
-
-
-def _setup_logging(plan: ReplayPlan) -> None:
-    if plan.log_path is None:
-        return
-    handler = logging.FileHandler(plan.log_path)
-    handler.setFormatter(logging.Formatter("%(asctime)s %(name)s %(levelname)s %(message)s"))
-    root = logging.getLogger()
-    root.addHandler(handler)
-    root.setLevel(plan.log_level)

@@ -46,8 +46,10 @@ __all__ = [
     "WorkerPlan",
     "count_wrong",
     "enter_netns",
+    "expect",
     "make_input",
     "reference",
+    "setup_logging",
     "worker_main",
 ]
 
@@ -238,7 +240,7 @@ class _InaAllreduce:
         self._transport = UdpTransport(local=(plan.placement.bind_ip, 0))
         try:
             conn.send(("addr", tuple(self._transport.local_addr)))
-            msg = _expect(conn, "job")
+            msg = expect(conn, "job")
             job_id, data_addr, wire_rank = msg[1], tuple(msg[2]), msg[3]
             spec = JobSpec(
                 job_id=job_id,
@@ -282,7 +284,7 @@ class _CollNetAllreduce:
             inter = self._ina.session_allreduce
         else:
             conn.send(("addr", None))
-            _expect(conn, "job")
+            expect(conn, "job")
             inter = None
         self._coll = CollNetAllreduce(group, where.local_rank, inter)
 
@@ -314,7 +316,7 @@ class _PeerAllreduce:
         transport = UdpTransport(local=(plan.placement.bind_ip, 0))
         try:
             conn.send(("addr", tuple(transport.local_addr)))
-            addrs = tuple((str(a[0]), int(a[1])) for a in _expect(conn, "peers")[1])
+            addrs = tuple((str(a[0]), int(a[1])) for a in expect(conn, "peers")[1])
             spec = PeerSpec(plan.rank, addrs, lanes=plan.lanes, window=plan.slots)
             self._session = make(spec, transport, RetryPolicy(deadline=plan.timeout))
         except BaseException:
@@ -423,7 +425,7 @@ class _GlooAllreduce:
 # ----------------------------------------------------------------- the worker process
 def worker_main(plan: WorkerPlan, conn: Connection, group: Any = None) -> None:
     """Process entry point: run the sweep, report results or the traceback, exit."""
-    _setup_logging(plan)
+    setup_logging(plan.log_path, plan.log_level)
     try:
         if plan.placement.netns is not None:
             enter_netns(plan.placement.netns)
@@ -475,7 +477,7 @@ def _run_size(
     x = make_input(plan.seed, plan.rank, count, plan.dtype)
     # The previous size's result rides on the barrier: a run stopped midway keeps it.
     conn.send(("barrier", k, last))
-    go = _expect(conn, "go")
+    go = expect(conn, "go")
     ran = plan.algo
     if isinstance(coll, _AutoAllreduce):
         coll.select(str(go[1]))
@@ -533,18 +535,25 @@ def enter_netns(path: str) -> None:
         os.close(fd)
 
 
-def _expect(conn: Connection, kind: str) -> tuple[Any, ...]:
+def expect(conn: Connection, kind: str) -> tuple[Any, ...]:
+    """The coordinator's next message, which must be a tuple starting with ``kind``.
+
+    Raises:
+        RuntimeError: the message is anything else.
+    """
     msg = conn.recv()
     if not isinstance(msg, tuple) or not msg or msg[0] != kind:
         raise RuntimeError(f"coordinator sent {msg!r}, expected {kind!r}")
     return msg
 
 
-def _setup_logging(plan: WorkerPlan) -> None:
-    if plan.log_path is None:
+def setup_logging(log_path: str | None, level: int) -> None:
+    """Send this worker process's log records at ``level`` and above to ``log_path``
+    (``None``: leave logging as it is)."""
+    if log_path is None:
         return
-    handler = logging.FileHandler(plan.log_path)
+    handler = logging.FileHandler(log_path)
     handler.setFormatter(logging.Formatter("%(asctime)s %(name)s %(levelname)s %(message)s"))
     root = logging.getLogger()
     root.addHandler(handler)
-    root.setLevel(plan.log_level)
+    root.setLevel(level)

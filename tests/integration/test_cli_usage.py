@@ -9,8 +9,6 @@ import os
 import re
 import subprocess
 import sys
-import tempfile
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -24,16 +22,6 @@ from emulation.softswitch import SoftSwitchProcess
 REPO = Path(__file__).resolve().parents[2]
 INALAB = [sys.executable, "-m", "emulation.cli"]
 TINY = ["-b", "4K", "-e", "16K", "-n", "1", "-w", "0", "--workers", "2"]
-
-
-@pytest.fixture
-def own_tmpdir(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Path]:
-    """A private TMPDIR, so a test sees every temporary directory a run makes."""
-    tmp = tmp_path / "tmp"
-    tmp.mkdir()
-    monkeypatch.setenv("TMPDIR", str(tmp))
-    monkeypatch.setattr(tempfile, "tempdir", None)  # re-read TMPDIR
-    yield tmp
 
 
 def test_help_opens_with_what_inalab_is(capsys: pytest.CaptureFixture[str]) -> None:

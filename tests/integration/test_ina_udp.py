@@ -11,7 +11,6 @@ from __future__ import annotations
 import functools
 import itertools
 import socket
-import threading
 import time
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
@@ -20,7 +19,7 @@ from typing import Any
 
 import numpy as np
 import pytest
-from helpers import assert_within_bound, expected, random_inputs, worker_addresses
+from helpers import assert_within_bound, expected, in_threads, random_inputs, worker_addresses
 
 from controller.switch import SwitchController
 from emulation.softswitch import SoftSwitchProcess
@@ -129,32 +128,6 @@ def jobs() -> Iterator[Callable[..., UdpJob]]:
         job.close()
 
 
-def in_threads(bodies: Sequence[Callable[[], Any]]) -> list[Any]:
-    """Run every body in its own thread; return each one's value or exception."""
-    out: list[Any] = [None] * len(bodies)
-
-    def run(i: int) -> None:
-        try:
-            out[i] = bodies[i]()
-        except Exception as exc:
-            out[i] = exc
-
-    threads = [threading.Thread(target=run, args=(i,), daemon=True) for i in range(len(bodies))]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join(THREAD_TIMEOUT)
-    assert not any(t.is_alive() for t in threads), "a worker thread hung"
-    return out
-
-
-def values(results: list[Any]) -> list[Any]:
-    for r in results:
-        if isinstance(r, Exception):
-            raise r
-    return results
-
-
 def check_calls(per_rank: list[list[np.ndarray]], calls: Sequence[np.ndarray], lanes: int) -> None:
     """Every rank got the exact expected result of every call."""
     for c, inputs in enumerate(calls):
@@ -182,7 +155,7 @@ def test_allreduce_sizes_from_one_element(
     sizes = [1, lanes - 1, lanes, lanes + 1, 1000, 3 * SLOTS * lanes + 17, 7]
     calls = make_calls(workers, workers, [(dtype, n) for n in sizes])
     job = jobs(small_switch, workers)
-    check_calls(values(in_threads(job.calls(calls))), calls, lanes)
+    check_calls(in_threads(job.calls(calls), THREAD_TIMEOUT), calls, lanes)
 
 
 @pytest.mark.timeout(120)
@@ -206,7 +179,7 @@ def test_allreduce_up_to_16_mib(
 ) -> None:
     calls = make_calls(size, workers, [(dtype, 1), (dtype, BIG_LANES - 1), (dtype, size)])
     job = jobs(big_switch, workers)
-    check_calls(values(in_threads(job.calls(calls))), calls, BIG_LANES)
+    check_calls(in_threads(job.calls(calls), THREAD_TIMEOUT), calls, BIG_LANES)
 
 
 @pytest.mark.timeout(60)
@@ -228,7 +201,7 @@ def test_torch_tensors_in_and_out(small_switch: Switch, jobs: Callable[..., UdpJ
         return x, y, t, z
 
     for rank, (x, y, t, z) in enumerate(
-        values(in_threads([functools.partial(body, r) for r in (0, 1)]))
+        in_threads([functools.partial(body, r) for r in (0, 1)], THREAD_TIMEOUT)
     ):
         assert isinstance(y, torch.Tensor) and y.dtype == torch.float32 and y.shape == (3, 70)
         np.testing.assert_array_equal(y.numpy(), want_f)
@@ -245,12 +218,12 @@ def test_switch_drops_ten_percent_each_way_and_results_stay_identical(
 ) -> None:
     plan = [(np.int32, 5000), (np.float32, 3001), (np.float32, 1), (np.int32, 64 * SLOTS + 1)]
     calls = make_calls(21, 4, plan)
-    lossless = values(in_threads(jobs(small_switch, 4).calls(calls)))
+    lossless = in_threads(jobs(small_switch, 4).calls(calls), THREAD_TIMEOUT)
     check_calls(lossless, calls, SMALL_LANES)
     lossy_switch = start_switch(tmp_path, SMALL_LANES, drop_ingress=0.1, drop_egress=0.1, seed=3)
     try:
         job = jobs(lossy_switch, 4)
-        lossy = values(in_threads(job.calls(calls)))
+        lossy = in_threads(job.calls(calls), THREAD_TIMEOUT)
         assert lossy_switch.ctl.drop_simulator.get() == pytest.approx((0.1, 0.1), abs=2**-31)
         counters = lossy_switch.ctl.counters()
     finally:
@@ -303,7 +276,7 @@ def test_two_concurrent_jobs_ignore_packets_forged_for_each_other(
                 time.sleep(0.002)
 
         bodies = [*a.calls(calls_a), *b.calls(calls_b), forger]
-        results = values(in_threads(bodies))
+        results = in_threads(bodies, THREAD_TIMEOUT)
         stranger.close()
         check_calls(results[:3], calls_a, SMALL_LANES)
         check_calls(results[3:5], calls_b, SMALL_LANES)
@@ -348,7 +321,7 @@ def test_a_stopped_worker_times_its_peers_out_and_the_switch_serves_on(
         last_call(quits, 2, 2),
         lambda: quits.sessions[1].allreduce(calls[0][1]),
     ]
-    results = values(in_threads(bodies))
+    results = in_threads(bodies, THREAD_TIMEOUT)
     np.testing.assert_array_equal(results[4], expected(calls[0], SMALL_LANES))
     for elapsed, exc in results[:4]:
         assert isinstance(exc, InaTimeoutError)
@@ -361,7 +334,7 @@ def test_a_stopped_worker_times_its_peers_out_and_the_switch_serves_on(
     # The switch serves a new job as before.
     fresh = jobs(small_switch, 3)
     more = make_calls(5, 3, [(np.float32, 777), (np.int32, 64 * SLOTS * 2 + 9)])
-    check_calls(values(in_threads(fresh.calls(more))), more, SMALL_LANES)
+    check_calls(in_threads(fresh.calls(more), THREAD_TIMEOUT), more, SMALL_LANES)
 
 
 # ----------------------------------------------------------------- bad input

@@ -19,14 +19,13 @@ import json
 import subprocess
 import sys
 import textwrap
-import threading
 import time
 from collections.abc import Iterator
 from typing import Any
 
 import numpy as np
 import pytest
-from helpers import bound_udp_sockets
+from helpers import bound_udp_sockets, switch_thread
 
 from controller.client import NotPrimaryError
 from controller.switch import SwitchController
@@ -75,15 +74,8 @@ sh.setup(
 
 @pytest.fixture
 def switch() -> Iterator[SwitchServer]:
-    server = SwitchServer(Pipeline(LANES, SLOTS), ("127.0.0.1", 0), ("127.0.0.1", 0))
-    thread = threading.Thread(target=server.serve_forever, name="switch", daemon=True)
-    thread.start()
-    try:
+    with switch_thread(Pipeline(LANES, SLOTS), join_timeout=5.0) as server:
         yield server
-    finally:
-        server.request_stop()
-        thread.join(5.0)
-        server.close()
 
 
 def address_of(server: SwitchServer) -> str:

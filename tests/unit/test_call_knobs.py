@@ -12,33 +12,40 @@ from __future__ import annotations
 
 import itertools
 import multiprocessing
-import threading
-from collections.abc import Callable, Iterator, Sequence
-from dataclasses import dataclass
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import numpy as np
 import pytest
-from helpers import FAKE_SWITCH, FakeJob, expected, random_inputs, wrapping_sum
+from helpers import (
+    FAKE_SWITCH,
+    FakeJob,
+    FakePeers,
+    SwitchJob,
+    check_allreduce,
+    expected,
+    in_threads,
+    peer_ranks,
+    random_inputs,
+    switch_thread,
+    wrapping_sum,
+)
 
-from emulation.softswitch.pipeline import JobConfig, Pipeline
+from emulation.softswitch.pipeline import Pipeline
 from emulation.softswitch.server import SwitchServer
-from hostlib import InaSession, JobSpec, PeerSpec, RetryPolicy, RingAllreduce, TreeAllreduce
+from hostlib import InaSession, JobSpec, RetryPolicy, RingAllreduce, TreeAllreduce
 from hostlib.collnet import CollNetAllreduce, LocalGroup, ina_inter
-from hostlib.ina import Addr, InaAllreduce
-from hostlib.p2p import CollectiveCall, P2pEndpoint, PeerCollective
+from hostlib.ina import InaAllreduce
+from hostlib.p2p import CollectiveCall, PeerCollective
 from hostlib.protocol import MAX_LANES
 from hostlib.ring import RingCall
 from hostlib.transport.memory import FakeNetwork, LinkModel
-from hostlib.transport.udp import UdpTransport
 from hostlib.tree import TreeCall
 
-ROUTER: Addr = ("10.254.0.1", 9)
 POLICY = RetryPolicy(timeout=0.0005, min_timeout=0.0002, max_timeout=0.002, deadline=5.0)
 LINGER = 40 * POLICY.max_timeout  # see tests/unit/test_ring_tree.py
 LOSSY = LinkModel(loss=0.1, duplicate=0.1, reorder=0.2, reorder_delay=0.001)
 UDP_POLICY = RetryPolicy(deadline=20.0)
-THREAD_TIMEOUT = 120.0
 ACTIONS = [(64, 1), (256, 8), (2048, 32)]
 """(lanes, window) of the Action-like calls."""
 SWITCH_LANES = 64
@@ -49,63 +56,11 @@ _job_ids = itertools.count(400)
 
 
 # ----------------------------------------------------------------- shared drivers
-def in_threads(bodies: Sequence[Callable[[], Any]]) -> list[Any]:
-    """Run every body in its own thread; return their values (re-raise the first error)."""
-    out: list[Any] = [None] * len(bodies)
-    errors: list[BaseException] = []
-
-    def run(i: int) -> None:
-        try:
-            out[i] = bodies[i]()
-        except BaseException as exc:
-            errors.append(exc)
-
-    threads = [threading.Thread(target=run, args=(i,), daemon=True) for i in range(len(bodies))]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join(THREAD_TIMEOUT)
-    assert not any(t.is_alive() for t in threads), "a rank hung"
-    if errors:
-        raise errors[0]
-    return out
-
-
-def peer_ranks(
+def kind_ranks(
     kind: str, n: int, work: Callable[[int, PeerCollective], Any], **spec: Any
 ) -> list[Any]:
     """Run ``work(rank, session)`` on ``n`` ring or tree sessions over UDP."""
-    transports = [UdpTransport() for _ in range(n)]
-    addrs = tuple(t.local_addr for t in transports)
-    sessions = [
-        KINDS[kind](PeerSpec(r, addrs, **spec), t, UDP_POLICY) for r, t in enumerate(transports)
-    ]
-
-    def body(rank: int) -> Any:
-        try:
-            return work(rank, sessions[rank])
-        finally:
-            sessions[rank].close(linger=0.05)
-
-    return in_threads([lambda r=r: body(r) for r in range(n)])
-
-
-def float_bound(inputs: np.ndarray) -> np.ndarray:
-    """``gamma_(n-1) * sum|x|`` plus the float64 reference's own error."""
-    n, u = len(inputs), 2.0**-24
-    wide = np.abs(inputs.astype(np.float64)).sum(axis=0)
-    return (n - 1) * u / (1 - (n - 1) * u) * wide + n * 2.0**-52 * wide
-
-
-def check_sum(results: Sequence[np.ndarray], inputs: np.ndarray) -> None:
-    """The same bytes on every rank: the wrapping sum, or within the float32 bound."""
-    for got in results:
-        np.testing.assert_array_equal(got.view(np.uint32), results[0].view(np.uint32))
-    if inputs.dtype == np.int32:
-        np.testing.assert_array_equal(results[0], wrapping_sum(inputs))
-    else:
-        err = np.abs(results[0].astype(np.float64) - inputs.astype(np.float64).sum(axis=0))
-        assert np.all(err <= float_bound(inputs))
+    return peer_ranks(KINDS[kind], n, work, UDP_POLICY, **spec)
 
 
 def messages(kind: str, n: int, rank: int, size: int, lanes: int) -> int:
@@ -134,9 +89,9 @@ def test_every_action_like_lanes_and_window_in_one_session(kind: str) -> None:
         return out
 
     # The spec's defaults differ from every call's knobs.
-    per_rank = peer_ranks(kind, n, work, lanes=16, window=2)
+    per_rank = kind_ranks(kind, n, work, lanes=16, window=2)
     for i, ((lanes, _, _, size), x) in enumerate(zip(plan, inputs, strict=True)):
-        check_sum([r[i][0] for r in per_rank], x)
+        check_allreduce([r[i][0] for r in per_rank], x)
         sent = [r[i][1] for r in per_rank]
         assert sent == [messages(kind, n, rank, size, lanes) for rank in range(n)], (i, lanes)
 
@@ -148,8 +103,8 @@ def test_the_spec_defaults_still_apply_without_knobs(kind: str) -> None:
     def work(rank: int, s: PeerCollective) -> tuple[np.ndarray, int]:
         return s.allreduce(x[rank]), s.endpoint.stats.sent
 
-    per_rank = peer_ranks(kind, n, work, lanes=7, window=3)
-    check_sum([r[0] for r in per_rank], x)
+    per_rank = kind_ranks(kind, n, work, lanes=7, window=3)
+    check_allreduce([r[0] for r in per_rank], x)
     assert [r[1] for r in per_rank] == [messages(kind, n, rank, 100, 7) for rank in range(n)]
 
 
@@ -169,28 +124,11 @@ def test_bad_knobs_are_rejected_and_the_session_stays_usable(kind: str) -> None:
                 s.allreduce(np.ones(5, np.int32), **knobs)
         return s.allreduce(np.full(5, rank, np.int32), lanes=MAX_LANES, window=1)
 
-    for got in peer_ranks(kind, 2, work):
+    for got in kind_ranks(kind, 2, work):
         np.testing.assert_array_equal(got, np.ones(5, np.int32))
 
 
 # ----------------------------------------------------------------- ring and tree, fake net
-@dataclass
-class _Emit:
-    payload: memoryview
-    dests: Sequence[Addr]
-
-
-class Router:
-    """Forwards a p2p datagram to the address of its destination rank."""
-
-    def __init__(self, addrs: Sequence[Addr]) -> None:
-        self.addrs = list(addrs)
-
-    def process(self, data: memoryview, src: Addr) -> _Emit | None:
-        dst = data[3]
-        return _Emit(data, [self.addrs[dst]]) if dst < len(self.addrs) else None
-
-
 class Watched:
     """A call whose endpoint's packets in flight per peer are checked after every event."""
 
@@ -228,22 +166,20 @@ class Watched:
 @pytest.mark.parametrize("link", [None, LOSSY], ids=["clean", "lossy"])
 def test_each_calls_window_bounds_its_packets_in_flight(kind: str, link: LinkModel) -> None:
     n, rng = 5, np.random.default_rng(3)
-    addrs = [(f"10.3.0.{r + 1}", 7000 + r) for r in range(n)]
-    endpoints = [P2pEndpoint(PeerSpec(r, tuple(addrs), 8, 16), POLICY) for r in range(n)]
-    net = FakeNetwork(Router(addrs), ROUTER, link, seed=4)  # type: ignore[arg-type]
+    peers = FakePeers(n, POLICY, lanes=8, window=16, link=link, seed=4)
     for lanes, window in [(4, 1), (8, 6), (2, 1), (16, 3), (None, None)]:
         inputs = random_inputs(rng, np.int32, n, 1000)
-        calls = {
-            a: Watched(CALLS[kind](ep, x, LINGER, lanes=lanes, window=window), window or 16)
-            for a, ep, x in zip(addrs, endpoints, inputs, strict=True)
-        }
-        errors = net.run(calls)  # type: ignore[arg-type]
-        assert all(e is None for e in errors.values()), errors
-        check_sum([calls[a].call.result() for a in addrs], inputs)
+        calls = peers.run_calls(
+            lambda ep, x, lanes=lanes, window=window: Watched(
+                CALLS[kind](ep, x, LINGER, lanes=lanes, window=window), window or 16
+            ),
+            inputs,
+        )
+        check_allreduce([calls[a].call.result() for a in peers.addrs], inputs)
         # Enough packets queue for the window to fill up, and no further.
         assert max(c.most for c in calls.values()) == (window or 16)
     if link is not None:
-        assert net.lost > 0 and sum(ep.stats.retransmitted for ep in endpoints) > 0
+        assert peers.net.lost > 0 and peers.retransmissions > 0
 
 
 # ----------------------------------------------------------------- INA, fake network
@@ -290,34 +226,13 @@ def test_ina_window_outside_the_jobs_slots_is_rejected() -> None:
 # ----------------------------------------------------------------- INA, soft switch
 @pytest.fixture(scope="module")
 def switch() -> Iterator[SwitchServer]:
-    server = SwitchServer(Pipeline(SWITCH_LANES, 256), ("127.0.0.1", 0), ("127.0.0.1", 0))
-    thread = threading.Thread(target=server.serve_forever, name="switch", daemon=True)
-    thread.start()
-    try:
+    with switch_thread(Pipeline(SWITCH_LANES, 256)) as server:
         yield server
-    finally:
-        server.request_stop()
-        thread.join(30)
-        server.close()
 
 
-class SwitchJob:
+def switch_job(switch: SwitchServer, n: int) -> SwitchJob:
     """A job of ``n`` workers installed in ``switch``'s pipeline, one session each."""
-
-    def __init__(self, switch: SwitchServer, n: int) -> None:
-        self.switch, self.job = switch, next(_job_ids)
-        transports = [UdpTransport(("127.0.0.1", 0)) for _ in range(n)]
-        addrs = tuple(t.local_addr for t in transports)
-        switch.control.call(lambda: switch.pipeline.add_job(JobConfig(self.job, addrs, SLOTS)))
-        specs = [JobSpec(self.job, r, n, switch.data_addr, SWITCH_LANES, SLOTS) for r in range(n)]
-        self.sessions = [
-            InaSession(spec, t, UDP_POLICY) for spec, t in zip(specs, transports, strict=True)
-        ]
-
-    def close(self) -> None:
-        for s in self.sessions:
-            s.close()
-        self.switch.control.call(lambda: self.switch.pipeline.remove_job(self.job))
+    return SwitchJob(switch, next(_job_ids), n, SLOTS, UDP_POLICY)
 
 
 @pytest.mark.parametrize("n", [1, 3])
@@ -326,7 +241,7 @@ def test_ina_windows_one_four_and_all_against_a_soft_switch(switch: SwitchServer
     size = SWITCH_LANES * SLOTS * 2 + 5  # every window is filled, twice
     plan = [(w, dtype) for w in (1, 4, None, 4, 1, SLOTS) for dtype in (np.int32, np.float32)]
     inputs = [random_inputs(rng, dtype, n, size) for _, dtype in plan]
-    job = SwitchJob(switch, n)
+    job = switch_job(switch, n)
 
     def work(s: InaSession) -> list[tuple[np.ndarray, np.ndarray]]:
         out = []
@@ -347,7 +262,7 @@ def test_ina_windows_one_four_and_all_against_a_soft_switch(switch: SwitchServer
 
 
 def test_ina_session_rejects_a_bad_window_and_stays_usable(switch: SwitchServer) -> None:
-    job = SwitchJob(switch, 1)
+    job = switch_job(switch, 1)
     (s,) = job.sessions
     try:
         for window in (0, SLOTS + 1):
@@ -363,7 +278,7 @@ def test_ina_session_rejects_a_bad_window_and_stays_usable(switch: SwitchServer)
 
 def test_collnet_passes_the_window_to_the_heads_ina_leg(switch: SwitchServer) -> None:
     hosts, local, size = 2, 2, SWITCH_LANES * SLOTS + 3  # every window filled
-    job = SwitchJob(switch, hosts)
+    job = switch_job(switch, hosts)
     ctx = multiprocessing.get_context("spawn")
     groups = [LocalGroup(local, 4 * size, ctx) for _ in range(hosts)]
     inputs = np.arange(hosts * local * size, dtype=np.int32).reshape(hosts, local, size)

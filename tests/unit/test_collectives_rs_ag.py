@@ -14,33 +14,37 @@ so every rank holds exactly the concatenation of the parts.
 from __future__ import annotations
 
 import itertools
-import threading
 from collections.abc import Callable, Iterator, Sequence
-from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 import pytest
-from helpers import expected, random_inputs, wrapping_sum
+from helpers import (
+    FakePeers,
+    SwitchJob,
+    expected,
+    float_sum_bound,
+    in_threads,
+    peer_ranks,
+    random_inputs,
+    switch_thread,
+    wrapping_sum,
+)
 
-from emulation.softswitch.pipeline import JobConfig, Pipeline
+from emulation.softswitch.pipeline import Pipeline
 from emulation.softswitch.server import SwitchServer
-from hostlib import InaSession, JobSpec, PeerSpec, RetryPolicy, RingAllreduce
-from hostlib.ina import Addr
-from hostlib.p2p import CollectiveCall, P2pEndpoint, P2pError
+from hostlib import PeerSpec, RetryPolicy, RingAllreduce
+from hostlib.p2p import P2pEndpoint, P2pError
 from hostlib.ring import RingCall
 from hostlib.session import part_bounds
-from hostlib.transport.memory import FakeNetwork, LinkModel
-from hostlib.transport.udp import UdpTransport
+from hostlib.transport.memory import LinkModel
 from hostlib.tree import TreeCall
 
-ROUTER: Addr = ("10.254.0.1", 9)
 LANES = 8
 POLICY = RetryPolicy(timeout=0.0005, min_timeout=0.0002, max_timeout=0.002, deadline=5.0)
 LINGER = 40 * POLICY.max_timeout  # see tests/unit/test_ring_tree.py
 LOSSY = LinkModel(loss=0.1, duplicate=0.1, reorder=0.2, reorder_delay=0.001)
 UDP_POLICY = RetryPolicy(deadline=20.0)
-THREAD_TIMEOUT = 120.0
 SWITCH_LANES = 64
 SWITCH_SLOTS = 16
 _job_ids = itertools.count(300)
@@ -52,43 +56,11 @@ def sizes_for(n: int) -> list[int]:
 
 
 # ----------------------------------------------------------------- the fake network
-@dataclass
-class _Emit:
-    payload: memoryview
-    dests: Sequence[Addr]
-
-
-class Router:
-    """Forwards a p2p datagram to the address of its destination rank."""
-
-    def __init__(self, addrs: Sequence[Addr]) -> None:
-        self.addrs = list(addrs)
-
-    def process(self, data: memoryview, src: Addr) -> _Emit | None:
-        dst = data[3]
-        return _Emit(data, [self.addrs[dst]]) if dst < len(self.addrs) else None
-
-
-MakeCall = Callable[[P2pEndpoint, np.ndarray], CollectiveCall]
-
-
-class FakeRing:
+class FakeRing(FakePeers):
     """``n`` ranks' p2p endpoints on one fake network, kept across calls."""
 
     def __init__(self, n: int, link: LinkModel | None = None, seed: int = 0) -> None:
-        self.addrs = [(f"10.2.0.{r + 1}", 7000 + r) for r in range(n)]
-        self.endpoints = [
-            P2pEndpoint(PeerSpec(r, tuple(self.addrs), LANES, 16), POLICY) for r in range(n)
-        ]
-        self.net = FakeNetwork(Router(self.addrs), ROUTER, link, seed=seed)  # type: ignore[arg-type]
-
-    def run(self, make: MakeCall, inputs: Sequence[np.ndarray]) -> list[np.ndarray]:
-        calls = {
-            a: make(ep, x) for a, ep, x in zip(self.addrs, self.endpoints, inputs, strict=True)
-        }
-        errors = self.net.run(calls)  # type: ignore[arg-type]
-        assert all(e is None for e in errors.values()), errors
-        return [calls[a].result() for a in self.addrs]
+        super().__init__(n, POLICY, LANES, 16, link, seed)
 
     def reduce_scatter(self, inputs: np.ndarray, **knobs: Any) -> list[np.ndarray]:
         return self.run(
@@ -97,18 +69,6 @@ class FakeRing:
 
     def all_gather(self, parts: np.ndarray, **knobs: Any) -> list[np.ndarray]:
         return self.run(lambda ep, x: RingCall(ep, x, LINGER, phase="all_gather", **knobs), parts)
-
-    @property
-    def retransmissions(self) -> int:
-        return sum(ep.stats.retransmitted for ep in self.endpoints)
-
-
-def float_bound(inputs: np.ndarray) -> np.ndarray:
-    """``gamma_(n-1) * sum|x|`` (any order of n-1 float32 additions, Higham 4.2), plus
-    the float64 reference's own error."""
-    n, u = len(inputs), 2.0**-24
-    wide = np.abs(inputs.astype(np.float64)).sum(axis=0)
-    return (n - 1) * u / (1 - (n - 1) * u) * wide + n * 2.0**-52 * wide
 
 
 def check_parts(parts: Sequence[np.ndarray], inputs: np.ndarray) -> None:
@@ -121,7 +81,7 @@ def check_parts(parts: Sequence[np.ndarray], inputs: np.ndarray) -> None:
             np.testing.assert_array_equal(got, wrapping_sum(inputs)[lo:hi])
         else:
             err = np.abs(got.astype(np.float64) - inputs.astype(np.float64).sum(axis=0)[lo:hi])
-            assert np.all(err <= float_bound(inputs)[lo:hi])
+            assert np.all(err <= float_sum_bound(inputs)[lo:hi])
 
 
 def check_gathered(results: Sequence[np.ndarray], parts: np.ndarray) -> None:
@@ -204,43 +164,9 @@ def test_an_unknown_phase_is_rejected() -> None:
 
 
 # ----------------------------------------------------------------- real UDP sockets
-def in_threads(bodies: Sequence[Callable[[], Any]]) -> list[Any]:
-    """Run every body in its own thread; return their values (re-raise the first error)."""
-    out: list[Any] = [None] * len(bodies)
-    errors: list[BaseException] = []
-
-    def run(i: int) -> None:
-        try:
-            out[i] = bodies[i]()
-        except BaseException as exc:
-            errors.append(exc)
-
-    threads = [threading.Thread(target=run, args=(i,), daemon=True) for i in range(len(bodies))]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join(THREAD_TIMEOUT)
-    assert not any(t.is_alive() for t in threads), "a rank hung"
-    if errors:
-        raise errors[0]
-    return out
-
-
 def ring_ranks(n: int, work: Callable[[int, RingAllreduce], Any], **spec: Any) -> list[Any]:
     """Run ``work(rank, session)`` on ``n`` ring sessions over UDP, one thread each."""
-    transports = [UdpTransport() for _ in range(n)]
-    addrs = tuple(t.local_addr for t in transports)
-    sessions = [
-        RingAllreduce(PeerSpec(r, addrs, **spec), t, UDP_POLICY) for r, t in enumerate(transports)
-    ]
-
-    def body(rank: int) -> Any:
-        try:
-            return work(rank, sessions[rank])
-        finally:
-            sessions[rank].close(linger=0.05)
-
-    return in_threads([lambda r=r: body(r) for r in range(n)])
+    return peer_ranks(RingAllreduce, n, work, UDP_POLICY, **spec)
 
 
 @pytest.mark.parametrize("n", range(1, 9))
@@ -285,12 +211,12 @@ def test_a_mixed_sequence_of_calls_in_one_session(n: int) -> None:
     results = list(zip(*per_rank, strict=True))
     for got in results[0]:
         np.testing.assert_array_equal(got.view(np.uint32), results[0][0].view(np.uint32))
-        assert np.all(np.abs(got - a.astype(np.float64).sum(axis=0)) <= float_bound(a))
+        assert np.all(np.abs(got - a.astype(np.float64).sum(axis=0)) <= float_sum_bound(a))
     check_parts(results[1], b)
     check_gathered(results[2], c)
     for got in results[3]:
         np.testing.assert_array_equal(got.view(np.uint32), results[3][0].view(np.uint32))
-        assert np.all(np.abs(got - d.astype(np.float64).sum(axis=0)) <= float_bound(d))
+        assert np.all(np.abs(got - d.astype(np.float64).sum(axis=0)) <= float_sum_bound(d))
     check_parts(results[4], c)
     for got in results[5]:
         np.testing.assert_array_equal(got, wrapping_sum(e))
@@ -321,25 +247,8 @@ def test_shapes_and_tensors_come_back_flat_and_of_their_type() -> None:
 # ----------------------------------------------------------------- INA on a soft switch
 @pytest.fixture(scope="module")
 def switch() -> Iterator[SwitchServer]:
-    server = SwitchServer(Pipeline(SWITCH_LANES, 256), ("127.0.0.1", 0), ("127.0.0.1", 0))
-    thread = threading.Thread(target=server.serve_forever, name="switch", daemon=True)
-    thread.start()
-    try:
+    with switch_thread(Pipeline(SWITCH_LANES, 256)) as server:
         yield server
-    finally:
-        server.request_stop()
-        thread.join(30)
-        server.close()
-
-
-def ina_sessions(switch: SwitchServer, n: int) -> tuple[int, list[InaSession]]:
-    """A job of ``n`` workers on ``switch`` (installed directly in its pipeline)."""
-    job = next(_job_ids)
-    transports = [UdpTransport(("127.0.0.1", 0)) for _ in range(n)]
-    addrs = tuple(t.local_addr for t in transports)
-    switch.control.call(lambda: switch.pipeline.add_job(JobConfig(job, addrs, SWITCH_SLOTS)))
-    spec = [JobSpec(job, r, n, switch.data_addr, SWITCH_LANES, SWITCH_SLOTS) for r in range(n)]
-    return job, [InaSession(s, t, UDP_POLICY) for s, t in zip(spec, transports, strict=True)]
 
 
 @pytest.mark.parametrize("n", [1, 2, 3, 8])
@@ -349,16 +258,14 @@ def test_ina_reduce_scatter_keeps_each_workers_part(switch: SwitchServer, n: int
     if n > 1:
         plan.append((np.int32, n - 1, None))
     calls = [(random_inputs(rng, dtype, n, size), window) for dtype, size, window in plan]
-    job, sessions = ina_sessions(switch, n)
+    job = SwitchJob(switch, next(_job_ids), n, SWITCH_SLOTS, UDP_POLICY)
     try:
         per_rank = in_threads([
             lambda s=s: [s.reduce_scatter(x[s.spec.rank], window=w) for x, w in calls]
-            for s in sessions
+            for s in job.sessions
         ])  # fmt: skip
     finally:
-        for s in sessions:
-            s.close()
-        switch.control.call(lambda: switch.pipeline.remove_job(job))
+        job.close()
     for i, (inputs, _) in enumerate(calls):
         want = expected(inputs, SWITCH_LANES)
         for r, got in enumerate(r[i] for r in per_rank):

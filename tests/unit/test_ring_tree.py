@@ -10,14 +10,12 @@ router->worker) is impaired separately.
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
-from dataclasses import dataclass
 
 import numpy as np
 import pytest
-from helpers import random_inputs, wrapping_sum
+from helpers import FakePeers, check_allreduce, random_inputs
 
-from hostlib.ina import Addr, RetryPolicy
+from hostlib.ina import RetryPolicy
 from hostlib.p2p import (
     P2P_ACK,
     P2P_DATA,
@@ -30,10 +28,9 @@ from hostlib.p2p import (
 )
 from hostlib.protocol import HEADER_SIZE, LANES_PER_PACKET, PROTOCOL_VERSION
 from hostlib.ring import RingCall
-from hostlib.transport.memory import FakeNetwork, LinkModel
+from hostlib.transport.memory import LinkModel
 from hostlib.tree import TreeCall
 
-ROUTER: Addr = ("10.254.0.1", 9)
 LANES = 8
 POLICY = RetryPolicy(timeout=0.0005, min_timeout=0.0002, max_timeout=0.002, deadline=5.0)
 # A peer retransmits at least every max_timeout: 40 of them without an answer ends a call
@@ -44,24 +41,7 @@ KINDS = {"ring": RingCall, "tree": TreeCall}
 SIZES = [1, LANES - 1, LANES + 1, 3 * LANES * 8 + 5, 1009]
 
 
-@dataclass
-class _Emit:
-    payload: memoryview
-    dests: Sequence[Addr]
-
-
-class Router:
-    """Forwards a p2p datagram to the address of its destination rank."""
-
-    def __init__(self, addrs: Sequence[Addr]) -> None:
-        self.addrs = list(addrs)
-
-    def process(self, data: memoryview, src: Addr) -> _Emit | None:
-        dst = data[3]
-        return _Emit(data, [self.addrs[dst]]) if dst < len(self.addrs) else None
-
-
-class Group:
+class Group(FakePeers):
     """``n`` ranks' sessions (endpoints) on one fake network, kept across calls."""
 
     def __init__(
@@ -73,47 +53,11 @@ class Group:
         lanes: int = LANES,
         window: int = 16,
     ) -> None:
-        self.addrs = [(f"10.1.0.{r + 1}", 7000 + r) for r in range(n)]
+        super().__init__(n, POLICY, lanes, window, link, seed)
         self.call_type = KINDS[kind]
-        self.endpoints = [
-            P2pEndpoint(PeerSpec(r, tuple(self.addrs), lanes, window), POLICY) for r in range(n)
-        ]
-        self.net = FakeNetwork(Router(self.addrs), ROUTER, link, seed=seed)  # type: ignore[arg-type]
 
     def allreduce(self, inputs: np.ndarray) -> list[np.ndarray]:
-        calls: dict[Addr, CollectiveCall] = {
-            a: self.call_type(ep, x, linger=LINGER)
-            for a, ep, x in zip(self.addrs, self.endpoints, inputs, strict=True)
-        }
-        errors = self.net.run(calls)  # type: ignore[arg-type]
-        assert all(e is None for e in errors.values()), errors
-        return [calls[a].result() for a in self.addrs]
-
-    @property
-    def retransmissions(self) -> int:
-        return sum(ep.stats.retransmitted for ep in self.endpoints)
-
-
-def float_bound(inputs: np.ndarray) -> np.ndarray:
-    """``gamma_(n-1) * sum|x|``: any order of n-1 float32 additions stays within it
-    (Higham, Accuracy and Stability, 4.2); plus the float64 reference's own error."""
-    n, u = len(inputs), 2.0**-24
-    wide = np.abs(inputs.astype(np.float64)).sum(axis=0)
-    gamma = (n - 1) * u / (1 - (n - 1) * u)
-    return gamma * wide + n * 2.0**-52 * wide
-
-
-def check(results: list[np.ndarray], inputs: np.ndarray) -> None:
-    """Every rank holds the same bytes, and they are the sum (exact or within the bound)."""
-    first = results[0]
-    for got in results:
-        assert got.dtype == inputs.dtype and got.shape == inputs.shape[1:]
-        np.testing.assert_array_equal(got.view(np.uint32), first.view(np.uint32))
-    if inputs.dtype == np.int32:
-        np.testing.assert_array_equal(first, wrapping_sum(inputs))
-    else:
-        err = np.abs(first.astype(np.float64) - inputs.astype(np.float64).sum(axis=0))
-        assert np.all(err <= float_bound(inputs))
+        return self.run(lambda ep, x: self.call_type(ep, x, linger=LINGER), inputs)
 
 
 # ----------------------------------------------------------------- exact results
@@ -125,7 +69,7 @@ def test_every_size_gives_the_sum_on_every_rank(kind: str, n: int, dtype: type) 
     group = Group(kind, n)
     for size in SIZES:
         inputs = random_inputs(rng, dtype, n, size)
-        check(group.allreduce(inputs), inputs)
+        check_allreduce(group.allreduce(inputs), inputs)
     assert group.retransmissions == 0
 
 
@@ -165,7 +109,7 @@ def test_loss_duplication_and_reordering_give_the_lossless_bytes(kind: str, seed
     for inputs in calls:
         want = clean.allreduce(inputs)
         got = lossy.allreduce(inputs)
-        check(got, inputs)
+        check_allreduce(got, inputs)
         for g, w in zip(got, want, strict=True):
             np.testing.assert_array_equal(g.view(np.uint32), w.view(np.uint32))
     assert lossy.net.lost > 0 and lossy.retransmissions > 0
@@ -177,7 +121,7 @@ def test_a_small_window_and_full_size_packets(kind: str) -> None:
     n, rng = 5, np.random.default_rng(7)
     group = Group(kind, n, LOSSY, seed=3, lanes=LANES_PER_PACKET, window=2)
     inputs = random_inputs(rng, np.int32, n, 1000003 % 4099)
-    check(group.allreduce(inputs), inputs)
+    check_allreduce(group.allreduce(inputs), inputs)
 
 
 def test_a_rank_ahead_by_one_call_has_its_messages_kept() -> None:
