@@ -21,12 +21,15 @@ which the model captures:
 2. **Exploration budget.** In a new context the agent tries, once each, ``budget`` arms
    within ``max_regret`` of the best corrected prior (never a hopeless arm "just to see"):
    each algorithm's best first, then each one's next best (the model separates algorithms
-   better than packet widths); afterwards it is greedy on the measured means. Every
+   better than packet widths); afterwards it is greedy on the measured means, each
+   raised by the call-to-call noise over the square root of its calls (one lucky call of
+   a rarely tried arm does not unseat a well-measured one). Every
    ``refresh`` greedy calls it re-tries one other arm once (an untried one believed within
-   2x of the best, else a measured one chosen by the seeded RNG), so an arm that became
-   faster, or one the budget left out, is noticed. The cost is bounded and stated: at most
-   ``budget`` exploratory calls per context, then one in ``refresh`` (default 32: at most
-   3% over the best arm once converged).
+   2x of the best, else the measured one that could most plausibly be faster), so an arm
+   that became faster, one the budget left out, or one a single unlucky call misjudged is
+   noticed. The cost is bounded and stated: at most ``budget`` exploratory calls per
+   context, then one in ``refresh`` (default 16: at most 6% over the best arm once
+   converged).
 3. **Change detection.** When the chosen arm's time leaves its mean by more than a
    factor ``change_ratio`` on ``patience`` consecutive calls, the context forgets its
    means and explores its budget again: a link
@@ -77,8 +80,12 @@ _PHASES = ("explore", "exploit", "refresh", "re-explore", "model", "fallback")
 
 _REFRESH_REGRET = 2.0
 """A refresh re-tries only arms believed at most this many times slower than the best:
-with ``refresh`` = 32 a converged agent spends at most (2 - 1) / 32 = 3% over the best arm
-on refreshes."""
+with ``refresh`` = 16 a converged agent spends at most (2 - 1) / 16 = 6% over the best arm
+on refreshes, and far less when the re-tried arm is close (the usual case)."""
+
+_CALL_NOISE = 0.15
+"""Call-to-call spread of one action's time, relative (measured here: 10-20% between
+iterations of the same static configuration on a loaded 2-core loopback, tp-dp-mix)."""
 
 _NEAR_OCTAVES = 2
 """How far (in powers of two of size) an arm's measured model error is carried to a size
@@ -149,9 +156,14 @@ class _Arm:
     mean: float = 0.0
     count: int = 0
     drift: int = 0  # consecutive calls outside the change band
+    retx: float = 0.0  # retransmissions per call, the same moving mean
 
-    def add(self, seconds: float, weight: float) -> None:
-        self.mean = seconds if self.count == 0 else (1 - weight) * self.mean + weight * seconds
+    def add(self, seconds: float, retransmissions: int, weight: float) -> None:
+        first = self.count == 0
+        self.mean = seconds if first else (1 - weight) * self.mean + weight * seconds
+        self.retx = (
+            retransmissions if first else (1 - weight) * self.retx + weight * retransmissions
+        )
         self.count += 1
 
 
@@ -174,6 +186,7 @@ class ArmView:
         prior: the model's time corrected by what other contexts taught about this arm.
         observed: the context's measured mean (None: not tried since the last change).
         count: calls measured in the context since the last change.
+        retransmissions: the measured mean of retransmissions per call (None: untried).
         available: False when the switch is unreachable or short of slots for it.
     """
 
@@ -183,6 +196,7 @@ class ArmView:
     observed: float | None
     count: int
     available: bool
+    retransmissions: float | None = None
 
     @property
     def estimate(self) -> float:
@@ -196,6 +210,7 @@ class ArmView:
             "prior_seconds": _finite(self.prior),
             "observed_seconds": self.observed,
             "count": self.count,
+            "retransmissions": self.retransmissions,
             "available": self.available,
         }
 
@@ -274,7 +289,7 @@ class Agent:
         seed: int = 0,
         learn: bool = True,
         budget: int = 4,
-        refresh: int = 32,
+        refresh: int = 16,
         max_regret: float = 3.0,
         weight: float = 0.3,
         change_ratio: float = 1.5,
@@ -365,7 +380,9 @@ class Agent:
             arm = ctx.arms.get(action) if ctx is not None else None
             observed = arm.mean if arm is not None and arm.count else None
             ok = _switch_ok(action, free_slots, switch_reachable)
-            views.append(ArmView(action, model, prior, observed, arm.count if arm else 0, ok))
+            retx = arm.retx if arm is not None and arm.count else None
+            count = arm.count if arm else 0
+            views.append(ArmView(action, model, prior, observed, count, ok, retx))
         return tuple(
             sorted(views, key=lambda v: (not v.available, v.estimate, *_prior_order(v)[1:]))
         )
@@ -380,7 +397,7 @@ class Agent:
         observed = [v for v in usable if v.observed is not None]
         if not observed:  # every candidate decided, none measured yet
             return min(candidates, key=_prior_order), "exploit"
-        best = min(observed, key=lambda v: (v.estimate, v.action))
+        best = min(observed, key=lambda v: (_cautious(v), v.action))
         ctx.greedy_calls += 1
         if self.refresh and ctx.greedy_calls % self.refresh == 0:
             other = self._refresh_arm(usable, best)
@@ -405,13 +422,15 @@ class Agent:
 
     def _refresh_arm(self, usable: list[ArmView], best: ArmView) -> ArmView | None:
         """Another arm to re-try once: an untried one within :data:`_REFRESH_REGRET` of the
-        best estimate (best prior first), else a random measured one within it."""
+        best estimate (best prior first), else the measured one within it that could most
+        plausibly be faster (its mean lowered by the noise over the square root of its
+        calls; the seeded RNG breaks ties)."""
         limit = _REFRESH_REGRET * best.estimate
         pool = [v for v in usable if v.action != best.action and v.estimate <= limit]
         untried = [v for v in pool if v.observed is None]
         if untried:
             return min(untried, key=_prior_order)
-        return self._rng.choice(pool) if pool else None
+        return min(pool, key=lambda v: (_hopeful(v), self._rng.random())) if pool else None
 
     def choose_call(self, collective: str, size_bytes: int) -> Action:
         """The action alone: the torch backend's chooser protocol
@@ -443,8 +462,9 @@ class Agent:
     ) -> None:
         """One measured call (its time over every rank: the slowest rank's).
 
-        A model-only agent ignores it. Retransmissions are kept for explanations only
-        (their cost is already in ``seconds``).
+        A model-only agent ignores it. Retransmissions are kept per arm for explanations
+        (their cost is already in ``seconds``: a lossy arm is slow, and a burst of loss
+        moves its time out of the change band).
 
         Raises:
             ValueError: unknown collective or action, a negative or non-finite time.
@@ -468,7 +488,7 @@ class Agent:
             ctx.changes += 1
             ctx.greedy_calls = 0
             arm = ctx.arms.setdefault(action, _Arm())
-        arm.add(seconds, self.weight)
+        arm.add(seconds, retransmissions, self.weight)
 
     def _changed(self, arm: _Arm, seconds: float) -> bool:
         if arm.count < 2 or arm.mean <= 0:
@@ -530,7 +550,8 @@ class Agent:
                 "calls": ctx.calls,
                 "greedy_calls": ctx.greedy_calls,
                 "changes": ctx.changes,
-                "arms": {a.label: {"mean": arm.mean, "count": arm.count, "drift": arm.drift}
+                "arms": {a.label: {"mean": arm.mean, "count": arm.count, "drift": arm.drift,
+                                   "retx": arm.retx}
                          for a, arm in sorted(ctx.arms.items())},
             })  # fmt: skip
         return {
@@ -618,8 +639,9 @@ class Agent:
             ctx = _Context(greedy_calls=int(item["greedy_calls"]), changes=int(item["changes"]),
                            calls=int(item["calls"]))  # fmt: skip
             for label, arm in item["arms"].items():
-                ctx.arms[parse_action(label)] = _Arm(float(arm["mean"]), int(arm["count"]),
-                                                     int(arm["drift"]))  # fmt: skip
+                ctx.arms[parse_action(label)] = _Arm(
+                    float(arm["mean"]), int(arm["count"]), int(arm["drift"]), float(arm["retx"])
+                )
             agent._contexts[(str(item["collective"]), int(item["bucket"]))] = ctx
         return agent
 
@@ -669,6 +691,21 @@ def _switch_ok(action: Action, free_slots: int | None, reachable: bool) -> bool:
     if not reachable:
         return False
     return free_slots is None or free_slots >= action.window
+
+
+def _cautious(v: ArmView) -> float:
+    """An arm's measured mean, raised by :data:`_CALL_NOISE` over the square root of its
+    calls: one lucky call of a rarely tried arm does not unseat an arm measured many
+    times, while a real difference larger than the noise still does."""
+    assert v.observed is not None
+    return v.observed * (1.0 + _CALL_NOISE / math.sqrt(max(v.count, 1)))
+
+
+def _hopeful(v: ArmView) -> float:
+    """The other side of :func:`_cautious`: the mean lowered by the noise over the square
+    root of the calls (how fast the arm might really be)."""
+    assert v.observed is not None
+    return v.observed * (1.0 - _CALL_NOISE / math.sqrt(max(v.count, 1)))
 
 
 def _prior_order(v: ArmView) -> tuple[float, int, int, str]:

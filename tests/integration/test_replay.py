@@ -21,6 +21,7 @@ from typing import Any
 import pytest
 from helpers import descendants, still_running
 
+from emulation.bench.workloads import load_workload, shipped_workloads
 from emulation.cli import main as inalab
 
 REPO = Path(__file__).resolve().parents[2]
@@ -98,16 +99,18 @@ def test_a_tiny_trace_replays_under_every_strategy(tmp_path: Path, trace: Path) 
 
 
 @pytest.mark.slow
-def test_a_shipped_workload_runs_at_a_tiny_scale(tmp_path: Path) -> None:
-    from emulation.bench.workloads import load_workload
-
-    out = tmp_path / "zero3.json"
-    proc = _replay("replay", "zero3-gpt2", "--workers", "2", "--iterations", "2", "--scale",
-                   "0.002", "--actions", "ina/l2048/w8,ring/l2048/w8", "--json", str(out),
+@pytest.mark.parametrize("name", sorted(shipped_workloads()))
+def test_every_shipped_workload_runs_at_a_tiny_scale(tmp_path: Path, name: str) -> None:
+    # About 2 MiB an iteration, whatever the model: a correctness run, not a benchmark.
+    workload = load_workload(name)
+    scale = f"{(2 << 20) / workload.total_bytes:.6f}"
+    out = tmp_path / f"{name}.json"
+    proc = _replay("replay", name, "--workers", "2", "--iterations", "2", "--scale", scale,
+                   "--actions", "ina/l2048/w8,ring/l2048/w8", "--json", str(out),
                    "--run-dir", str(tmp_path / "run"))  # fmt: skip
     _ok(proc)
     doc = json.loads(out.read_text())
-    workload = load_workload("zero3-gpt2", scale=0.002)
+    workload = load_workload(name, scale=float(scale))
     assert len(doc["workload"]["calls"]) == len(workload.calls)
     assert [c["collective"] for c in doc["workload"]["calls"]] == [
         c.collective for c in workload.calls
