@@ -20,6 +20,11 @@ from runner import (
 
 VECTORS = load_vectors()
 
+QUICK_VECTORS = frozenset({"aggregation", "retransmission", "invalid_packets", "job_isolation"})
+"""The vectors ``pytest -m "not slow"`` runs through a soft switch process: aggregation,
+exactly-once under retransmission, drops and isolation. Every vector runs on every
+available target in the full run."""
+
 
 def _target(name: str) -> Target:
     if name == "soft":
@@ -33,7 +38,8 @@ def _target(name: str) -> Target:
 def _params() -> list[object]:
     params: list[object] = []
     for vector in VECTORS:
-        params.append(pytest.param(vector, "soft", id=f"{vector.name}-soft"))
+        quick = [] if vector.name in QUICK_VECTORS else [pytest.mark.slow]
+        params.append(pytest.param(vector, "soft", id=f"{vector.name}-soft", marks=quick))
         ports = [pytest.mark.root, pytest.mark.slow]
         params.append(
             pytest.param(vector, "soft-ports", id=f"{vector.name}-soft-ports", marks=ports)

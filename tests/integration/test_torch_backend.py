@@ -331,7 +331,9 @@ def test_options_of_a_job_installed_already_from_the_environment() -> None:
         opts = InaOptions.from_env(env | p4runtime)
         assert opts.installed and opts.p4runtime is None
         assert (opts.bind_ip, opts.bind_port, opts.switch) == (
-            "10.0.0.6", 47000, ("10.255.255.2", 20033)
+            "10.0.0.6",
+            47000,
+            ("10.255.255.2", 20033),
         )
         assert (opts.switch_rank, opts.num_workers, opts.lanes) == (1, 8, 64)
     with pytest.raises(InaSetupError, match=r"INALAB_P4RUNTIME .* or INALAB_LANES"):
@@ -364,7 +366,7 @@ def test_the_dynamiccl_chooser_from_the_environment(tmp_path: Path) -> None:
     assert chooser.choose(64) == "ina" and chooser.choose(1 << 30) == "ring"
     with pytest.raises(InaSetupError, match="WORLD_SIZE"):
         InaOptions.from_env({k: v for k, v in dyn.items() if k != "WORLD_SIZE"})
-    with pytest.raises(InaSetupError, match="ina or dynamiccl"):
+    with pytest.raises(InaSetupError, match="expected ina, dynamiccl or agent"):
         InaOptions.from_env(env | {"INALAB_CHOOSER": "nccl"})
     with pytest.raises(InaSetupError, match="bad INALAB"):
         InaOptions.from_env(dyn | {"INALAB_PROFILE": str(tmp_path / "missing.json")})
@@ -532,11 +534,14 @@ def _actions_rank(rank: int, world: int, init: str, options: InaOptions) -> None
     dist.destroy_process_group()
 
 
-@pytest.mark.parametrize("world", [1, 2, 4])
+@pytest.mark.parametrize(
+    "world", [pytest.param(1, marks=pytest.mark.slow), 2, pytest.param(4, marks=pytest.mark.slow)]
+)
 def test_reduce_scatter_and_all_gather_tensors(switch: SoftSwitchProcess, world: int) -> None:
     _spawn(_rs_ag_rank, world, _options(switch, 60 + world, slots=16))
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("world", [2, 3])
 def test_a_chooser_of_actions_sets_algorithm_lanes_and_window(
     switch: SoftSwitchProcess, world: int
