@@ -44,7 +44,7 @@ if TYPE_CHECKING:
     from dynamiccl.policy import Decision, Policy
     from emulation.bench.fabric import Fabric
 
-__all__ = ["UsageError", "add_arguments", "config_from_args", "run", "run_bench"]
+__all__ = ["UsageError", "add_arguments", "config_from_args", "make_run_dir", "run", "run_bench"]
 
 PROG = "inalab bench"
 
@@ -160,7 +160,7 @@ def run(args: argparse.Namespace) -> int:
     except UsageError as exc:
         print(f"{PROG}: error: {exc}", file=sys.stderr)
         return 2
-    run_dir = _run_dir(args.run_dir)
+    run_dir = make_run_dir(args.run_dir)
     try:
         return run_bench(args, cfg, run_dir)
     except BenchError as exc:
@@ -252,9 +252,15 @@ def config_from_args(
         raise UsageError(str(exc)) from None
 
 
-def _run_dir(given: Path | None) -> Path:
+def make_run_dir(given: Path | None, prefix: str = "inalab-bench-") -> Path:
+    """``given`` (created with its parents if missing), or a new temporary directory named
+    ``prefix...``: where a run keeps its logs.
+
+    Raises:
+        OSError: the directory cannot be created.
+    """
     if given is None:
-        return Path(tempfile.mkdtemp(prefix="inalab-bench-"))
+        return Path(tempfile.mkdtemp(prefix=prefix))
     given.mkdir(parents=True, exist_ok=True)
     return given
 
@@ -482,7 +488,7 @@ def _metadata(args: argparse.Namespace, cfg: BenchConfig, run_dir: Path) -> dict
 def _run_switch_only(args: argparse.Namespace) -> int:
     from emulation.bench.switch_only import SwitchOnlyError, run_switch_only
 
-    run_dir = _run_dir(args.run_dir)
+    run_dir = make_run_dir(args.run_dir)
     try:
         numbers = run_switch_only(
             run_dir, workers=args.workers, lanes=args.lanes, seconds=args.seconds

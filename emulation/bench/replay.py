@@ -45,7 +45,6 @@ from __future__ import annotations
 import argparse
 import logging
 import sys
-import tempfile
 from collections.abc import Iterator, Mapping, Sequence
 from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass, field
@@ -520,6 +519,7 @@ def _scenario(setup: ReplaySetup, ctx: _Context, switch: InaSwitch) -> Iterator[
 def run(args: argparse.Namespace) -> int:
     """``inalab replay`` on loopback; 0 on success, 1 if a run failed or gave wrong
     results, 2 on bad flags or a bad workload (nothing started)."""
+    from emulation.bench.cli import make_run_dir
     from emulation.bench.sweep import BenchError
 
     try:
@@ -527,7 +527,7 @@ def run(args: argparse.Namespace) -> int:
     except UsageError as exc:
         print(f"{PROG}: error: {exc}", file=sys.stderr)
         return 2
-    run_dir = _run_dir(args.run_dir)
+    run_dir = make_run_dir(args.run_dir, "inalab-replay-")
     try:
         return run_replay(args, setup, run_dir)
     except BenchError as exc:
@@ -535,13 +535,6 @@ def run(args: argparse.Namespace) -> int:
         return 1
     finally:
         print(f"# logs: {run_dir}")
-
-
-def _run_dir(given: Path | None) -> Path:
-    if given is None:
-        return Path(tempfile.mkdtemp(prefix="inalab-replay-"))
-    given.mkdir(parents=True, exist_ok=True)
-    return given
 
 
 def run_replay(
