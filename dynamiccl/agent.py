@@ -59,9 +59,17 @@ from dynamiccl.actions import (
     ALL_COLLECTIVES,
     Action,
     ActionError,
+    algorithms_for,
     parse_action,
 )
-from dynamiccl.model import AlgoParams, Profile, TopologySummary, byte_coefficient, estimate
+from dynamiccl.model import (
+    AlgoParams,
+    Profile,
+    TopologySummary,
+    byte_coefficient,
+    estimate,
+    read_json,
+)
 from dynamiccl.policy import format_seconds, size_bucket
 
 __all__ = [
@@ -76,7 +84,6 @@ __all__ = [
 AGENT_SCHEMA = 1
 """Version of :meth:`Agent.save`'s JSON."""
 
-_PHASES = ("explore", "exploit", "refresh", "re-explore", "model", "fallback")
 
 _REFRESH_REGRET = 2.0
 """A refresh re-tries only arms believed at most this many times slower than the best:
@@ -121,8 +128,6 @@ def predict(
         ActionError: the action's algorithm does not run ``collective``.
         ValueError: non-positive size or workers.
     """
-    from dynamiccl.actions import algorithms_for
-
     if action.algorithm not in algorithms_for(collective):
         raise ActionError(f"{action.algorithm} does not run {collective}")
     model_algo = "ina" if action.algorithm == "collnet" else action.algorithm
@@ -224,7 +229,7 @@ class AgentDecision:
         phase: ``explore`` (trying a candidate of the budget), ``exploit`` (the best
             estimate), ``refresh`` (the periodic re-try of another candidate),
             ``re-explore`` (exploring after a detected change), ``model`` (a model-only
-            agent: the corrected prior alone), ``fallback`` (nothing else available).
+            agent: its prior, or what it measured before it was frozen).
         reason: one line for a person.
         collective: the call's collective.
         size_bytes: the call's size.
@@ -337,11 +342,9 @@ class Agent:
         arms = self.arms(collective, size_bytes, free_slots=free_slots,
                          switch_reachable=switch_reachable)  # fmt: skip
         bucket = size_bucket(size_bytes)
+        # Never empty: every collective has a ring action (checked at construction),
+        # which needs no switch and always has a finite prediction.
         usable = [a for a in arms if a.available and math.isfinite(a.estimate)]
-        if not usable:
-            ring = self._fallback(collective)
-            return AgentDecision(ring, "fallback", f"{ring.label}: nothing else can run",
-                                 collective, size_bytes, bucket, arms)  # fmt: skip
         if not self.learn:
             best = usable[0]
             source = "model" if best.observed is None else f"measured over {best.count}"
@@ -523,10 +526,6 @@ class Agent:
             )
         return self._model_cache[key]
 
-    def _fallback(self, collective: str) -> Action:
-        rings = [a for a in self.actions[collective] if a.algorithm == "ring"]
-        return min(rings, key=lambda a: (self._model(collective, 1 << 20, a), a))
-
     # ------------------------------------------------------------------ explaining
     def _reason(self, pick: ArmView, phase: str, usable: list[ArmView], ctx: _Context) -> str:
         source = f"observed over {pick.count}" if pick.observed is not None else "prior"
@@ -604,12 +603,7 @@ class Agent:
             AgentError: unreadable, not an agent's state, or for another job or workers.
         """
         file = Path(path)
-        try:
-            doc = json.loads(file.read_text(encoding="utf-8"))
-        except OSError as exc:
-            raise AgentError(f"cannot read agent state {file}: {exc.strerror}") from None
-        except ValueError as exc:
-            raise AgentError(f"{file}: not JSON: {exc}") from None
+        doc = read_json(file, "agent state", AgentError)
         try:
             return cls._from_state(doc, profile, topology, job, workers)
         except (KeyError, TypeError, ValueError) as exc:

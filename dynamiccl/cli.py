@@ -42,7 +42,7 @@ if TYPE_CHECKING:
     from dynamiccl.model import Estimate, MeasuredLinks, Profile
     from dynamiccl.policy import Decision
 
-__all__ = ["BOUNDS_HELP", "JobRanks", "Summarize", "add_arguments", "main", "run"]
+__all__ = ["BOUNDS_HELP", "JobRanks", "Summarize", "add_arguments", "int_list", "main", "run"]
 
 PROG = "inalab decide"
 
@@ -117,14 +117,19 @@ def _int_in(lo: int, hi: int | None = None) -> Callable[[str], int]:
     return parse
 
 
-def _int_list(lo: int, hi: int) -> Callable[[str], tuple[int, ...]]:
-    """An argparse parser of comma-separated integers in ``lo..hi``."""
-    one = _int_in(lo, hi)
+def int_list(lo: int, hi: int) -> Callable[[str], tuple[int, ...]]:
+    """An argparse parser of comma-separated integers in ``lo..hi``, sorted, without
+    repeats (``--lanes-choices``, ``--window-choices`` here and in ``inalab replay``)."""
 
     def parse(text: str) -> tuple[int, ...]:
-        values = tuple(one(part) for part in text.split(",") if part.strip())
-        if not values:
-            raise argparse.ArgumentTypeError(f"no values in {text!r}")
+        try:
+            values = tuple(sorted({int(v) for v in text.split(",") if v.strip()}))
+        except ValueError:
+            values = ()
+        if not values or any(not lo <= v <= hi for v in values):
+            raise argparse.ArgumentTypeError(
+                f"invalid list {text!r}: comma-separated integers in {lo}..{hi}"
+            )
         return values
 
     return parse
@@ -197,7 +202,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument(
         "--lanes-choices",
-        type=_int_list(1, MAX_LANES),
+        type=int_list(1, MAX_LANES),
         default=DEFAULT_LANE_CHOICES,
         metavar="N,N",
         help="ring and tree packet widths --explain considers (default "
@@ -206,7 +211,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument(
         "--window-choices",
-        type=_int_list(1, 1 << 20),
+        type=int_list(1, 1 << 20),
         default=DEFAULT_WINDOW_CHOICES,
         metavar="N,N",
         help="windows --explain considers (default "

@@ -59,6 +59,7 @@ __all__ = [
     "byte_coefficient",
     "estimate",
     "estimate_all",
+    "read_json",
     "steps",
 ]
 
@@ -292,16 +293,25 @@ class Profile:
         Raises:
             ProfileError: the file cannot be read, is not JSON or not a valid profile.
         """
-        file = Path(path)
-        try:
-            text = file.read_text(encoding="utf-8")
-        except OSError as exc:
-            raise ProfileError(f"cannot read profile {file}: {exc.strerror}") from None
-        try:
-            doc = json.loads(text)
-        except ValueError as exc:
-            raise ProfileError(f"{file}: not JSON: {exc}") from None
-        return cls.from_dict(doc, where=str(file))
+        return cls.from_dict(read_json(path, "profile", ProfileError), where=str(path))
+
+
+def read_json(path: str | Path, what: str, error: type[ValueError]) -> Any:
+    """The JSON document in ``path``; ``error`` with one line (``cannot read WHAT PATH:
+    why`` or ``PATH: not JSON: why``) when it cannot be read or parsed.
+
+    Raises:
+        error: as above.
+    """
+    file = Path(path)
+    try:
+        text = file.read_text(encoding="utf-8")
+    except OSError as exc:
+        raise error(f"cannot read {what} {file}: {exc.strerror}") from None
+    try:
+        return json.loads(text)
+    except ValueError as exc:
+        raise error(f"{file}: not JSON: {exc}") from None
 
 
 def _algo_params(doc: Any, where: str) -> AlgoParams:
@@ -441,16 +451,7 @@ class TopologySummary:
         Raises:
             SummaryError: the file cannot be read, is not JSON or not a valid summary.
         """
-        file = Path(path)
-        try:
-            text = file.read_text(encoding="utf-8")
-        except OSError as exc:
-            raise SummaryError(f"cannot read summary {file}: {exc.strerror}") from None
-        try:
-            doc = json.loads(text)
-        except ValueError as exc:
-            raise SummaryError(f"{file}: not JSON: {exc}") from None
-        return cls.from_dict(doc, where=str(file))
+        return cls.from_dict(read_json(path, "summary", SummaryError), where=str(path))
 
 
 def _is_number(value: Any, lo: float, *, above: bool = False) -> bool:

@@ -52,6 +52,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
 
 from dynamiccl.actions import DEFAULT_LANE_CHOICES, DEFAULT_WINDOW_CHOICES, Action
+from dynamiccl.cli import int_list
 from emulation.argtypes import int_in, positive_float, size
 from emulation.bench.replay_setup import (
     ELEMENT_BYTES,
@@ -60,7 +61,6 @@ from emulation.bench.replay_setup import (
     ReplaySetup,
     UsageError,
     action_list,
-    int_list,
     prepare,
     strategy_list,
 )

@@ -20,7 +20,7 @@ import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from dynamiccl.actions import (
     Action,
@@ -45,7 +45,6 @@ __all__ = [
     "ReplaySetup",
     "UsageError",
     "action_list",
-    "int_list",
     "prepare",
     "round_calls",
     "static_configs",
@@ -73,21 +72,6 @@ class UsageError(Exception):
 
 
 # ----------------------------------------------------------------- flags
-def int_list(lo: int, hi: int) -> Any:
-    def parse(text: str) -> tuple[int, ...]:
-        try:
-            values = tuple(sorted({int(v) for v in text.split(",") if v.strip()}))
-        except ValueError:
-            values = ()
-        if not values or any(not lo <= v <= hi for v in values):
-            raise argparse.ArgumentTypeError(
-                f"invalid list {text!r}: comma-separated integers in {lo}..{hi}"
-            )
-        return values
-
-    return parse
-
-
 def action_list(text: str) -> tuple[Action, ...]:
     try:
         return tuple(dict.fromkeys(parse_action(t) for t in text.split(",") if t.strip()))
