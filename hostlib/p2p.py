@@ -37,13 +37,39 @@ A message's payload is copied when it is queued, so the sender may overwrite its
 at once (the ring's all-gather does). Packets of the *next* call (a faster peer) are
 acknowledged and kept until that call starts; a call never runs two ahead, since an
 allreduce cannot complete without every rank's input.
+
+Why no rank is left waiting at the end of a call. A call ends when every message it
+expects has arrived *and* every packet it sent is acknowledged, so a rank never leaves a
+peer without the data that peer needs. The one thing that can still be missing is an
+acknowledgement: the ack of a call's last packet can be lost after its receiver finished
+the call (the end-of-transfer problem of every reliable protocol over datagrams; TCP
+keeps TIME_WAIT for it). The receiver may then wait anywhere (a barrier, a call of
+another session, a training step), so :class:`PeerCollective` answers on the socket
+whenever no call runs: after its first call a responder thread waits on the socket with
+the GIL released and, under the session's lock, acknowledges again every duplicate of a
+finished call (and keeps and acknowledges the next call's early packets); a call answers
+them itself while it runs, and :meth:`PeerCollective.close` lingers for them. A sender's
+retransmission is therefore answered within a round trip as long as the peer's process
+lives; only a dead or unreachable peer ends the call, with :class:`P2pTimeoutError` at
+the deadline.
+
+Loss recovery. Each channel numbers its transmissions; an ack that answers a
+transmission :func:`reorder_threshold` or more sends after a still-unacknowledged packet
+marks that packet lost, and it is sent again at once (fast retransmission; TCP's
+duplicate-ack threshold, counted in sends as RACK counts in time, RFC 8985). The
+RFC 6298 timer (srtt + 4 rttvar within the policy's bounds, doubled per expiry) is the
+backstop, for the call's last packets above all, which have no later ones.
 """
 
 from __future__ import annotations
 
+import contextlib
 import heapq
 import math
+import os
+import select
 import struct
+import threading
 import time
 from collections import deque
 from collections.abc import Callable
@@ -70,6 +96,7 @@ __all__ = [
     "PeerCollective",
     "PeerSpec",
     "call_knobs",
+    "reorder_threshold",
 ]
 
 P2P_VERSION = 0xA
@@ -161,10 +188,21 @@ def call_knobs(spec: PeerSpec, lanes: int | None, window: int | None) -> tuple[i
 
 @dataclass
 class P2pStats:
+    """Counters of one endpoint, over its session.
+
+    ``retransmitted`` counts every packet sent again, ``fast_retransmitted`` the part of
+    them sent because later packets to the same peer were acknowledged first (the rest
+    waited for a timer); ``duplicates`` counts DATA that arrived again (a retransmission
+    whose original had arrived: spurious on the peer's side, or an ack that was lost);
+    ``late_answered`` counts datagrams answered while no call ran (the responder).
+    """
+
     sent: int = 0
     retransmitted: int = 0
+    fast_retransmitted: int = 0
     duplicates: int = 0
     foreign: int = 0
+    late_answered: int = 0
 
 
 @dataclass
@@ -173,6 +211,7 @@ class _Pending:
     sent_at: float
     rto: float
     deadline: float
+    tx: int  # the channel's transmission number of its latest copy
     resent: bool = False
 
 
@@ -185,6 +224,9 @@ class _Channel:
         self.queue: deque[tuple[int, bytearray]] = deque()  # waiting for the window
         self.cum = 0  # every seq <= cum has arrived
         self.above: set[int] = set()  # arrived seqs > cum
+        self.tx = 0  # transmissions so far (first copies and retransmissions)
+        self.high_tx = 0  # the latest transmission an ack is known to answer
+        self.order: deque[tuple[int, int]] = deque()  # (tx, seq) in transmission order
 
 
 class P2pEndpoint:
@@ -285,11 +327,29 @@ class P2pEndpoint:
             ch.queue.append((seq, packet))
 
     def _transmit(self, dst: int, seq: int, packet: bytearray, now: float) -> None:
+        ch = self._peers[dst]
+        ch.tx += 1
         rto = self.rtt.rto
-        self._peers[dst].inflight[seq] = _Pending(packet, now, rto, now + rto)
+        ch.inflight[seq] = _Pending(packet, now, rto, now + rto, ch.tx)
+        ch.order.append((ch.tx, seq))
         heapq.heappush(self._timers, (now + rto, dst, seq))
         self._outbox.append(packet)
         self.stats.sent += 1
+
+    def _retransmit(self, dst: int, seq: int, pending: _Pending, now: float) -> None:
+        """Send ``pending`` again, re-armed at its current timeout (a timer's expiry
+        backs the timeout off first; a fast retransmission does not)."""
+        ch = self._peers[dst]
+        ch.tx += 1
+        pending.tx = ch.tx
+        ch.order.append((ch.tx, seq))
+        pending.deadline = now + pending.rto
+        pending.resent = True
+        pending.packet[1] |= FLAG_RESEND
+        heapq.heappush(self._timers, (pending.deadline, dst, seq))
+        self._outbox.append(pending.packet)
+        self.stats.sent += 1
+        self.stats.retransmitted += 1
 
     def take_outbox(self) -> list[bytes | bytearray]:
         out, self._outbox = self._outbox, []
@@ -347,20 +407,38 @@ class P2pEndpoint:
         ch = self._peers[src]
         pending = ch.inflight.pop(seq, None)
         if pending is not None:
-            self._acked(pending, now)
+            self._acked(ch, pending, now)
         while ch.inflight:
             first = next(iter(ch.inflight))
             if first > cum:
                 break
-            self._acked(ch.inflight.pop(first), now)
+            self._acked(ch, ch.inflight.pop(first), now)
+        self._detect_losses(src, ch, now)
         while ch.queue and len(ch.inflight) < self.window:
             qseq, packet = ch.queue.popleft()
             self._transmit(src, qseq, packet, now)
 
-    def _acked(self, pending: _Pending, now: float) -> None:
+    def _acked(self, ch: _Channel, pending: _Pending, now: float) -> None:
         self.last_progress = now
         if not pending.resent:  # Karn's rule: a retransmitted packet's ack is ambiguous
             self.rtt.update(now - pending.sent_at, self.policy)
+            ch.high_tx = max(ch.high_tx, pending.tx)
+
+    def _detect_losses(self, dst: int, ch: _Channel, now: float) -> None:
+        """Fast retransmission: a packet still unacknowledged when an ack answered a
+        transmission ``reorder_threshold`` or more sends after it is taken as lost and
+        sent again at once (TCP's duplicate-ack threshold, counted in transmissions as
+        RACK counts in time; RFC 8985). One peer's acks arrive in the order it got the
+        data, so only loss or reordering deeper than the threshold triggers it; the
+        timer stays the backstop (the call's last packets have no later ones)."""
+        threshold = ch.high_tx - reorder_threshold(self.window)
+        order = ch.order
+        while order and order[0][0] <= threshold:
+            tx, seq = order.popleft()
+            pending = ch.inflight.get(seq)
+            if pending is not None and pending.tx == tx:
+                self._retransmit(dst, seq, pending, now)
+                self.stats.fast_retransmitted += 1
 
     # ------------------------------------------------------------------ timers
     def next_timer(self) -> float:
@@ -379,13 +457,14 @@ class P2pEndpoint:
                 self.rtt.rto = min(self.rtt.rto * policy.backoff, policy.max_timeout)
                 backed_off = True
             pending.rto = min(pending.rto * policy.backoff, policy.max_timeout)
-            pending.deadline = now + pending.rto
-            pending.resent = True
-            pending.packet[1] |= FLAG_RESEND
-            heapq.heappush(timers, (pending.deadline, dst, seq))
-            self._outbox.append(pending.packet)
-            self.stats.sent += 1
-            self.stats.retransmitted += 1
+            self._retransmit(dst, seq, pending, now)
+
+
+def reorder_threshold(window: int) -> int:
+    """How many later transmissions must be answered before an unanswered packet counts
+    as lost: 3, as TCP's duplicate acks, or fewer in a window too small to have 3 more
+    packets in flight behind it (a window of 1 leaves only the timer)."""
+    return max(1, min(3, window - 1))
 
 
 class CollectiveCall:
@@ -542,7 +621,55 @@ class CollectiveCall:
         return self.out
 
 
+class _Responder:
+    """Answers the session's peers while no call runs: a daemon thread that waits for
+    the socket (or a wake-up) with the GIL released, and under the session's lock acks
+    duplicates of finished calls and keeps (and acks) the early packets of the next one.
+
+    Why it must exist: a call ends only when every packet it sent is acknowledged, and
+    the acknowledgement of a call's last packet can be lost. Its receiver has finished
+    the call then and may wait anywhere else (a barrier, another session's call, the
+    training step): without someone answering on its socket, the sender would
+    retransmit into silence until its deadline (TCP has TIME_WAIT for this).
+    """
+
+    def __init__(self, session: PeerCollective, fileno: int) -> None:
+        self._session = session
+        self._fileno = fileno
+        self._wake_r, self._wake_w = os.pipe2(os.O_NONBLOCK | os.O_CLOEXEC)
+        self._stopping = False
+        self.error: BaseException | None = None
+        self._thread = threading.Thread(
+            target=self._serve, name=f"inalab-p2p-responder-{session.spec.rank}", daemon=True
+        )
+        self._thread.start()
+
+    def _serve(self) -> None:
+        session = self._session
+        try:
+            while not self._stopping:
+                ready = select.select([self._fileno, self._wake_r], [], [])[0]
+                if self._wake_r in ready or self._stopping:
+                    break
+                with session.lock:  # blocks for the rest of a call that runs now
+                    if self._stopping:
+                        break
+                    session.serve_idle(time.perf_counter())
+        except BaseException as exc:  # handed to the next call, which raises it
+            self.error = exc
+
+    def stop(self) -> None:
+        """End the thread (it holds no lock when this returns)."""
+        self._stopping = True
+        with contextlib.suppress(BlockingIOError):  # full of wake-ups already
+            os.write(self._wake_w, b"x")
+        self._thread.join()
+        os.close(self._wake_r)
+        os.close(self._wake_w)
+
+
 class PeerCollective:
+
     """A worker's session of a host-based allreduce over a real transport.
 
     Every rank must make the same sequence of calls with the same sizes and dtypes.
@@ -564,6 +691,9 @@ class PeerCollective:
         self._ranks = {addr: rank for rank, addr in enumerate(spec.addrs)}
         self._buf = bytearray(_RECV_BYTES)
         self._broken: str | None = None
+        self.lock = threading.Lock()
+        """Held by whoever reads the socket: a call, or the responder between calls."""
+        self._responder: _Responder | None = None
 
     @property
     def retransmissions(self) -> int:
@@ -622,17 +752,46 @@ class PeerCollective:
         return reduce_flat(x, inplace, reduce)
 
     def _check_usable(self) -> None:
+        responder = self._responder
+        if responder is not None and responder.error is not None and not self._broken:
+            self._broken = f"answering peers between calls failed: {responder.error!r}"
         if self._broken:
             raise P2pError(f"session unusable after an earlier failure: {self._broken}")
 
     def _run_call(self, call: CollectiveCall) -> np.ndarray:
-        """Drive ``call`` to its end; a failure breaks the session."""
-        try:
-            self._drive(call)
-        except P2pError as exc:
-            self._broken = str(exc)
-            raise
+        """Drive ``call`` to its end; a failure breaks the session. Between calls the
+        responder answers the peers (see :class:`_Responder`)."""
+        with self.lock:
+            try:
+                self._drive(call)
+            except P2pError as exc:
+                self._broken = str(exc)
+                raise
+        if self._responder is None:
+            self._start_responder()
         return call.result()
+
+    def _start_responder(self) -> None:
+        fileno = getattr(self.transport, "fileno", None)
+        if fileno is not None:  # a transport without a descriptor has no idle time
+            self._responder = _Responder(self, fileno())
+
+    def serve_idle(self, now: float) -> None:
+        """Take every datagram waiting on the socket and answer it, as between calls
+        (the caller holds :attr:`lock`): duplicates of a finished call are acknowledged
+        again, the next call's early packets kept and acknowledged."""
+        ep, view = self.endpoint, memoryview(self._buf)
+        while True:
+            n, src = self.transport.recv_into(self._buf, 0.0)
+            if not n:
+                break
+            if src in self._ranks:
+                ep.on_datagram(view[:n], now)
+                ep.stats.late_answered += 1
+            else:
+                ep.stats.foreign += 1
+        ep.on_timer(now)
+        self._send_all(ep.take_outbox())
 
     def _drive(self, call: CollectiveCall) -> None:
         recv, view = self.transport.recv_into, memoryview(self._buf)
@@ -656,6 +815,9 @@ class PeerCollective:
         (default: twice the policy's longest timeout) pass without a datagram, then close
         the transport. A peer whose last ack from us was lost needs this to finish.
         """
+        if self._responder is not None:
+            self._responder.stop()
+            self._responder = None
         ep = self.endpoint
         quiet = 2 * ep.policy.max_timeout if linger is None else linger
         start = time.perf_counter()

@@ -17,6 +17,10 @@ class TransportError(OSError):
 class Transport(Protocol):
     """A datagram endpoint. ``hostlib.session`` drives an INA engine over one.
 
+    A transport that also has ``fileno()`` (a descriptor that is readable when a datagram
+    waits) lets a point-to-point session answer its peers between calls
+    (``hostlib.p2p``); without one, only its calls and ``close`` answer them.
+
     Implementations: :class:`hostlib.transport.udp.UdpTransport` (sockets);
     RoCEv2 where an RDMA device exists. ``hostlib.transport.memory`` runs the same engine
     on a simulated network instead.

@@ -89,6 +89,11 @@ class UdpTransport:
             # like a lost datagram, the retransmission timer handles it.
             return 0, None
 
+    def fileno(self) -> int:
+        """The socket's descriptor, for waiting on it with ``select`` (a session's
+        responder does between calls)."""
+        return self._sock.fileno()
+
     def close(self) -> None:
         self._sock.close()
 
