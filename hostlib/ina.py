@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import heapq
 import math
+from collections import deque
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -55,6 +56,7 @@ __all__ = [
     "JobSpec",
     "RetryPolicy",
     "check_window",
+    "reorder_threshold",
 ]
 
 Addr = tuple[str, int]
@@ -137,8 +139,13 @@ class RetryPolicy:
 
 @dataclass
 class _Stats:
+    """``retransmitted`` counts every packet sent again; ``fast_retransmitted`` the part
+    of them sent because results of later transmissions arrived first (the rest waited
+    for a timer)."""
+
     sent: int = 0
     retransmitted: int = 0
+    fast_retransmitted: int = 0
     stale: int = 0
     foreign: int = 0
 
@@ -160,6 +167,13 @@ class _Rtt:
             self.srtt = 0.875 * self.srtt + 0.125 * rtt
         self.samples += 1
         self.rto = min(max(self.srtt + 4 * self.rttvar, policy.min_timeout), policy.max_timeout)
+
+
+def reorder_threshold(window: int) -> int:
+    """How many later transmissions must be answered before an unanswered packet counts
+    as lost: 3, as TCP's duplicate acks, or fewer in a window too small to have 3 more
+    packets in flight behind it (a window of 1 leaves only the timer)."""
+    return max(1, min(3, window - 1))
 
 
 def check_window(window: int | None, slots: int) -> int:
@@ -256,10 +270,19 @@ class InaAllreduce:
         self._outstanding = [-1] * w
         self._sent_at = [0.0] * w
         self._slot_rto = [0.0] * w
+        self._deadline = [0.0] * w  # the slot's live timer; other heap entries are stale
         self._resent = [False] * w
         self._timers: list[tuple[float, int, int]] = []
         self._done = 0
         self._last_progress = 0.0
+        # Fast retransmission: transmissions numbered in send order, the latest one a
+        # result is known to answer, and the transmissions still to be judged.
+        self._tx = 0
+        self._slot_tx = [0] * w
+        self._high_tx = 0
+        self._order: deque[tuple[int, int, int]] = deque()  # (tx, slot, index)
+        self._reorder = reorder_threshold(w)
+        self._fast: list[memoryview] = []  # found lost by a result, sent by on_timer
 
     # ------------------------------------------------------------------ plan
     def _build_wire(self) -> np.ndarray:
@@ -319,6 +342,7 @@ class InaAllreduce:
             self.stats.stale += 1  # a duplicate, or the unicast re-send of a result we had
             return None
         self._accept(slot, index, exp, data, now)
+        self._detect_losses(now)
         nxt = index + self.window
         if nxt >= self.npackets:
             return None
@@ -330,8 +354,10 @@ class InaAllreduce:
         self._outstanding[slot] = -1
         self._done += 1
         self._last_progress = now
-        if not self._resent[slot]:
+        if not self._resent[slot]:  # Karn's rule: a retransmitted packet's result is ambiguous
             self.rtt.update(now - self._sent_at[slot], self.policy)
+            if self._slot_tx[slot] > self._high_tx:
+                self._high_tx = self._slot_tx[slot]
         block = index - self.window if self.is_float else index
         if block >= 0:
             sums = np.frombuffer(data, dtype=">i4", offset=HEADER_SIZE)
@@ -355,18 +381,49 @@ class InaAllreduce:
         self._sent_at[slot] = now
         self._resent[slot] = False
         self._slot_rto[slot] = self.rtt.rto
-        heapq.heappush(self._timers, (now + self.rtt.rto, slot, index))
+        self._arm(slot, index, now)
         self.stats.sent += 1
         start = index * self._size
         return self._wire_view[start : start + self._size]
 
+    def _arm(self, slot: int, index: int, now: float) -> None:
+        """Number this transmission of ``slot``'s packet and start its timer."""
+        self._tx += 1
+        self._slot_tx[slot] = self._tx
+        self._order.append((self._tx, slot, index))
+        deadline = now + self._slot_rto[slot]
+        self._deadline[slot] = deadline
+        heapq.heappush(self._timers, (deadline, slot, index))
+
+    def _detect_losses(self, now: float) -> None:
+        """Fast retransmission: a packet without its result when the result of a
+        transmission ``reorder_threshold`` or more sends after it arrived is taken as
+        lost (or its result lost) and queued to be sent again at once, without backing
+        off its timer (TCP's duplicate-ack threshold, counted in sends as RACK counts in
+        time; RFC 8985). Every worker sends the same packets in the same order and the
+        switch completes a slot when the last worker's packet arrives, so results come
+        back in send order unless something was lost. A worker whose own packet arrived
+        but a peer's did not sends a duplicate the switch ignores (``duplicates_ignored``)
+        or answers with the result by unicast; the timer stays the backstop, for the
+        call's last packets above all."""
+        threshold = self._high_tx - self._reorder
+        order = self._order
+        while order and order[0][0] <= threshold:
+            tx, slot, index = order.popleft()
+            if self._outstanding[slot] == index and self._slot_tx[slot] == tx:
+                self._fast.append(self._resend(slot, index, now))
+                self.stats.fast_retransmitted += 1
+
     def next_wakeup(self) -> float:
         """When :meth:`on_timer` has work next (a retransmission or the deadline)."""
+        if self._fast:
+            return -math.inf
         deadline = self._last_progress + self.policy.deadline
         return min(self._timers[0][0], deadline) if self._timers else deadline
 
     def on_timer(self, now: float) -> list[memoryview]:
-        """Packets to retransmit at ``now``.
+        """Packets to retransmit at ``now``: those found lost by later results, and
+        those whose timer expired (each such timer doubles, RFC 6298 5.5).
 
         Raises:
             InaTimeoutError: no new result for longer than the policy's deadline.
@@ -375,20 +432,21 @@ class InaAllreduce:
             return []
         if now >= self._last_progress + self.policy.deadline:  # the next_wakeup() sum
             raise InaTimeoutError(self._timeout_message(now))
-        out = []
+        out, self._fast = self._fast, []
         timers = self._timers
         while timers and timers[0][0] <= now:
-            _, slot, index = heapq.heappop(timers)
-            if self._outstanding[slot] != index:
-                continue  # answered since
+            deadline, slot, index = heapq.heappop(timers)
+            if self._outstanding[slot] != index or self._deadline[slot] != deadline:
+                continue  # answered, or re-armed since
+            self._slot_rto[slot] = min(
+                self._slot_rto[slot] * self.policy.backoff, self.policy.max_timeout
+            )
             out.append(self._resend(slot, index, now))
         return out
 
     def _resend(self, slot: int, index: int, now: float) -> memoryview:
-        rto = min(self._slot_rto[slot] * self.policy.backoff, self.policy.max_timeout)
-        self._slot_rto[slot] = rto
         self._resent[slot] = True
-        heapq.heappush(self._timers, (now + rto, slot, index))
+        self._arm(slot, index, now)
         self._wire[index, 1] |= FLAG_RESEND
         self.stats.sent += 1
         self.stats.retransmitted += 1

@@ -78,7 +78,7 @@ from typing import Any
 
 import numpy as np
 
-from hostlib.ina import Addr, InaError, InaTimeoutError, RetryPolicy, _Rtt
+from hostlib.ina import Addr, InaError, InaTimeoutError, RetryPolicy, _Rtt, reorder_threshold
 from hostlib.protocol import DEFAULT_SLOTS_PER_JOB, FLAG_RESEND, LANES_PER_PACKET, MAX_LANES
 from hostlib.session import reduce_flat
 from hostlib.transport.base import Transport
@@ -458,13 +458,6 @@ class P2pEndpoint:
                 backed_off = True
             pending.rto = min(pending.rto * policy.backoff, policy.max_timeout)
             self._retransmit(dst, seq, pending, now)
-
-
-def reorder_threshold(window: int) -> int:
-    """How many later transmissions must be answered before an unanswered packet counts
-    as lost: 3, as TCP's duplicate acks, or fewer in a window too small to have 3 more
-    packets in flight behind it (a window of 1 leaves only the timer)."""
-    return max(1, min(3, window - 1))
 
 
 class CollectiveCall:
