@@ -692,6 +692,12 @@ class PeerCollective:
     def retransmissions(self) -> int:
         return self.endpoint.stats.retransmitted
 
+    @property
+    def fast_retransmissions(self) -> int:
+        """Of :attr:`retransmissions`, those sent because later packets to the same
+        peer were acknowledged first (the rest waited for a timer)."""
+        return self.endpoint.stats.fast_retransmitted
+
     def allreduce(
         self,
         x: Any,

@@ -41,6 +41,9 @@ class InaSession:
         self.uses = np.zeros(spec.slots, dtype=np.int64)
         self.rtt = _Rtt(self.policy.timeout)
         self.retransmissions = 0
+        self.fast_retransmissions = 0
+        """Of :attr:`retransmissions`, those sent because results of later packets
+        arrived first (the rest waited for a timer)."""
         self.next_seq = 1
         self._buf = bytearray(_RECV_BYTES)
         self._broken: str | None = None
@@ -118,6 +121,7 @@ class InaSession:
         engine.commit()
         self.next_seq = engine.next_seq
         self.retransmissions += engine.stats.retransmitted
+        self.fast_retransmissions += engine.stats.fast_retransmitted
         return engine.result()
 
     def _drive(self, engine: InaAllreduce) -> None:

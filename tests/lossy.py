@@ -16,13 +16,13 @@ import multiprocessing.connection
 import random
 import time
 import traceback
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
 
-from hostlib import RetryPolicy
+from hostlib import InaSession, JobSpec, RetryPolicy
 from hostlib.p2p import P2P_ACK, P2P_DATA, P2P_HEADER, PeerCollective, PeerSpec
 from hostlib.ring import RingAllreduce
 from hostlib.transport.base import Addr
@@ -32,8 +32,19 @@ from hostlib.tree import TreeAllreduce
 __all__ = ["Faults", "LossyUdpTransport", "RankReport", "run_ranks"]
 
 _KINDS: dict[str, type[PeerCollective]] = {"ring": RingAllreduce, "tree": TreeAllreduce}
-OPERATIONS = ("allreduce", "reduce_scatter", "all_gather", "tree")
-"""What a rank calls: ring allreduce and its halves, or the tree's allreduce."""
+OPERATIONS = ("allreduce", "reduce_scatter", "all_gather", "tree", "ina")
+"""What a rank calls: ring allreduce and its halves, the tree's allreduce, or INA's
+through a switch (:func:`run_ranks`' ``switch``)."""
+
+
+@dataclass(frozen=True)
+class InaJob:
+    """Where INA ranks send, and the job the switch holds for them."""
+
+    job_id: int
+    switch: Addr
+    lanes: int
+    slots: int
 
 
 @dataclass(frozen=True)
@@ -158,7 +169,7 @@ class RankReport:
     seconds: float = 0.0
 
 
-def _call(session: PeerCollective, operation: str, x: np.ndarray) -> np.ndarray:
+def _call(session: PeerCollective | InaSession, operation: str, x: np.ndarray) -> np.ndarray:
     if operation == "reduce_scatter":
         return np.asarray(session.reduce_scatter(x))  # type: ignore[attr-defined]
     if operation == "all_gather":
@@ -182,9 +193,14 @@ def _rank_main(
     report = RankReport(rank)
     transport = LossyUdpTransport(faults, seed=1000 + rank)
     conn.send(transport.local_addr)
-    addrs = conn.recv()
-    kind = "tree" if operation == "tree" else "ring"
-    session = _KINDS[kind](PeerSpec(rank, tuple(addrs), lanes, window), transport, policy)
+    addrs, job = conn.recv()
+    session: PeerCollective | InaSession
+    if job is not None:
+        spec = JobSpec(job.job_id, rank, n, job.switch, job.lanes, job.slots)
+        session = InaSession(spec, transport, policy)
+    else:
+        kind = "tree" if operation == "tree" else "ring"
+        session = _KINDS[kind](PeerSpec(rank, tuple(addrs), lanes, window), transport, policy)
     start = time.perf_counter()
     try:
         for x in inputs:
@@ -196,14 +212,21 @@ def _rank_main(
     except Exception as exc:  # reported to the test, which fails with it
         report.error = f"{type(exc).__name__}: {exc}\n{traceback.format_exc(limit=3)}"
     report.seconds = time.perf_counter() - start
-    stats = session.endpoint.stats
-    report.retransmitted = stats.retransmitted
-    report.fast_retransmitted = getattr(stats, "fast_retransmitted", 0)  # older hostlib
-    report.late_answered = getattr(stats, "late_answered", 0)
+    if isinstance(session, InaSession):
+        report.retransmitted = session.retransmissions
+        report.fast_retransmitted = session.fast_retransmissions
+    else:
+        stats = session.endpoint.stats
+        report.retransmitted = stats.retransmitted
+        report.fast_retransmitted = getattr(stats, "fast_retransmitted", 0)  # older hostlib
+        report.late_answered = getattr(stats, "late_answered", 0)
     report.counts = transport.counts
     if report.error is not None:
         barrier.abort()  # the others stop waiting at once
-    session.close(linger=0.2)
+    if isinstance(session, InaSession):
+        session.close()
+    else:
+        session.close(linger=0.2)
     conn.send(report)
 
 
@@ -217,8 +240,10 @@ def run_ranks(
     window: int = 8,
     pause: float = 0.05,
     timeout: float = 120.0,
+    install: Callable[[list[Addr]], InaJob] | None = None,
 ) -> list[RankReport]:
-    """Run ``inputs[call][rank]`` through ``operation`` on one process per rank.
+    """Run ``inputs[call][rank]`` through ``operation`` on one process per rank;
+    ``"ina"`` calls ``install(every rank's address)`` for the switch's job first.
 
     Returns:
         Every rank's report, in rank order.
@@ -245,8 +270,9 @@ def run_ranks(
         p.start()
     try:
         addrs = [conn.recv() for conn, _ in pipes]
+        job = install(addrs) if install is not None else None
         for conn, _ in pipes:
-            conn.send(addrs)
+            conn.send((addrs, job))
         reports = []
         end = time.monotonic() + timeout
         for r, (conn, _) in enumerate(pipes):

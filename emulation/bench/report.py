@@ -84,6 +84,9 @@ class Row:
     max_abs_err: float = 0.0
     retransmits: int = 0
     """Packets the hosts sent again (INA), summed over ranks, warm-up calls included."""
+    fast_retransmits: int = 0
+    """Of ``retransmits``, those sent because later packets were answered first (fast
+    retransmission); the rest waited for a timer."""
     chosen: str | None = None
     """``auto``: the algorithm dynamiccl chose and ran at this size."""
     cpu: RowCpu | None = None
@@ -117,6 +120,7 @@ class Row:
             "wrong": self.wrong,
             "max_abs_err": self.max_abs_err,
             "retransmits": self.retransmits,
+            "retransmits_fast": self.fast_retransmits,
             **({"chosen": self.chosen} if self.chosen is not None else {}),
             **({"cpu": self.cpu.to_json()} if self.cpu is not None else {}),
         }
@@ -156,6 +160,7 @@ def merge_ranks(
                 wrong=sum(r.wrong for r in at),
                 max_abs_err=max(r.max_abs_err for r in at),
                 retransmits=sum(getattr(r, "retransmits", 0) for r in at),
+                fast_retransmits=sum(getattr(r, "fast_retransmits", 0) for r in at),
                 chosen=(getattr(at[0], "ran", "") or None) if algo == "auto" else None,
                 cpu=worker_cpu(at),
             )
@@ -261,7 +266,8 @@ def _table_line(r: Row, chosen: bool, cpu: bool, retx: bool = True) -> str:
 
 RETX_NOTE = (
     "# retx = packets the ranks sent again (all ranks, warm-up calls included): loss"
-    " recovered by the hosts' timers"
+    " recovered by the hosts, at once when later packets were answered first (fast;"
+    " the JSON's retransmits_fast) or by their timers"
 )
 
 # ----------------------------------------------------------------- dynamiccl vs oracle

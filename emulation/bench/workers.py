@@ -138,6 +138,8 @@ class SizeResult:
     time is one clock across the machine's processes and network namespaces."""
     t_end: float = 0.0
     """``time.monotonic()`` when the timed calls ended."""
+    fast_retransmits: int = 0
+    """Of ``retransmits``, those sent because later packets were answered first."""
 
 
 # ----------------------------------------------------------------- inputs and checks
@@ -228,6 +230,12 @@ class _Allreduce(Protocol):
         """Retransmitted packets so far (0 where the transport retransmits itself)."""
         ...
 
+    @property
+    def fast_retransmits(self) -> int:
+        """Of :attr:`retransmits`, those sent because later packets were answered first
+        (the rest waited for a timer)."""
+        ...
+
 
 class _InaAllreduce:
     """hostlib's INA session through the switch, one of ``num_workers`` contributions
@@ -266,6 +274,10 @@ class _InaAllreduce:
     def retransmits(self) -> int:
         return self._session.retransmissions
 
+    @property
+    def fast_retransmits(self) -> int:
+        return self._session.fast_retransmissions
+
     def close(self) -> None:
         self._session.close()  # closes its transport
 
@@ -295,6 +307,10 @@ class _CollNetAllreduce:
     @property
     def retransmits(self) -> int:
         return self._ina.retransmits if self._ina is not None else 0
+
+    @property
+    def fast_retransmits(self) -> int:
+        return self._ina.fast_retransmits if self._ina is not None else 0
 
     def close(self) -> None:
         try:
@@ -331,6 +347,10 @@ class _PeerAllreduce:
     def retransmits(self) -> int:
         return self._session.retransmissions
 
+    @property
+    def fast_retransmits(self) -> int:
+        return self._session.fast_retransmissions
+
     def close(self) -> None:
         self._session.close()  # answers late peers for a moment, closes its transport
 
@@ -361,6 +381,10 @@ class _AutoAllreduce:
     @property
     def retransmits(self) -> int:
         return sum(c.retransmits for c in self._choices.values())
+
+    @property
+    def fast_retransmits(self) -> int:
+        return sum(c.fast_retransmits for c in self._choices.values())
 
     def close(self) -> None:
         errors = []
@@ -416,6 +440,10 @@ class _GlooAllreduce:
     @property
     def retransmits(self) -> int:
         return 0  # TCP's own, invisible from here
+
+    @property
+    def fast_retransmits(self) -> int:
+        return 0
 
     def close(self) -> None:
         if self._dist.is_initialized():
@@ -483,7 +511,7 @@ def _run_size(
         coll.select(str(go[1]))
         ran = coll.chosen
     call = coll.prepare(x)
-    resent = coll.retransmits
+    resent, fast = coll.retransmits, coll.fast_retransmits
     for _ in range(plan.warmup):
         call()
     y, (elapsed, cpu_s, t_start, t_end) = _timed(call, plan.iters, x)
@@ -495,7 +523,7 @@ def _run_size(
     log.info("rank %d size %d (%s): %.1f us/call, %d wrong", plan.rank, nbytes, ran, mean_us, wrong)
     return SizeResult(
         nbytes, count, mean_us, wrong, max_err, coll.retransmits - resent, ran,
-        cpu_s, t_start, t_end,
+        cpu_s, t_start, t_end, coll.fast_retransmits - fast,
     )  # fmt: skip
 
 

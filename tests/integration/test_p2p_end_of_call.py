@@ -95,3 +95,39 @@ def test_two_hundred_calls_under_loss_duplication_and_reordering(operation: str)
     inputs = _inputs(operation, 200, 8 * 64 + 1, seed=5)
     reports = run_ranks(operation, inputs, faults, POLICY, lanes=64, pause=0.0, timeout=600)
     _check(operation, inputs, reports)
+
+
+# ----------------------------------------------------------------- INA's end of call
+def _ina_run(calls: int, size: int, faults: Faults, drop: float, seed: int, pause: float):  # type: ignore[no-untyped-def]
+    from helpers import switch_thread
+    from lossy import InaJob
+
+    from emulation.softswitch.pipeline import DropSimulator, JobConfig, Pipeline
+
+    lanes, slots = 64, 8
+    pipe = Pipeline(lanes, slots=64, drops=DropSimulator(drop, drop, seed=seed))
+    inputs = _inputs("allreduce", calls, size, seed)
+    with switch_thread(pipe) as server:
+
+        def install(addrs: list[tuple[str, int]]) -> InaJob:
+            job = JobConfig(5, tuple(addrs), slots)
+            server.control.call(lambda: server.pipeline.add_job(job))
+            return InaJob(5, server.data_addr, lanes, slots)
+
+        reports = run_ranks("ina", inputs, faults, POLICY, pause=pause, install=install)
+        counters = server.control.call(server.pipeline.counters)
+    _check("allreduce", inputs, reports)
+    return reports, counters
+
+
+def test_ina_through_a_lossy_switch_and_hosts_that_duplicate_and_reorder() -> None:
+    faults = Faults(loss=0.02, duplicate=0.05, reorder=0.1)
+    reports, counters = _ina_run(12, 30 * 64 + 5, faults, drop=0.03, seed=6, pause=0.01)
+    assert counters["retransmits_answered"] > 0 and counters["duplicates_ignored"] > 0
+    assert sum(r.fast_retransmitted for r in reports) > 0
+
+
+@pytest.mark.slow
+def test_ina_two_hundred_calls_under_loss_duplication_and_reordering() -> None:
+    faults = Faults(loss=0.05, duplicate=0.05, reorder=0.1)
+    _ina_run(200, 8 * 64 + 1, faults, drop=0.0, seed=7, pause=0.0)

@@ -255,6 +255,7 @@ def test_json_document_schema(tmp_path: Path) -> None:
         "wrong",
         "max_abs_err",
         "retransmits",
+            "retransmits_fast",
     }
     assert set(row["time_us"]) == {"mean", "min", "max"}
     assert row["time_us"]["max"] == 1000.0
