@@ -16,6 +16,22 @@ the global exponent that came back in the result of packet ``p - W``; the first 
 packets carry exponents only. The header's seq numbers packets monotonically across the
 calls of a session, from 1 (0 is reserved for an unused switch slot, and skipped on
 wrap-around): the switch drops a packet older than the use its slot holds.
+
+Why no worker is left waiting at the end of a call: a worker waits only for results,
+and only the switch sends them. A use of a slot completes once every worker's packet
+arrived; a worker whose packet or result was lost sends the packet again, and the
+switch answers a packet of a finished use it still holds with the result, by unicast
+(``retransmits_answered``). It still holds it until the slot's next use completes, which
+needs this worker's next packet, sent only after this result arrived. So no worker's
+progress depends on another worker reading its socket, at the end of a call or between
+calls; float32's exponent packets (the first ``W`` of a call) are packets of the same
+slots, recovered the same way, and CollNet's local ranks wait only for their head rank
+(``hostlib.collnet``), whose INA session waits only for the switch.
+
+Loss recovery: a packet still without its result when the result of a transmission
+:func:`reorder_threshold` sends after it arrives is sent again at once (fast
+retransmission, :meth:`InaAllreduce._detect_losses`); the per-slot RFC 6298 timer is
+the backstop, for a call's last packets above all.
 """
 
 from __future__ import annotations

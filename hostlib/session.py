@@ -10,6 +10,7 @@ from typing import Any
 import numpy as np
 
 from hostlib.ina import InaAllreduce, InaError, JobSpec, RetryPolicy, _Rtt
+from hostlib.native import NativeInaAllreduce, engine_name
 from hostlib.transport.base import Transport
 
 __all__ = ["InaSession", "as_numpy", "part_bounds", "reduce_flat"]
@@ -27,16 +28,30 @@ class InaSession:
         spec: the job as configured on the switch (this worker's rank and address).
         transport: a bound transport whose ``local_addr`` the switch has for this rank.
         policy: retransmission timing and the no-progress deadline.
+        engine: ``"native"`` (the C core, ``hostlib.native``) or ``"python"`` (the
+            specification, ``hostlib.ina``); ``None``: ``INALAB_HOST_ENGINE``, else the
+            native one where it was built.
+
+    Raises:
+        ValueError: an unknown engine, or ``"native"`` where it was not built.
     """
 
     def __init__(
-        self, spec: JobSpec, transport: Transport, policy: RetryPolicy | None = None
+        self,
+        spec: JobSpec,
+        transport: Transport,
+        policy: RetryPolicy | None = None,
+        *,
+        engine: str | None = None,
     ) -> None:
         self.spec = spec
         self.transport = transport
+        self.engine = engine_name({"INALAB_HOST_ENGINE": engine} if engine else None)
         connect = getattr(transport, "connect", None)
         if connect is not None:  # the session's transport talks to the switch alone
             connect(spec.switch)
+        # The native core runs a whole call on the connected socket itself.
+        self._fileno = getattr(transport, "fileno", None) if connect is not None else None
         self.policy = policy or RetryPolicy()
         self.uses = np.zeros(spec.slots, dtype=np.int64)
         self.rtt = _Rtt(self.policy.timeout)
@@ -103,7 +118,8 @@ class InaSession:
             raise InaError(f"session unusable after an earlier failure: {self._broken}")
 
     def _allreduce_flat(self, flat: np.ndarray, window: int | None = None) -> np.ndarray:
-        engine = InaAllreduce(
+        native = self.engine == "native"
+        engine = (NativeInaAllreduce if native else InaAllreduce)(
             self.spec,
             flat,
             self.uses,
@@ -113,7 +129,10 @@ class InaSession:
             window=window,
         )
         try:
-            self._drive(engine)
+            if isinstance(engine, NativeInaAllreduce) and self._fileno is not None:
+                engine.run(self._fileno())
+            else:
+                self._drive(engine)
         except InaError as exc:
             # The switch's slot sets no longer match ours: the job must be re-created.
             self._broken = str(exc)
@@ -124,7 +143,7 @@ class InaSession:
         self.fast_retransmissions += engine.stats.fast_retransmitted
         return engine.result()
 
-    def _drive(self, engine: InaAllreduce) -> None:
+    def _drive(self, engine: InaAllreduce | NativeInaAllreduce) -> None:
         transport, dest = self.transport, self.spec.switch
         send, recv = transport.send, transport.recv_into
         view = memoryview(self._buf)

@@ -1,0 +1,878 @@
+/*
+ * hostlib._inacore: the native core of a worker's INA allreduce call.
+ *
+ * Layer: hostlib, under hostlib.native (the binding) and beside hostlib.ina (the Python
+ * engine, which is the executable specification). One InaCore is one call of one worker,
+ * the same state machine as hostlib.ina.InaAllreduce, transition for transition: the same
+ * packets (bytes) for the same events, the same timers, the same fast retransmissions,
+ * bit-identical results. Two ways to drive it:
+ *
+ *   - event by event, from Python (start, on_datagram, on_timer, next_wakeup): what the
+ *     fake network does in virtual time, for the differential test against the Python
+ *     engine;
+ *   - run(fd): the whole call on a connected UDP socket with the GIL released, recvmmsg
+ *     and sendmmsg batches, the real clock (CLOCK_MONOTONIC, which time.perf_counter
+ *     reads), results written into the caller's buffer as they arrive.
+ *
+ * Why C and the CPython API (not Cython, pybind11 or cffi): gcc and the Python headers
+ * are all it needs, pip builds it from pyproject with the system compiler, and the buffer
+ * protocol gives the caller's numpy/torch memory without copies. Nothing per packet is
+ * allocated: one buffer per slot of the window (a slot has at most one packet in flight),
+ * one receive batch, a timer heap that grows by doubling.
+ *
+ * The policy stays in Python: the window, the knobs, the retry policy and the session's
+ * state across calls (per-slot uses, RTT estimate, next packet number) are passed in and
+ * read back.
+ */
+#define PY_SSIZE_T_CLEAN
+#include <Python.h>
+
+#include <errno.h>
+#include <math.h>
+#include <poll.h>
+#include <stdint.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <time.h>
+
+/* The wire protocol (hostlib/protocol.py; hostlib.native checks these against it). */
+#define PROTOCOL_VERSION 1
+#define PTYPE_DATA 1
+#define PTYPE_RESULT 2
+#define HEADER_SIZE 16
+#define FLAG_RESEND 0x01
+#define POOL_SET_BIT 0x8000
+#define EXPONENT_MIN (-128)
+#define EXPONENT_MAX 127
+#define MAX_LANES 2048
+#define SEQ_MODULUS 0xFFFFFFFFLL
+#define F32_SHIFT_MIN (-126)
+#define F32_SHIFT_MAX 127
+
+#define BATCH 64 /* datagrams per recvmmsg / sendmmsg */
+#define SIGNAL_CHECK_S 0.1 /* how often run() takes the GIL to look for signals */
+
+typedef struct {
+    double deadline;
+    int32_t slot;
+    int64_t index;
+} Timer;
+
+typedef struct {
+    int64_t tx;
+    int32_t slot;
+    int64_t index;
+} Order;
+
+typedef struct {
+    PyObject_HEAD
+    /* the job and the call */
+    int job_id, rank, num_workers, lanes, window, headroom, is_float;
+    int64_t count, nblocks, npackets, first_seq;
+    Py_buffer data, out, uses;
+    int have_data, have_out, have_uses;
+    int8_t *local_exp;   /* per block (float32) */
+    int8_t *global_exp;  /* per block, from the results (float32) */
+    /* policy */
+    double min_timeout, max_timeout, backoff, deadline_s;
+    /* the session's RTT estimator (read back by the binding) */
+    double rto, srtt, rttvar;
+    int64_t samples;
+    /* per slot */
+    uint8_t *slotbuf; /* window x packet size */
+    int64_t *outstanding;
+    double *sent_at, *slot_rto, *slot_deadline;
+    char *resent, *queued;
+    int64_t *slot_tx;
+    int64_t done, tx, high_tx;
+    int reorder;
+    double last_progress;
+    Timer *heap;
+    Py_ssize_t nheap, capheap;
+    Order *order;
+    Py_ssize_t ohead, otail, ocap; /* ring buffer */
+    uint8_t *fastbuf; /* copies of packets found lost, sent by the next on_timer */
+    Py_ssize_t nfast, capfast;
+    /* statistics */
+    int64_t sent, retransmitted, fast_retransmitted, stale, foreign;
+    size_t psize;
+    int started;
+} InaCore;
+
+static PyObject *InaCoreError; /* set by the binding: hostlib.ina.InaTimeoutError */
+
+/* ---------------------------------------------------------------- small helpers */
+static inline void put16(uint8_t *p, unsigned v) { p[0] = (uint8_t)(v >> 8); p[1] = (uint8_t)v; }
+static inline void put32(uint8_t *p, uint32_t v) {
+    p[0] = (uint8_t)(v >> 24); p[1] = (uint8_t)(v >> 16); p[2] = (uint8_t)(v >> 8); p[3] = (uint8_t)v;
+}
+static inline unsigned get16(const uint8_t *p) { return ((unsigned)p[0] << 8) | p[1]; }
+static inline uint32_t get32(const uint8_t *p) {
+    return ((uint32_t)p[0] << 24) | ((uint32_t)p[1] << 16) | ((uint32_t)p[2] << 8) | p[3];
+}
+
+static int headroom_bits(int n) {
+    int bits = 0;
+    unsigned v = (unsigned)(n - 1);
+    while (v) { bits++; v >>= 1; }
+    return bits;
+}
+
+static int reorder_threshold(int window) {
+    int t = window - 1 < 3 ? window - 1 : 3;
+    return t < 1 ? 1 : t;
+}
+
+static double now_s(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
+}
+
+/* -------------------------------------------------------------- the timer heap */
+static int timer_less(const Timer *a, const Timer *b) {
+    if (a->deadline != b->deadline) return a->deadline < b->deadline;
+    if (a->slot != b->slot) return a->slot < b->slot;
+    return a->index < b->index;
+}
+
+static int heap_push(InaCore *c, double deadline, int32_t slot, int64_t index) {
+    if (c->nheap == c->capheap) {
+        Py_ssize_t cap = c->capheap ? 2 * c->capheap : 64;
+        Timer *h = realloc(c->heap, (size_t)cap * sizeof(Timer));
+        if (!h) return -1;
+        c->heap = h;
+        c->capheap = cap;
+    }
+    Py_ssize_t i = c->nheap++;
+    Timer t = {deadline, slot, index};
+    while (i > 0) {
+        Py_ssize_t parent = (i - 1) / 2;
+        if (!timer_less(&t, &c->heap[parent])) break;
+        c->heap[i] = c->heap[parent];
+        i = parent;
+    }
+    c->heap[i] = t;
+    return 0;
+}
+
+static Timer heap_pop(InaCore *c) {
+    Timer top = c->heap[0];
+    Timer last = c->heap[--c->nheap];
+    Py_ssize_t i = 0, n = c->nheap;
+    for (;;) {
+        Py_ssize_t l = 2 * i + 1, r = l + 1, m = i;
+        const Timer *best = &last;
+        if (l < n && timer_less(&c->heap[l], best)) { m = l; best = &c->heap[l]; }
+        if (r < n && timer_less(&c->heap[r], best)) { m = r; }
+        if (m == i) break;
+        c->heap[i] = c->heap[m];
+        i = m;
+    }
+    if (n) c->heap[i] = last;
+    return top;
+}
+
+/* ------------------------------------------------------ the transmission order */
+static int order_push(InaCore *c, int64_t tx, int32_t slot, int64_t index) {
+    Py_ssize_t size = c->otail - c->ohead;
+    if (size == c->ocap) {
+        Py_ssize_t cap = c->ocap ? 2 * c->ocap : 64;
+        Order *o = malloc((size_t)cap * sizeof(Order));
+        if (!o) return -1;
+        for (Py_ssize_t k = 0; k < size; k++) o[k] = c->order[(c->ohead + k) % (c->ocap ? c->ocap : 1)];
+        free(c->order);
+        c->order = o;
+        c->ocap = cap;
+        c->ohead = 0;
+        c->otail = size;
+    }
+    c->order[c->otail % c->ocap] = (Order){tx, slot, index};
+    c->otail++;
+    return 0;
+}
+
+/* ------------------------------------------------------------- quantization */
+static int8_t block_exponent(const float *x, int64_t n) {
+    float m = 0.0f;
+    for (int64_t i = 0; i < n; i++) {
+        float a = fabsf(x[i]);
+        if (a > m) m = a;
+    }
+    if (m == 0.0f) return EXPONENT_MIN;
+    int e;
+    frexp((double)m, &e);
+    e -= 1;
+    if (e < EXPONENT_MIN) e = EXPONENT_MIN;
+    if (e > EXPONENT_MAX) e = EXPONENT_MAX;
+    return (int8_t)e;
+}
+
+/* rint(x * 2**shift) as big-endian int32 lanes, as hostlib.quantize.quantize_into. */
+static void quantize_be(const float *x, int64_t n, int lanes, int shift, uint8_t *dst) {
+    if (shift >= F32_SHIFT_MIN && shift <= F32_SHIFT_MAX) {
+        float scale = ldexpf(1.0f, shift);
+        for (int64_t i = 0; i < n; i++) {
+            float q = nearbyintf(x[i] * scale);
+            put32(dst + 4 * i, (uint32_t)(int32_t)q);
+        }
+    } else {
+        for (int64_t i = 0; i < n; i++) {
+            double q = nearbyint(ldexp((double)x[i], shift));
+            put32(dst + 4 * i, (uint32_t)(int32_t)q);
+        }
+    }
+    memset(dst + 4 * n, 0, (size_t)(lanes - n) * 4);
+}
+
+/* float32 values of big-endian int32 sums, as hostlib.quantize.dequantize_into. */
+static void dequantize_be(const uint8_t *src, int64_t n, int shift, float *out) {
+    if (-shift >= F32_SHIFT_MIN && -shift <= F32_SHIFT_MAX) {
+        float scale = ldexpf(1.0f, -shift);
+        for (int64_t i = 0; i < n; i++) {
+            float v = (float)(int32_t)get32(src + 4 * i); /* float32(sum) first */
+            out[i] = v * scale;
+        }
+    } else {
+        for (int64_t i = 0; i < n; i++)
+            out[i] = (float)ldexp((double)(int32_t)get32(src + 4 * i), -shift);
+    }
+}
+
+/* ------------------------------------------------------------ the state machine */
+static inline int64_t block_len(InaCore *c, int64_t block) {
+    int64_t lo = block * c->lanes, hi = lo + c->lanes;
+    if (hi > c->count) hi = c->count;
+    return hi > lo ? hi - lo : 0;
+}
+
+static void rtt_update(InaCore *c, double rtt) {
+    if (c->samples == 0) {
+        c->srtt = rtt;
+        c->rttvar = rtt / 2;
+    } else {
+        c->rttvar = 0.75 * c->rttvar + 0.25 * fabs(c->srtt - rtt);
+        c->srtt = 0.875 * c->srtt + 0.125 * rtt;
+    }
+    c->samples++;
+    double rto = c->srtt + 4 * c->rttvar;
+    if (rto < c->min_timeout) rto = c->min_timeout;
+    if (rto > c->max_timeout) rto = c->max_timeout;
+    c->rto = rto;
+}
+
+/* Build packet `index` into its slot's buffer (headers, then the payload). */
+static void build(InaCore *c, int64_t index) {
+    int32_t slot = (int32_t)(index % c->window);
+    uint8_t *p = c->slotbuf + (size_t)slot * c->psize;
+    const int64_t *uses = (const int64_t *)c->uses.buf;
+    int pool_set = (int)((uses[slot] + index / c->window) % 2);
+    int64_t seq = (c->first_seq - 1 + index) % SEQ_MODULUS + 1;
+    int8_t exp = EXPONENT_MIN;
+    if (c->is_float && index < c->nblocks) exp = c->local_exp[index];
+    p[0] = (uint8_t)((PROTOCOL_VERSION << 4) | PTYPE_DATA);
+    p[1] = 0;
+    put16(p + 2, (unsigned)c->job_id);
+    p[4] = (uint8_t)c->rank;
+    p[5] = (uint8_t)exp;
+    put16(p + 6, (unsigned)c->lanes);
+    put16(p + 8, (unsigned)(slot | (pool_set ? POOL_SET_BIT : 0)));
+    put16(p + 10, 0);
+    put32(p + 12, (uint32_t)seq);
+    uint8_t *payload = p + HEADER_SIZE;
+    int64_t block = c->is_float ? index - c->window : index;
+    if (block < 0) {
+        memset(payload, 0, (size_t)c->lanes * 4);
+        return;
+    }
+    int64_t n = block_len(c, block);
+    if (c->is_float) {
+        const float *x = (const float *)c->data.buf + block * c->lanes;
+        int shift = 29 - c->global_exp[block] - c->headroom;
+        quantize_be(x, n, c->lanes, shift, payload);
+    } else {
+        const int32_t *x = (const int32_t *)c->data.buf + block * c->lanes;
+        for (int64_t i = 0; i < n; i++) put32(payload + 4 * i, (uint32_t)x[i]);
+        memset(payload + 4 * n, 0, (size_t)(c->lanes - n) * 4);
+    }
+}
+
+static int arm(InaCore *c, int32_t slot, int64_t index, double now) {
+    c->tx++;
+    c->slot_tx[slot] = c->tx;
+    if (order_push(c, c->tx, slot, index) < 0) return -1;
+    double deadline = now + c->slot_rto[slot];
+    c->slot_deadline[slot] = deadline;
+    return heap_push(c, deadline, slot, index);
+}
+
+/* Send packet `index` (built into its slot): returns the slot, -1 on no memory. */
+static int32_t send_new(InaCore *c, int64_t index, double now) {
+    int32_t slot = (int32_t)(index % c->window);
+    c->outstanding[slot] = index;
+    c->sent_at[slot] = now;
+    c->resent[slot] = 0;
+    c->slot_rto[slot] = c->rto;
+    if (arm(c, slot, index, now) < 0) return -1;
+    c->sent++;
+    return slot;
+}
+
+static int resend(InaCore *c, int32_t slot, int64_t index, double now) {
+    c->resent[slot] = 1;
+    if (arm(c, slot, index, now) < 0) return -1;
+    c->slotbuf[(size_t)slot * c->psize + 1] |= FLAG_RESEND;
+    c->sent++;
+    c->retransmitted++;
+    return 0;
+}
+
+static int detect_losses(InaCore *c, double now) {
+    int64_t threshold = c->high_tx - c->reorder;
+    while (c->otail > c->ohead) {
+        Order o = c->order[c->ohead % c->ocap];
+        if (o.tx > threshold) break;
+        c->ohead++;
+        if (c->outstanding[o.slot] == o.index && c->slot_tx[o.slot] == o.tx) {
+            if (resend(c, o.slot, o.index, now) < 0) return -1;
+            if (c->nfast == c->capfast) { /* grows by doubling: no allocation per packet */
+                Py_ssize_t cap = 2 * c->capfast;
+                uint8_t *b = realloc(c->fastbuf, (size_t)cap * c->psize);
+                if (!b) return -1;
+                c->fastbuf = b;
+                c->capfast = cap;
+            }
+            memcpy(c->fastbuf + (size_t)c->nfast * c->psize,
+                   c->slotbuf + (size_t)o.slot * c->psize, c->psize);
+            c->nfast++;
+            c->fast_retransmitted++;
+        }
+    }
+    return 0;
+}
+
+
+/* One received datagram. Returns the index of the packet to send next (its slot's buffer
+   must be free: see send_next), -2 when nothing is to be sent, -1 when out of memory. */
+static int64_t take(InaCore *c, const uint8_t *d, size_t len, double now) {
+    if (len != c->psize) { c->foreign++; return -2; }
+    if (d[0] != ((PROTOCOL_VERSION << 4) | PTYPE_RESULT) || (int)get16(d + 2) != c->job_id ||
+        (int)get16(d + 6) != c->lanes) {
+        c->foreign++;
+        return -2;
+    }
+    int8_t exp = (int8_t)d[5];
+    int64_t seq = get32(d + 12);
+    int64_t index = ((seq - c->first_seq) % SEQ_MODULUS + SEQ_MODULUS) % SEQ_MODULUS;
+    int32_t slot = index < c->npackets ? (int32_t)(index % c->window) : -1;
+    if (slot < 0 || c->outstanding[slot] != index) { c->stale++; return -2; }
+    c->outstanding[slot] = -1;
+    c->done++;
+    c->last_progress = now;
+    if (!c->resent[slot]) { /* Karn's rule */
+        rtt_update(c, now - c->sent_at[slot]);
+        if (c->slot_tx[slot] > c->high_tx) c->high_tx = c->slot_tx[slot];
+    }
+    int64_t block = c->is_float ? index - c->window : index;
+    if (block >= 0) {
+        int64_t n = block_len(c, block);
+        if (c->is_float) {
+            int shift = 29 - c->global_exp[block] - c->headroom;
+            dequantize_be(d + HEADER_SIZE, n, shift, (float *)c->out.buf + block * c->lanes);
+        } else {
+            int32_t *o = (int32_t *)c->out.buf + block * c->lanes;
+            for (int64_t i = 0; i < n; i++) o[i] = (int32_t)get32(d + HEADER_SIZE + 4 * i);
+        }
+    }
+    if (c->is_float && index < c->nblocks) c->global_exp[index] = exp;
+    if (detect_losses(c, now) < 0) return -1;
+    int64_t nxt = index + c->window;
+    return nxt < c->npackets ? nxt : -2;
+}
+
+/* Build and send packet `index` into its slot (whose buffer the caller has freed). */
+static int send_next(InaCore *c, int64_t index, double now) {
+    build(c, index);
+    return send_new(c, index, now) < 0 ? -1 : 0;
+}
+
+static double next_wakeup(InaCore *c) {
+    if (c->nfast) return -INFINITY;
+    double deadline = c->last_progress + c->deadline_s;
+    if (c->nheap && c->heap[0].deadline < deadline) return c->heap[0].deadline;
+    return deadline;
+}
+
+/* Expired timers: resend each (its timeout backed off). Appends the slots to `slots`
+   (room for window entries... the heap holds at most one live timer per slot). Returns
+   the number of slots, -1 on no memory. Fast retransmissions stay in fastbuf. */
+static Py_ssize_t expire(InaCore *c, double now, int32_t *slots) {
+    Py_ssize_t k = 0;
+    while (c->nheap && c->heap[0].deadline <= now) {
+        Timer t = heap_pop(c);
+        if (c->outstanding[t.slot] != t.index || c->slot_deadline[t.slot] != t.deadline)
+            continue; /* answered, or re-armed since */
+        double rto = c->slot_rto[t.slot] * c->backoff;
+        c->slot_rto[t.slot] = rto < c->max_timeout ? rto : c->max_timeout;
+        if (resend(c, t.slot, t.index, now) < 0) return -1;
+        slots[k++] = t.slot;
+    }
+    return k;
+}
+
+static int timed_out(InaCore *c, double now) {
+    return now >= c->last_progress + c->deadline_s;
+}
+
+static PyObject *timeout_error(InaCore *c, double now) {
+    /* The message of hostlib.ina.InaAllreduce._timeout_message, switch named by caller. */
+    PyObject *waiting = PyList_New(0);
+    if (!waiting) return NULL;
+    int64_t *idx = malloc((size_t)c->window * sizeof(int64_t));
+    Py_ssize_t n = 0;
+    if (idx) {
+        for (int s = 0; s < c->window; s++)
+            if (c->outstanding[s] >= 0) idx[n++] = c->outstanding[s];
+        /* sorted, as sorted() in Python */
+        for (Py_ssize_t a = 1; a < n; a++) {
+            int64_t v = idx[a];
+            Py_ssize_t b = a - 1;
+            while (b >= 0 && idx[b] > v) { idx[b + 1] = idx[b]; b--; }
+            idx[b + 1] = v;
+        }
+        for (Py_ssize_t a = 0; a < n; a++) {
+            PyObject *v = PyLong_FromLongLong(idx[a]);
+            if (!v || PyList_Append(waiting, v) < 0) { Py_XDECREF(v); break; }
+            Py_DECREF(v);
+        }
+        free(idx);
+    }
+    PyObject *args = Py_BuildValue("(dN)", now - c->last_progress, waiting);
+    if (args) {
+        PyErr_SetObject(InaCoreError, args);
+        Py_DECREF(args);
+    }
+    return NULL;
+}
+
+/* ------------------------------------------------------------- Python type */
+static void InaCore_dealloc(InaCore *c) {
+    if (c->have_data) PyBuffer_Release(&c->data);
+    if (c->have_out) PyBuffer_Release(&c->out);
+    if (c->have_uses) PyBuffer_Release(&c->uses);
+    free(c->local_exp); free(c->global_exp); free(c->slotbuf); free(c->outstanding);
+    free(c->sent_at); free(c->slot_rto); free(c->slot_deadline); free(c->resent);
+    free(c->queued); free(c->slot_tx); free(c->heap); free(c->order); free(c->fastbuf);
+    Py_TYPE(c)->tp_free((PyObject *)c);
+}
+
+static int InaCore_init(InaCore *c, PyObject *args, PyObject *kw) {
+    static char *names[] = {"job_id", "rank", "num_workers", "lanes", "window", "data",
+                            "out", "uses", "first_seq", "rto", "srtt", "rttvar", "samples",
+                            "min_timeout", "max_timeout", "backoff", "deadline", NULL};
+    PyObject *data, *out, *uses;
+    long long first_seq, samples;
+    if (!PyArg_ParseTupleAndKeywords(args, kw, "iiiiiOOOLdddLdddd", names, &c->job_id,
+                                     &c->rank, &c->num_workers, &c->lanes, &c->window, &data,
+                                     &out, &uses, &first_seq, &c->rto, &c->srtt, &c->rttvar,
+                                     &samples, &c->min_timeout, &c->max_timeout, &c->backoff,
+                                     &c->deadline_s))
+        return -1;
+    if (c->started || c->have_data) {
+        PyErr_SetString(PyExc_RuntimeError, "InaCore is initialised once");
+        return -1;
+    }
+    c->first_seq = first_seq;
+    c->samples = samples;
+    if (c->lanes < 1 || c->lanes > MAX_LANES || c->window < 1 || c->num_workers < 1) {
+        PyErr_SetString(PyExc_ValueError, "lanes, window or num_workers out of range");
+        return -1;
+    }
+    if (PyObject_GetBuffer(data, &c->data, PyBUF_C_CONTIGUOUS | PyBUF_FORMAT) < 0) return -1;
+    c->have_data = 1;
+    if (PyObject_GetBuffer(out, &c->out, PyBUF_C_CONTIGUOUS | PyBUF_WRITABLE | PyBUF_FORMAT) < 0)
+        return -1;
+    c->have_out = 1;
+    if (PyObject_GetBuffer(uses, &c->uses, PyBUF_C_CONTIGUOUS | PyBUF_FORMAT) < 0) return -1;
+    c->have_uses = 1;
+    if (c->data.itemsize != 4 || c->out.itemsize != 4 || c->data.len != c->out.len) {
+        PyErr_SetString(PyExc_ValueError, "data and out must be 4-byte elements of one size");
+        return -1;
+    }
+    const char *fmt = c->data.format ? c->data.format : "B";
+    if (fmt[0] == '=' || fmt[0] == '<' || fmt[0] == '@') fmt++;
+    if (strcmp(fmt, "f") == 0) c->is_float = 1;
+    else if (strcmp(fmt, "i") == 0 || strcmp(fmt, "l") == 0) c->is_float = 0;
+    else {
+        PyErr_Format(PyExc_TypeError, "data of format %s: float32 or int32 expected", fmt);
+        return -1;
+    }
+    if (c->uses.itemsize != 8 || c->uses.len / 8 < c->window) {
+        PyErr_SetString(PyExc_ValueError, "uses must be int64 with one entry per slot");
+        return -1;
+    }
+    c->count = c->data.len / 4;
+    c->nblocks = c->count ? (c->count + c->lanes - 1) / c->lanes : 1;
+    if (c->window > c->nblocks) c->window = (int)c->nblocks;
+    c->npackets = c->nblocks + (c->is_float ? c->window : 0);
+    c->headroom = headroom_bits(c->num_workers);
+    c->psize = HEADER_SIZE + 4 * (size_t)c->lanes;
+    c->reorder = reorder_threshold(c->window);
+    size_t w = (size_t)c->window;
+    c->slotbuf = calloc(w, c->psize);
+    c->outstanding = malloc(w * sizeof(int64_t));
+    c->sent_at = calloc(w, sizeof(double));
+    c->slot_rto = calloc(w, sizeof(double));
+    c->slot_deadline = calloc(w, sizeof(double));
+    c->resent = calloc(w, 1);
+    c->queued = calloc(w, 1);
+    c->slot_tx = calloc(w, sizeof(int64_t));
+    c->capfast = (Py_ssize_t)w;
+    c->fastbuf = malloc(w * c->psize);
+    if (c->is_float) {
+        c->local_exp = malloc((size_t)c->nblocks);
+        c->global_exp = malloc((size_t)c->nblocks);
+    }
+    if (!c->slotbuf || !c->outstanding || !c->sent_at || !c->slot_rto || !c->slot_deadline ||
+        !c->resent || !c->queued || !c->slot_tx || !c->fastbuf ||
+        (c->is_float && (!c->local_exp || !c->global_exp))) {
+        PyErr_NoMemory();
+        return -1;
+    }
+    for (size_t s = 0; s < w; s++) c->outstanding[s] = -1;
+    if (c->is_float) {
+        const float *x = (const float *)c->data.buf;
+        for (int64_t i = 0; i < c->count; i++)
+            if (!isfinite(x[i])) {
+                PyErr_SetString(PyExc_ValueError, "cannot quantize NaN or infinity");
+                return -1;
+            }
+        for (int64_t b = 0; b < c->nblocks; b++) {
+            c->local_exp[b] = block_exponent(x + b * c->lanes, block_len(c, b));
+            c->global_exp[b] = EXPONENT_MIN;
+        }
+    }
+    return 0;
+}
+
+static PyObject *packet_bytes(InaCore *c, const uint8_t *p) {
+    return PyBytes_FromStringAndSize((const char *)p, (Py_ssize_t)c->psize);
+}
+
+static PyObject *InaCore_start(InaCore *c, PyObject *arg) {
+    double now = PyFloat_AsDouble(arg);
+    if (now == -1.0 && PyErr_Occurred()) return NULL;
+    if (c->started) {
+        PyErr_SetString(PyExc_RuntimeError, "the call has started already");
+        return NULL;
+    }
+    c->started = 1;
+    c->last_progress = now;
+    PyObject *list = PyList_New(0);
+    if (!list) return NULL;
+    for (int64_t i = 0; i < c->window; i++) {
+        if (send_next(c, i, now) < 0) { Py_DECREF(list); return PyErr_NoMemory(); }
+        PyObject *b = packet_bytes(c, c->slotbuf + (size_t)i * c->psize);
+        if (!b || PyList_Append(list, b) < 0) { Py_XDECREF(b); Py_DECREF(list); return NULL; }
+        Py_DECREF(b);
+    }
+    return list;
+}
+
+static PyObject *InaCore_on_datagram(InaCore *c, PyObject *args) {
+    Py_buffer d;
+    double now;
+    if (!PyArg_ParseTuple(args, "y*d", &d, &now)) return NULL;
+    int64_t nxt = take(c, d.buf, (size_t)d.len, now);
+    PyBuffer_Release(&d);
+    if (nxt == -1) return PyErr_NoMemory();
+    if (nxt < 0) Py_RETURN_NONE;
+    if (send_next(c, nxt, now) < 0) return PyErr_NoMemory();
+    return packet_bytes(c, c->slotbuf + (size_t)(nxt % c->window) * c->psize);
+}
+
+static PyObject *InaCore_on_timer(InaCore *c, PyObject *arg) {
+    double now = PyFloat_AsDouble(arg);
+    if (now == -1.0 && PyErr_Occurred()) return NULL;
+    if (c->done == c->npackets) return PyList_New(0);
+    if (timed_out(c, now)) return timeout_error(c, now);
+    PyObject *list = PyList_New(0);
+    if (!list) return NULL;
+    for (Py_ssize_t k = 0; k < c->nfast; k++) {
+        PyObject *b = packet_bytes(c, c->fastbuf + (size_t)k * c->psize);
+        if (!b || PyList_Append(list, b) < 0) { Py_XDECREF(b); Py_DECREF(list); return NULL; }
+        Py_DECREF(b);
+    }
+    c->nfast = 0;
+    int32_t *slots = malloc((size_t)c->window * sizeof(int32_t) * 2 + sizeof(int32_t));
+    if (!slots) { Py_DECREF(list); return PyErr_NoMemory(); }
+    /* One live timer per slot: at most window expiries per call. */
+    Py_ssize_t k = expire(c, now, slots);
+    if (k < 0) { free(slots); Py_DECREF(list); return PyErr_NoMemory(); }
+    for (Py_ssize_t i = 0; i < k; i++) {
+        PyObject *b = packet_bytes(c, c->slotbuf + (size_t)slots[i] * c->psize);
+        if (!b || PyList_Append(list, b) < 0) {
+            Py_XDECREF(b); free(slots); Py_DECREF(list); return NULL;
+        }
+        Py_DECREF(b);
+    }
+    free(slots);
+    return list;
+}
+
+static PyObject *InaCore_next_wakeup(InaCore *c, PyObject *Py_UNUSED(ignored)) {
+    return PyFloat_FromDouble(next_wakeup(c));
+}
+
+/* ------------------------------------------------------- the whole call on a socket */
+typedef struct {
+    InaCore *c;
+    int fd;
+    struct mmsghdr smsg[BATCH];
+    struct iovec siov[BATCH];
+    int32_t sslot[BATCH]; /* the slot whose buffer an entry sends, -1: a fastbuf copy */
+    unsigned nq;
+} SendQueue;
+
+/* Send every queued datagram; a full socket buffer waits for room. 0 or an errno. */
+static int flush(SendQueue *q) {
+    InaCore *c = q->c;
+    unsigned off = 0;
+    while (off < q->nq) {
+        int n = sendmmsg(q->fd, q->smsg + off, q->nq - off, 0);
+        if (n < 0) {
+            if (errno == EAGAIN || errno == ENOBUFS) {
+                struct pollfd p = {q->fd, POLLOUT, 0};
+                poll(&p, 1, 10);
+                continue;
+            }
+            if (errno == ECONNREFUSED) { off++; continue; } /* as if lost: timers recover */
+            if (errno == EINTR) continue;
+            return errno;
+        }
+        off += (unsigned)n;
+    }
+    for (unsigned k = 0; k < q->nq; k++)
+        if (q->sslot[k] >= 0) c->queued[q->sslot[k]] = 0;
+    q->nq = 0;
+    c->nfast = 0;
+    return 0;
+}
+
+static int enqueue(SendQueue *q, uint8_t *p, int32_t slot) {
+    if (q->nq == BATCH) {
+        int err = flush(q);
+        if (err) return err;
+    }
+    unsigned k = q->nq++;
+    q->siov[k].iov_base = p;
+    q->siov[k].iov_len = q->c->psize;
+    memset(&q->smsg[k], 0, sizeof(q->smsg[k]));
+    q->smsg[k].msg_hdr.msg_iov = &q->siov[k];
+    q->smsg[k].msg_hdr.msg_iovlen = 1;
+    q->sslot[k] = slot;
+    if (slot >= 0) q->c->queued[slot] = 1;
+    return 0;
+}
+
+static int enqueue_slot(SendQueue *q, int32_t slot) {
+    return enqueue(q, q->c->slotbuf + (size_t)slot * q->c->psize, slot);
+}
+
+/* Build and queue packet `index`, flushing first if its slot's buffer is still queued. */
+static int queue_next(SendQueue *q, int64_t index, double now) {
+    InaCore *c = q->c;
+    int32_t slot = (int32_t)(index % c->window);
+    if (c->queued[slot]) {
+        int err = flush(q);
+        if (err) return err;
+    }
+    if (send_next(c, index, now) < 0) return ENOMEM;
+    return enqueue_slot(q, slot);
+}
+
+/* Fast retransmissions found by the last datagram: sent at once (their copies live in
+   fastbuf, which may grow, so they never wait in the queue across datagrams). */
+static int queue_fast(SendQueue *q) {
+    InaCore *c = q->c;
+    for (Py_ssize_t k = 0; k < c->nfast; k++) {
+        int err = enqueue(q, c->fastbuf + (size_t)k * c->psize, -1);
+        if (err) return err;
+    }
+    return c->nfast ? flush(q) : 0;
+}
+
+static int wait_readable(int fd, double seconds) {
+    if (seconds <= 0) return 0;
+    struct timespec ts;
+    ts.tv_sec = (time_t)seconds;
+    ts.tv_nsec = (long)((seconds - (double)ts.tv_sec) * 1e9);
+    struct pollfd p = {fd, POLLIN, 0};
+    int r = ppoll(&p, 1, &ts, NULL);
+    return r < 0 && errno != EINTR ? errno : 0;
+}
+
+enum { RUN_OK = 0, RUN_TIMEOUT = -1, RUN_SIGNAL = -2 };
+
+static int run_loop(InaCore *c, int fd, uint8_t *rbuf, size_t rsize, double *now_out) {
+    SendQueue *q = calloc(1, sizeof(SendQueue));
+    struct mmsghdr *rmsg = calloc(BATCH, sizeof(struct mmsghdr));
+    struct iovec *riov = calloc(BATCH, sizeof(struct iovec));
+    int32_t *slots = malloc((size_t)c->window * sizeof(int32_t));
+    int err = 0;
+    if (!q || !rmsg || !riov || !slots) { err = ENOMEM; goto out; }
+    q->c = c;
+    q->fd = fd;
+    for (int k = 0; k < BATCH; k++) {
+        riov[k].iov_base = rbuf + (size_t)k * rsize;
+        riov[k].iov_len = rsize;
+        rmsg[k].msg_hdr.msg_iov = &riov[k];
+        rmsg[k].msg_hdr.msg_iovlen = 1;
+    }
+    double now = now_s();
+    c->started = 1;
+    c->last_progress = now;
+    for (int64_t i = 0; i < c->window && !err; i++) err = queue_next(q, i, now);
+    if (!err) err = flush(q);
+    double check_at = now + SIGNAL_CHECK_S;
+    while (!err && c->done < c->npackets) {
+        double wake = next_wakeup(c);
+        now = now_s();
+        double until = (wake < check_at ? wake : check_at) - now;
+        err = wait_readable(fd, until);
+        if (err) break;
+        int n = recvmmsg(fd, rmsg, BATCH, MSG_DONTWAIT, NULL);
+        if (n < 0) {
+            if (errno != EAGAIN && errno != ECONNREFUSED && errno != EINTR) { err = errno; break; }
+            n = 0;
+        }
+        now = now_s();
+        for (int k = 0; k < n && !err; k++) {
+            int64_t nxt = take(c, rbuf + (size_t)k * rsize, rmsg[k].msg_len, now);
+            if (nxt == -1) { err = ENOMEM; break; }
+            if (nxt >= 0) err = queue_next(q, nxt, now);
+            if (!err) err = queue_fast(q);
+        }
+        if (!err) err = flush(q);
+        if (err || c->done == c->npackets) break;
+        if (now >= next_wakeup(c)) {
+            if (timed_out(c, now)) { err = RUN_TIMEOUT; break; }
+            Py_ssize_t k = expire(c, now, slots);
+            if (k < 0) { err = ENOMEM; break; }
+            for (Py_ssize_t i = 0; i < k && !err; i++) err = enqueue_slot(q, slots[i]);
+            if (!err) err = flush(q);
+        }
+        if (now >= check_at) {
+            check_at = now + SIGNAL_CHECK_S;
+            PyGILState_STATE g = PyGILState_Ensure();
+            int sig = PyErr_CheckSignals();
+            if (sig < 0) err = RUN_SIGNAL; /* the exception stays set */
+            PyGILState_Release(g);
+        }
+    }
+    *now_out = now;
+out:
+    free(q); free(rmsg); free(riov); free(slots);
+    return err;
+}
+
+static PyObject *InaCore_run(InaCore *c, PyObject *arg) {
+    int fd = (int)PyLong_AsLong(arg);
+    if (fd == -1 && PyErr_Occurred()) return NULL;
+    if (c->started) {
+        PyErr_SetString(PyExc_RuntimeError, "the call has started already");
+        return NULL;
+    }
+    size_t rsize = c->psize + 64; /* longer datagrams show as foreign, not truncated */
+    uint8_t *rbuf = malloc(BATCH * rsize);
+    if (!rbuf) return PyErr_NoMemory();
+    double now = 0.0;
+    int err;
+    Py_BEGIN_ALLOW_THREADS
+    err = run_loop(c, fd, rbuf, rsize, &now);
+    Py_END_ALLOW_THREADS
+    free(rbuf);
+    if (err == RUN_OK) Py_RETURN_NONE;
+    if (err == RUN_TIMEOUT) return timeout_error(c, now);
+    if (err == RUN_SIGNAL) return NULL;
+    if (err == ENOMEM) return PyErr_NoMemory();
+    errno = err;
+    return PyErr_SetFromErrno(PyExc_OSError);
+}
+
+/* -------------------------------------------------------------- attributes */
+static PyObject *InaCore_get_done(InaCore *c, void *Py_UNUSED(x)) {
+    return PyBool_FromLong(c->done == c->npackets);
+}
+
+static PyObject *InaCore_get_state(InaCore *c, void *Py_UNUSED(x)) {
+    return Py_BuildValue(
+        "{s:L,s:L,s:i,s:d,s:d,s:d,s:L,s:L,s:L,s:L,s:L,s:L,s:L}", "npackets",
+        (long long)c->npackets, "nblocks", (long long)c->nblocks, "window", c->window, "rto",
+        c->rto, "srtt", c->srtt, "rttvar", c->rttvar, "samples", (long long)c->samples, "sent",
+        (long long)c->sent, "retransmitted", (long long)c->retransmitted, "fast_retransmitted",
+        (long long)c->fast_retransmitted, "stale", (long long)c->stale, "foreign",
+        (long long)c->foreign, "done", (long long)c->done);
+}
+
+static PyMethodDef InaCore_methods[] = {
+    {"start", (PyCFunction)InaCore_start, METH_O, "start(now) -> the first window's packets"},
+    {"on_datagram", (PyCFunction)InaCore_on_datagram, METH_VARARGS,
+     "on_datagram(data, now) -> the next packet or None"},
+    {"on_timer", (PyCFunction)InaCore_on_timer, METH_O,
+     "on_timer(now) -> packets to send again (raises the binding's timeout error)"},
+    {"next_wakeup", (PyCFunction)InaCore_next_wakeup, METH_NOARGS, "when on_timer has work"},
+    {"run", (PyCFunction)InaCore_run, METH_O,
+     "run(fd): the whole call on a connected UDP socket, the GIL released"},
+    {NULL, NULL, 0, NULL},
+};
+
+static PyGetSetDef InaCore_getset[] = {
+    {"done", (getter)InaCore_get_done, NULL, "every packet's result arrived", NULL},
+    {"state", (getter)InaCore_get_state, NULL, "counters and the RTT estimate", NULL},
+    {NULL, NULL, NULL, NULL, NULL},
+};
+
+static PyTypeObject InaCoreType = {
+    PyVarObject_HEAD_INIT(NULL, 0).tp_name = "hostlib._inacore.InaCore",
+    .tp_basicsize = sizeof(InaCore),
+    .tp_flags = Py_TPFLAGS_DEFAULT,
+    .tp_doc = "One worker's INA allreduce call (hostlib.ina.InaAllreduce's state machine).",
+    .tp_new = PyType_GenericNew,
+    .tp_init = (initproc)InaCore_init,
+    .tp_dealloc = (destructor)InaCore_dealloc,
+    .tp_methods = InaCore_methods,
+    .tp_getset = InaCore_getset,
+};
+
+static PyObject *set_timeout_error(PyObject *Py_UNUSED(m), PyObject *cls) {
+    Py_XSETREF(InaCoreError, Py_NewRef(cls));
+    Py_RETURN_NONE;
+}
+
+static PyMethodDef module_methods[] = {
+    {"set_timeout_error", set_timeout_error, METH_O,
+     "the exception class run() and on_timer() raise with (seconds, waiting indices)"},
+    {NULL, NULL, 0, NULL},
+};
+
+static struct PyModuleDef module = {
+    PyModuleDef_HEAD_INIT, "hostlib._inacore",
+    "The native core of a worker's INA allreduce call (see hostlib.native).", -1,
+    module_methods, NULL, NULL, NULL, NULL,
+};
+
+PyMODINIT_FUNC PyInit__inacore(void) {
+    if (PyType_Ready(&InaCoreType) < 0) return NULL;
+    PyObject *m = PyModule_Create(&module);
+    if (!m) return NULL;
+    InaCoreError = Py_NewRef(PyExc_TimeoutError);
+    if (PyModule_AddObjectRef(m, "InaCore", (PyObject *)&InaCoreType) < 0) { Py_DECREF(m); return NULL; }
+    PyObject *proto = Py_BuildValue(
+        "{s:i,s:i,s:i,s:i,s:i,s:i,s:i,s:i,s:i,s:L}", "PROTOCOL_VERSION", PROTOCOL_VERSION,
+        "DATA", PTYPE_DATA, "RESULT", PTYPE_RESULT, "HEADER_SIZE", HEADER_SIZE, "FLAG_RESEND",
+        FLAG_RESEND, "POOL_SET_BIT", POOL_SET_BIT, "EXPONENT_MIN", EXPONENT_MIN, "EXPONENT_MAX",
+        EXPONENT_MAX, "MAX_LANES", MAX_LANES, "SEQ_MODULUS", (long long)SEQ_MODULUS);
+    if (!proto || PyModule_AddObject(m, "PROTOCOL", proto) < 0) { Py_XDECREF(proto); Py_DECREF(m); return NULL; }
+    return m;
+}

@@ -1,0 +1,166 @@
+"""The native INA core against the Python engine, its specification (differential test).
+
+Both engines run the same calls of the same workers on the fake network, whose random
+loss, duplication and reordering are drawn per transmission: identical packets give
+identical event sequences. Every packet each worker emits, with the event and the
+virtual time that produced it, and every result must be identical, byte for byte, for
+200 seeds per dtype, 1 to 8 workers, odd sizes, several windows, switch drops, and
+calls that follow each other in one session (slot sets, packet numbers and the RTT
+estimate carried across).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+import pytest
+from helpers import FAKE_SWITCH, random_inputs
+
+from emulation.softswitch.pipeline import DropSimulator, JobConfig, Pipeline
+from hostlib.ina import InaAllreduce, InaTimeoutError, JobSpec, RetryPolicy, _Rtt
+from hostlib.native import NativeInaAllreduce, engine_name, native_unavailable
+from hostlib.transport.memory import FakeNetwork, LinkModel
+
+pytestmark = pytest.mark.skipif(native_unavailable() is not None, reason=str(native_unavailable()))
+
+LANES = 8
+POLICY = RetryPolicy(timeout=0.002, min_timeout=0.0005, max_timeout=0.02, deadline=5.0)
+LINKS = [
+    LinkModel(),
+    LinkModel(loss=0.05),
+    LinkModel(loss=0.1, duplicate=0.1, reorder=0.2, reorder_delay=0.001),
+]
+
+
+class Recorder:
+    """An engine whose every emitted packet is logged with its event and time."""
+
+    def __init__(self, engine: Any, log: list[tuple[str, float, bytes]]) -> None:
+        self.engine, self.log = engine, log
+
+    @property
+    def done(self) -> bool:
+        return bool(self.engine.done)
+
+    def next_wakeup(self) -> float:
+        return float(self.engine.next_wakeup())
+
+    def start(self, now: float) -> list[Any]:
+        out = self.engine.start(now)
+        self.log.extend(("start", now, bytes(p)) for p in out)
+        return list(out)
+
+    def on_datagram(self, data: memoryview, now: float) -> Any:
+        packet = self.engine.on_datagram(data, now)
+        if packet is not None:
+            self.log.append(("datagram", now, bytes(packet)))
+        return packet
+
+    def on_timer(self, now: float) -> list[Any]:
+        out = self.engine.on_timer(now)
+        self.log.extend(("timer", now, bytes(p)) for p in out)
+        return list(out)
+
+
+def _session(engine: type, seed: int, dtype: type) -> tuple[list[Any], list[Any]]:
+    """Three calls of a random job on a fresh switch; (per-worker logs, results)."""
+    rng = np.random.default_rng(seed)
+    workers = 1 + seed % 8
+    slots = (1, 2, 3, 4, 8)[seed % 5]
+    link = LINKS[seed % 3]
+    drops = DropSimulator(0.05, 0.05, seed=seed) if seed % 7 == 0 else None
+    pipe = Pipeline(LANES, slots=32, drops=drops)
+    addrs = tuple((f"10.9.0.{r + 1}", 5000 + r) for r in range(workers))
+    pipe.add_job(JobConfig(4, addrs, slots))
+    net = FakeNetwork(pipe, FAKE_SWITCH, link, seed=seed)
+    specs = [JobSpec(4, r, workers, FAKE_SWITCH, LANES, slots) for r in range(workers)]
+    uses = [np.zeros(slots, dtype=np.int64) for _ in range(workers)]
+    rtts = [_Rtt(POLICY.timeout) for _ in range(workers)]
+    seqs = [1] * workers
+    logs: list[list[tuple[str, float, bytes]]] = [[] for _ in range(workers)]
+    results = []
+    for size in (int(rng.integers(1, 6 * LANES)), 1, int(rng.integers(LANES, 40 * LANES))):
+        window = int(rng.integers(1, slots + 1))
+        inputs = random_inputs(rng, dtype, workers, size)
+        engines = {
+            a: engine(specs[r], inputs[r], uses[r], POLICY, rtts[r], seqs[r], window=window)
+            for r, a in enumerate(addrs)
+        }
+        recorders = {a: Recorder(engines[a], logs[r]) for r, a in enumerate(addrs)}
+        errors = net.run(recorders)  # type: ignore[arg-type]
+        assert all(e is None for e in errors.values()), errors
+        for r, a in enumerate(addrs):
+            engines[a].commit()
+            seqs[r] = engines[a].next_seq
+            results.append(np.array(engines[a].result()))
+        stats = [engines[a].stats for a in addrs]
+        results.append(
+            np.array([(s.sent, s.retransmitted, s.fast_retransmitted, s.stale) for s in stats])
+        )
+    results.extend(uses)
+    results.append(np.array([(t.rto, t.srtt, t.rttvar, t.samples) for t in rtts]))
+    return logs, results
+
+
+@pytest.mark.parametrize("dtype", [np.int32, np.float32])
+@pytest.mark.parametrize("seed", range(200))
+def test_native_core_emits_what_the_python_engine_emits(seed: int, dtype: type) -> None:
+    want_logs, want = _session(InaAllreduce, seed, dtype)
+    got_logs, got = _session(NativeInaAllreduce, seed, dtype)
+    for rank, (g, w) in enumerate(zip(got_logs, want_logs, strict=True)):
+        assert len(g) == len(w), f"rank {rank}: {len(g)} packets, the specification {len(w)}"
+        for k, (ge, we) in enumerate(zip(g, w, strict=True)):
+            assert ge == we, f"rank {rank}, packet {k}: {ge[:2]} vs {we[:2]}"
+    for g, w in zip(got, want, strict=True):
+        assert g.dtype == w.dtype and g.shape == w.shape
+        np.testing.assert_array_equal(g.view(np.uint8), w.view(np.uint8))
+
+
+def test_the_deadline_raises_the_python_engines_error() -> None:
+    spec = JobSpec(4, 0, 2, FAKE_SWITCH, LANES, 4)
+    data = np.arange(3 * LANES, dtype=np.int32)
+    native = NativeInaAllreduce(spec, data, np.zeros(4, np.int64), POLICY)
+    python = InaAllreduce(spec, data, np.zeros(4, np.int64), POLICY)
+    for engine in (native, python):
+        engine.start(0.0)
+    messages = []
+    for engine in (native, python):
+        with pytest.raises(InaTimeoutError) as err:
+            engine.on_timer(POLICY.deadline + 1.0)
+        messages.append(str(err.value))
+    assert messages[0] == messages[1] and "no result from switch" in messages[0]
+
+
+@pytest.mark.parametrize(
+    ("data", "error"),
+    [
+        (np.zeros(8, dtype=np.float64), TypeError),
+        (np.zeros((2, 4), dtype=np.int32), ValueError),
+        (np.array([1.0, np.nan], dtype=np.float32), ValueError),
+        (np.array([np.inf], dtype=np.float32), ValueError),
+    ],
+)
+def test_bad_input_is_refused_like_the_python_engine(data: np.ndarray, error: type) -> None:
+    spec = JobSpec(4, 0, 2, FAKE_SWITCH, LANES, 4)
+    for engine in (InaAllreduce, NativeInaAllreduce):
+        with pytest.raises(error):
+            engine(spec, data, np.zeros(4, np.int64), POLICY)
+
+
+def test_a_strided_input_is_read_like_a_contiguous_one() -> None:
+    spec = JobSpec(4, 0, 1, FAKE_SWITCH, LANES, 4)
+    data = np.arange(4 * LANES, dtype=np.float32)[::2]
+    engines = [
+        e(spec, data, np.zeros(4, np.int64), POLICY) for e in (InaAllreduce, NativeInaAllreduce)
+    ]
+    logs: list[list[Any]] = [[], []]
+    assert [bytes(p) for p in engines[0].start(0.0)] == [bytes(p) for p in engines[1].start(0.0)]
+    del logs
+
+
+def test_engine_choice_by_environment() -> None:
+    assert engine_name({}) == "native"
+    assert engine_name({"INALAB_HOST_ENGINE": "python"}) == "python"
+    with pytest.raises(ValueError, match="choose one of"):
+        engine_name({"INALAB_HOST_ENGINE": "rust"})
