@@ -87,6 +87,9 @@ class Row:
     fast_retransmits: int = 0
     """Of ``retransmits``, those sent because later packets were answered first (fast
     retransmission); the rest waited for a timer."""
+    host_drops: int = 0
+    """Datagrams the ranks' kernels dropped for their sockets (receive buffer full) during
+    the size's calls, warm-up included: losses the hosts made, not the network."""
     chosen: str | None = None
     """``auto``: the algorithm dynamiccl chose and ran at this size."""
     cpu: RowCpu | None = None
@@ -121,6 +124,7 @@ class Row:
             "max_abs_err": self.max_abs_err,
             "retransmits": self.retransmits,
             "retransmits_fast": self.fast_retransmits,
+            "host_drops": self.host_drops,
             **({"chosen": self.chosen} if self.chosen is not None else {}),
             **({"cpu": self.cpu.to_json()} if self.cpu is not None else {}),
         }
@@ -161,6 +165,7 @@ def merge_ranks(
                 max_abs_err=max(r.max_abs_err for r in at),
                 retransmits=sum(getattr(r, "retransmits", 0) for r in at),
                 fast_retransmits=sum(getattr(r, "fast_retransmits", 0) for r in at),
+                host_drops=sum(getattr(r, "host_drops", 0) for r in at),
                 chosen=(getattr(at[0], "ran", "") or None) if algo == "auto" else None,
                 cpu=worker_cpu(at),
             )
@@ -245,6 +250,12 @@ def format_table(algo: str, rows: Iterable[Row], description: str = "") -> str:
     lines += [_table_line(r, chosen, cpu, retx) for r in rows]
     wrong = sum(r.wrong for r in rows)
     avg = sum(r.busbw for r in rows) / len(rows) if rows else 0.0
+    drops = sum(r.host_drops for r in rows)
+    if retx and drops:
+        lines.append(
+            f"# host drops: the ranks' kernels dropped {drops} datagrams for full socket"
+            " receive buffers (JSON host_drops per row): retransmissions the hosts caused"
+        )
     lines += [
         f"# Out of bounds values : {wrong} {'OK' if wrong == 0 else 'FAILED'}",
         f"# Avg bus bandwidth    : {avg:.4f}",

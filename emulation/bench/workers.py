@@ -140,6 +140,8 @@ class SizeResult:
     """``time.monotonic()`` when the timed calls ended."""
     fast_retransmits: int = 0
     """Of ``retransmits``, those sent because later packets were answered first."""
+    host_drops: int = 0
+    """Datagrams this rank's kernel dropped for its sockets (receive buffer full)."""
 
 
 # ----------------------------------------------------------------- inputs and checks
@@ -217,6 +219,12 @@ def count_wrong(
     return int(np.count_nonzero(~(err <= bound))), max_err
 
 
+def _socket_drops(transport: Any) -> int:
+    """The kernel's receive drops for a transport's socket (0 where it cannot say)."""
+    drops = getattr(transport, "drops", None)
+    return (drops() or 0) if drops is not None else 0
+
+
 # ----------------------------------------------------------------- allreduce backends
 class _Allreduce(Protocol):
     def prepare(self, x: np.ndarray) -> Callable[[], np.ndarray]:
@@ -234,6 +242,12 @@ class _Allreduce(Protocol):
     def fast_retransmits(self) -> int:
         """Of :attr:`retransmits`, those sent because later packets were answered first
         (the rest waited for a timer)."""
+        ...
+
+    @property
+    def host_drops(self) -> int:
+        """Datagrams the kernel dropped for this rank's sockets so far (receive buffer
+        full; 0 where unknown or TCP)."""
         ...
 
 
@@ -278,6 +292,10 @@ class _InaAllreduce:
     def fast_retransmits(self) -> int:
         return self._session.fast_retransmissions
 
+    @property
+    def host_drops(self) -> int:
+        return _socket_drops(self._session.transport)
+
     def close(self) -> None:
         self._session.close()  # closes its transport
 
@@ -311,6 +329,10 @@ class _CollNetAllreduce:
     @property
     def fast_retransmits(self) -> int:
         return self._ina.fast_retransmits if self._ina is not None else 0
+
+    @property
+    def host_drops(self) -> int:
+        return self._ina.host_drops if self._ina is not None else 0
 
     def close(self) -> None:
         try:
@@ -351,6 +373,10 @@ class _PeerAllreduce:
     def fast_retransmits(self) -> int:
         return self._session.fast_retransmissions
 
+    @property
+    def host_drops(self) -> int:
+        return _socket_drops(self._session.transport)
+
     def close(self) -> None:
         self._session.close()  # answers late peers for a moment, closes its transport
 
@@ -385,6 +411,10 @@ class _AutoAllreduce:
     @property
     def fast_retransmits(self) -> int:
         return sum(c.fast_retransmits for c in self._choices.values())
+
+    @property
+    def host_drops(self) -> int:
+        return sum(c.host_drops for c in self._choices.values())
 
     def close(self) -> None:
         errors = []
@@ -444,6 +474,10 @@ class _GlooAllreduce:
     @property
     def fast_retransmits(self) -> int:
         return 0
+
+    @property
+    def host_drops(self) -> int:
+        return 0  # TCP retransmits what the host drops
 
     def close(self) -> None:
         if self._dist.is_initialized():
@@ -511,7 +545,7 @@ def _run_size(
         coll.select(str(go[1]))
         ran = coll.chosen
     call = coll.prepare(x)
-    resent, fast = coll.retransmits, coll.fast_retransmits
+    resent, fast, drops = coll.retransmits, coll.fast_retransmits, coll.host_drops
     for _ in range(plan.warmup):
         call()
     y, (elapsed, cpu_s, t_start, t_end) = _timed(call, plan.iters, x)
@@ -523,7 +557,7 @@ def _run_size(
     log.info("rank %d size %d (%s): %.1f us/call, %d wrong", plan.rank, nbytes, ran, mean_us, wrong)
     return SizeResult(
         nbytes, count, mean_us, wrong, max_err, coll.retransmits - resent, ran,
-        cpu_s, t_start, t_end, coll.fast_retransmits - fast,
+        cpu_s, t_start, t_end, coll.fast_retransmits - fast, coll.host_drops - drops,
     )  # fmt: skip
 
 

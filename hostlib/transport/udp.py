@@ -2,12 +2,13 @@
 
 from __future__ import annotations
 
+import os
 import select
 import socket
 
 from hostlib.transport.base import Addr, TransportError
 
-__all__ = ["UdpTransport"]
+__all__ = ["UdpTransport", "socket_drops"]
 
 _BUFFER_BYTES = 8 << 20  # the kernel caps it at net.core.{r,w}mem_max; large windows burst
 
@@ -89,6 +90,12 @@ class UdpTransport:
             # like a lost datagram, the retransmission timer handles it.
             return 0, None
 
+    def drops(self) -> int | None:
+        """Datagrams the kernel dropped for this socket so far because its receive buffer
+        was full (the ``drops`` column of ``/proc/net/udp`` in this network namespace):
+        losses the host made, not the network; ``None`` where the kernel does not say."""
+        return socket_drops(self._sock)
+
     def fileno(self) -> int:
         """The socket's descriptor, for waiting on it with ``select`` (a session's
         responder does between calls)."""
@@ -102,3 +109,19 @@ class UdpTransport:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+
+def socket_drops(sock: socket.socket) -> int | None:
+    """The kernel's receive-drop count of a bound IPv4 UDP socket (``/proc/net/udp``, the
+    line whose inode is the socket's), or ``None`` when it cannot be read."""
+    try:
+        inode = os.fstat(sock.fileno()).st_ino
+        with open("/proc/net/udp", encoding="ascii") as table:
+            next(table)  # the header
+            for line in table:
+                fields = line.split()
+                if len(fields) >= 13 and fields[9] == str(inode):
+                    return int(fields[12])
+    except (OSError, ValueError, StopIteration):
+        return None
+    return None

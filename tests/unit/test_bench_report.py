@@ -256,6 +256,7 @@ def test_json_document_schema(tmp_path: Path) -> None:
         "max_abs_err",
         "retransmits",
             "retransmits_fast",
+            "host_drops",
     }
     assert set(row["time_us"]) == {"mean", "min", "max"}
     assert row["time_us"]["max"] == 1000.0
@@ -523,3 +524,12 @@ def test_plot_marks_cpu_bound_points_hollow(tmp_path: Path) -> None:
     path = tmp_path / "bound.png"
     write_plot(path, rows)
     assert path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_host_drops_get_a_footnote_and_a_json_field() -> None:
+    quiet, dropped = _row(), dataclasses.replace(_row(nbytes=2_000_000), host_drops=7)
+    assert "host drops" not in format_table("ina", [quiet])
+    table = format_table("ina", [quiet, dropped])
+    assert "dropped 7 datagrams for full socket receive buffers" in table
+    assert dropped.to_json()["host_drops"] == 7
+    assert "host drops" not in format_table("gloo", [dropped])  # TCP's are its own
