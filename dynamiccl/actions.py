@@ -21,16 +21,27 @@ INA allreduce of which each rank keeps its part (the same bytes through the swit
 allreduce: worth it when the ring's ``n - 1`` steps cost more); ``all_gather`` has
 nothing to sum and runs on the ring only.
 
-Nothing here imports numpy, torch or any inalab package but hostlib's constants.
+The action itself (:class:`~hostlib.actions.Action`, :func:`algorithms_for`,
+:func:`parse_action`) lives in ``hostlib.actions``, where the communicator maps it onto
+the wire; it is re-exported here. This module adds the choice: the action space and its
+default choices. Nothing here imports numpy, torch or any inalab package but hostlib's
+actions.
 """
 
 from __future__ import annotations
 
-import re
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass
 
-from hostlib.protocol import MAX_LANES
+from hostlib.actions import (
+    ACTION_ALGORITHMS,
+    ALL_COLLECTIVES,
+    FALLBACK_ACTION_ALGORITHM,
+    SWITCH_ACTION_ALGORITHMS,
+    Action,
+    ActionError,
+    algorithms_for,
+    parse_action,
+)
 
 __all__ = [
     "ACTION_ALGORITHMS",
@@ -47,24 +58,6 @@ __all__ = [
     "parse_action",
 ]
 
-ACTION_ALGORITHMS = ("ina", "collnet", "ring", "tree")
-"""Every algorithm an action may name."""
-
-SWITCH_ACTION_ALGORITHMS = ("ina", "collnet")
-"""The algorithms that need a reachable switch and free slots."""
-
-FALLBACK_ACTION_ALGORITHM = "ring"
-"""What runs when nothing else can: no switch state, no size limit, every collective."""
-
-ALL_COLLECTIVES = ("allreduce", "reduce_scatter", "all_gather")
-"""The collectives hostlib runs (NCCL's names, lower case)."""
-
-_SUPPORT = {
-    "allreduce": ACTION_ALGORITHMS,
-    "reduce_scatter": ("ina", "ring"),
-    "all_gather": ("ring",),
-}
-
 DEFAULT_LANE_CHOICES = (256, 2048)
 """Ring and tree packet widths tried by default: 1 KiB (a standard-MTU frame's worth of
 gradient) and 8 KiB (one jumbo frame, the bench's default)."""
@@ -72,87 +65,6 @@ gradient) and 8 KiB (one jumbo frame, the bench's default)."""
 DEFAULT_WINDOW_CHOICES = (8, 32)
 """Windows tried by default: 8 packets (a 100 Mbit/s link's few-ms queue, the emulate
 bench's INA default) and 32 (a loopback or 1 Gbit/s bandwidth-delay product)."""
-
-
-class ActionError(ValueError):
-    """An action that is malformed or cannot run a collective."""
-
-
-@dataclass(frozen=True, order=True)
-class Action:
-    """One configuration of one collective call.
-
-    Attributes:
-        algorithm: one of :data:`ACTION_ALGORITHMS`.
-        lanes: int32 elements per packet (1..MAX_LANES).
-        window: packets in flight (>= 1).
-
-    Raises:
-        ActionError: a field out of range.
-    """
-
-    algorithm: str
-    lanes: int
-    window: int
-
-    def __post_init__(self) -> None:
-        if self.algorithm not in ACTION_ALGORITHMS:
-            raise ActionError(
-                f"unknown algorithm {self.algorithm!r} (known: {', '.join(ACTION_ALGORITHMS)})"
-            )
-        for name, value, hi in (("lanes", self.lanes, MAX_LANES), ("window", self.window, 1 << 20)):
-            if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= hi:
-                raise ActionError(f"{name} must be an integer in 1..{hi}, got {value!r}")
-
-    @property
-    def label(self) -> str:
-        """``ring/l2048/w32``: how tables, logs and JSON name it (:func:`parse_action`)."""
-        return f"{self.algorithm}/l{self.lanes}/w{self.window}"
-
-    @property
-    def packet_bytes(self) -> int:
-        return 4 * self.lanes
-
-    @property
-    def needs_switch(self) -> bool:
-        return self.algorithm in SWITCH_ACTION_ALGORITHMS
-
-    def to_dict(self) -> dict[str, object]:
-        return {"algorithm": self.algorithm, "lanes": self.lanes, "window": self.window}
-
-    def __str__(self) -> str:
-        return self.label
-
-
-_LABEL = re.compile(r"^(?P<algo>[a-z]+)/l(?P<lanes>\d+)/w(?P<window>\d+)$")
-
-
-def parse_action(text: str) -> Action:
-    """The inverse of :attr:`Action.label`.
-
-    Raises:
-        ActionError: not ``ALGORITHM/lLANES/wWINDOW`` or a field out of range.
-    """
-    m = _LABEL.match(text.strip())
-    if m is None:
-        raise ActionError(
-            f"invalid action {text!r}: expected ALGORITHM/lLANES/wWINDOW, e.g. ring/l2048/w32"
-        )
-    return Action(m["algo"], int(m["lanes"]), int(m["window"]))
-
-
-def algorithms_for(collective: str) -> tuple[str, ...]:
-    """The algorithms that run ``collective``.
-
-    Raises:
-        ActionError: unknown collective.
-    """
-    try:
-        return _SUPPORT[collective]
-    except KeyError:
-        raise ActionError(
-            f"unknown collective {collective!r} (known: {', '.join(ALL_COLLECTIVES)})"
-        ) from None
 
 
 def action_space(

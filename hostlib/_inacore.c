@@ -874,5 +874,7 @@ PyMODINIT_FUNC PyInit__inacore(void) {
         FLAG_RESEND, "POOL_SET_BIT", POOL_SET_BIT, "EXPONENT_MIN", EXPONENT_MIN, "EXPONENT_MAX",
         EXPONENT_MAX, "MAX_LANES", MAX_LANES, "SEQ_MODULUS", (long long)SEQ_MODULUS);
     if (!proto || PyModule_AddObject(m, "PROTOCOL", proto) < 0) { Py_XDECREF(proto); Py_DECREF(m); return NULL; }
+    PyObject *all = Py_BuildValue("[sss]", "InaCore", "PROTOCOL", "set_timeout_error");
+    if (!all || PyModule_AddObject(m, "__all__", all) < 0) { Py_XDECREF(all); Py_DECREF(m); return NULL; }
     return m;
 }

@@ -50,6 +50,8 @@ from emulation.bench.workers import (
     reference,
     setup_logging,
 )
+from hostlib.actions import Action
+from hostlib.communicator import Communicator
 
 __all__ = [
     "CallOutcome",
@@ -207,6 +209,10 @@ class _Sessions:
         except BaseException:
             self.close()
             raise
+        self.comm = Communicator(
+            plan.rank, plan.num_workers, ina=self.ina, ring=self.peers.get("ring"),
+            tree=self.peers.get("tree"),
+        )  # fmt: skip
 
     def _join_ina(self, conn: Connection) -> Any:
         from hostlib import InaSession, JobSpec, RetryPolicy
@@ -243,41 +249,15 @@ class _Sessions:
 
     @property
     def retransmits(self) -> int:
-        sessions = [self.ina, *self.peers.values()]
-        return sum(s.retransmissions for s in sessions if s is not None)
+        return self.comm.retransmissions
 
     def run(self, call: ReplayCall, x: np.ndarray, action: _ACTION) -> np.ndarray:
         """One call with ``action``.
 
         Raises:
-            ValueError: an algorithm that does not run the call's collective.
+            ActionError: an algorithm that does not run the call's collective.
         """
-        algorithm, lanes, window = action
-        if call.collective == "allreduce":
-            if algorithm == "ina":
-                return np.asarray(self.ina.allreduce(x, window=window))
-            return np.asarray(self._peer(algorithm).allreduce(x, lanes=lanes, window=window))
-        if call.collective == "reduce_scatter" and algorithm == "ina":
-            return self._ina_reduce_scatter(x, window)
-        if call.collective == "reduce_scatter" and algorithm == "ring":
-            return np.asarray(self.peers["ring"].reduce_scatter(x, lanes=lanes, window=window))
-        if call.collective == "all_gather" and algorithm == "ring":
-            return np.asarray(self.peers["ring"].all_gather(x, lanes=lanes, window=window))
-        raise ValueError(f"{algorithm} does not run {call.collective}")
-
-    def _ina_reduce_scatter(self, x: np.ndarray, window: int) -> np.ndarray:
-        if self.wire_rank == self.plan.rank:
-            return np.asarray(self.ina.reduce_scatter(x, window=window))
-        # Under hierarchical aggregation the switch numbers a leaf's ranks itself: the
-        # same allreduce, this rank's part cut here.
-        total = np.asarray(self.ina.allreduce(x, window=window))
-        n, r = self.plan.num_workers, self.plan.rank
-        return total[r * total.size // n : (r + 1) * total.size // n].copy()
-
-    def _peer(self, algorithm: str) -> Any:
-        if algorithm not in self.peers:
-            raise ValueError(f"no {algorithm} session (this rank has {', '.join(self.peers)})")
-        return self.peers[algorithm]
+        return np.asarray(self.comm.run(call.collective, x, Action(*action)))
 
     def line_up(self) -> None:
         """An untimed one-element ring allreduce: every rank has reached it."""

@@ -219,12 +219,6 @@ def count_wrong(
     return int(np.count_nonzero(~(err <= bound))), max_err
 
 
-def _socket_drops(transport: Any) -> int:
-    """The kernel's receive drops for a transport's socket (0 where it cannot say)."""
-    drops = getattr(transport, "drops", None)
-    return (drops() or 0) if drops is not None else 0
-
-
 # ----------------------------------------------------------------- allreduce backends
 class _Allreduce(Protocol):
     def prepare(self, x: np.ndarray) -> Callable[[], np.ndarray]:
@@ -251,180 +245,120 @@ class _Allreduce(Protocol):
         ...
 
 
-class _InaAllreduce:
-    """hostlib's INA session through the switch, one of ``num_workers`` contributions
-    (the quantization's headroom); the coordinator says which rank its packets carry."""
+def _join_ina(plan: WorkerPlan, conn: Connection, num_workers: int) -> Any:
+    """This rank's INA session: its address to the coordinator, the job back (the
+    switch, and the rank its packets carry there); one of ``num_workers`` contributions
+    (the quantization's headroom)."""
+    from hostlib import InaSession, JobSpec, RetryPolicy
+    from hostlib.transport.udp import UdpTransport
 
-    def __init__(self, plan: WorkerPlan, conn: Connection, num_workers: int) -> None:
-        from hostlib import InaSession, JobSpec, RetryPolicy
-        from hostlib.transport.udp import UdpTransport
+    transport = UdpTransport(local=(plan.placement.bind_ip, 0))
+    try:
+        conn.send(("addr", tuple(transport.local_addr)))
+        msg = expect(conn, "job")
+        spec = JobSpec(job_id=msg[1], rank=msg[3], num_workers=num_workers,
+                       switch=tuple(msg[2]), lanes=plan.lanes, slots=plan.slots)  # fmt: skip
+        return InaSession(spec, transport, RetryPolicy(deadline=plan.timeout))
+    except BaseException:
+        transport.close()
+        raise
 
-        self._transport = UdpTransport(local=(plan.placement.bind_ip, 0))
+
+def _join_peers(plan: WorkerPlan, conn: Connection, kind: str) -> Any:
+    """This rank's ring or tree session, on a socket of its own, with INA's packet size
+    (``lanes``) and window (``slots``) by default."""
+    from hostlib import PeerSpec, RetryPolicy, RingAllreduce, TreeAllreduce
+    from hostlib.transport.udp import UdpTransport
+
+    make = {"ring": RingAllreduce, "tree": TreeAllreduce}[kind]
+    transport = UdpTransport(local=(plan.placement.bind_ip, 0))
+    try:
+        conn.send(("addr", tuple(transport.local_addr)))
+        addrs = tuple((str(a[0]), int(a[1])) for a in expect(conn, "peers")[1])
+        spec = PeerSpec(plan.rank, addrs, lanes=plan.lanes, window=plan.slots)
+        return make(spec, transport, RetryPolicy(deadline=plan.timeout))
+    except BaseException:
+        transport.close()
+        raise
+
+
+_SESSIONS = {
+    "ina": ("ina",),
+    "collnet": ("collnet",),
+    "ring": ("ring",),
+    "tree": ("tree",),
+    "auto": ("ina", "ring", "tree"),  # dynamiccl's choice per size, told by ("go", algo)
+}
+"""The sessions each of hostlib's bench algorithms joins, in the coordinator's order."""
+
+
+class _HostAllreduce:
+    """hostlib's algorithms through the rank's :class:`~hostlib.communicator.Communicator`:
+    the sessions the plan's algorithm needs (INA through the switch; CollNet's host group
+    with INA between the head ranks; ring and tree on sockets of their own), each call an
+    :class:`~hostlib.actions.Action` of the chosen algorithm with the plan's lanes and
+    window (``slots``)."""
+
+    def __init__(self, plan: WorkerPlan, conn: Connection, group: Any = None) -> None:
+        from hostlib.collnet import CollNetAllreduce, ina_inter
+        from hostlib.communicator import Communicator
+
+        self._plan = plan
+        self._collnet: Any = None
+        sessions: dict[str, Any] = {}
         try:
-            conn.send(("addr", tuple(self._transport.local_addr)))
-            msg = expect(conn, "job")
-            job_id, data_addr, wire_rank = msg[1], tuple(msg[2]), msg[3]
-            spec = JobSpec(
-                job_id=job_id,
-                rank=wire_rank,
-                num_workers=num_workers,
-                switch=data_addr,
-                lanes=plan.lanes,
-                slots=plan.slots,
-            )
-            self._session = InaSession(spec, self._transport, RetryPolicy(deadline=plan.timeout))
+            for kind in _SESSIONS[plan.algo]:
+                if kind == "ina":
+                    sessions["ina"] = _join_ina(plan, conn, plan.num_workers)
+                elif kind == "collnet":
+                    inter = None
+                    if plan.placement.local_rank == 0:  # the host's head: INA between hosts
+                        sessions["ina"] = _join_ina(plan, conn, plan.hosts)
+                        inter = ina_inter(sessions["ina"])
+                    else:
+                        conn.send(("addr", None))
+                        expect(conn, "job")
+                    self._collnet = CollNetAllreduce(group, plan.placement.local_rank, inter)
+                else:
+                    sessions[kind] = _join_peers(plan, conn, kind)
         except BaseException:
-            self._transport.close()
+            for session in sessions.values():
+                session.close()
             raise
-
-    def prepare(self, x: np.ndarray) -> Callable[[], np.ndarray]:
-        allreduce = self._session.allreduce
-        return lambda: allreduce(x)
-
-    def session_allreduce(self, x: np.ndarray) -> np.ndarray:
-        return np.asarray(self._session.allreduce(x))
-
-    @property
-    def retransmits(self) -> int:
-        return self._session.retransmissions
-
-    @property
-    def fast_retransmits(self) -> int:
-        return self._session.fast_retransmissions
-
-    @property
-    def host_drops(self) -> int:
-        return _socket_drops(self._session.transport)
-
-    def close(self) -> None:
-        self._session.close()  # closes its transport
-
-
-class _CollNetAllreduce:
-    """CollNet: a shared-memory reduce among the ranks of a host; the host's head rank
-    (local rank 0) is INA worker ``host`` of the switch's job; the result is shared back."""
-
-    def __init__(self, plan: WorkerPlan, conn: Connection, group: Any) -> None:
-        from hostlib.collnet import CollNetAllreduce
-
-        where = plan.placement
-        self._ina: _InaAllreduce | None = None
-        if where.local_rank == 0:
-            self._ina = _InaAllreduce(plan, conn, plan.hosts)
-            inter = self._ina.session_allreduce
-        else:
-            conn.send(("addr", None))
-            expect(conn, "job")
-            inter = None
-        self._coll = CollNetAllreduce(group, where.local_rank, inter)
-
-    def prepare(self, x: np.ndarray) -> Callable[[], np.ndarray]:
-        allreduce = self._coll.allreduce
-        return lambda: allreduce(x)
-
-    @property
-    def retransmits(self) -> int:
-        return self._ina.retransmits if self._ina is not None else 0
-
-    @property
-    def fast_retransmits(self) -> int:
-        return self._ina.fast_retransmits if self._ina is not None else 0
-
-    @property
-    def host_drops(self) -> int:
-        return self._ina.host_drops if self._ina is not None else 0
-
-    def close(self) -> None:
-        try:
-            self._coll.close()
-        finally:
-            if self._ina is not None:
-                self._ina.close()
-
-
-class _PeerAllreduce:
-    """hostlib's ring or tree: the ranks exchange packets directly on their own sockets,
-    with INA's packet size (``lanes``) and window (``slots``)."""
-
-    def __init__(self, plan: WorkerPlan, conn: Connection, kind: str) -> None:
-        from hostlib import PeerSpec, RetryPolicy, RingAllreduce, TreeAllreduce
-        from hostlib.transport.udp import UdpTransport
-
-        make = {"ring": RingAllreduce, "tree": TreeAllreduce}[kind]
-        transport = UdpTransport(local=(plan.placement.bind_ip, 0))
-        try:
-            conn.send(("addr", tuple(transport.local_addr)))
-            addrs = tuple((str(a[0]), int(a[1])) for a in expect(conn, "peers")[1])
-            spec = PeerSpec(plan.rank, addrs, lanes=plan.lanes, window=plan.slots)
-            self._session = make(spec, transport, RetryPolicy(deadline=plan.timeout))
-        except BaseException:
-            transport.close()
-            raise
-
-    def prepare(self, x: np.ndarray) -> Callable[[], np.ndarray]:
-        allreduce = self._session.allreduce
-        return lambda: allreduce(x)
-
-    @property
-    def retransmits(self) -> int:
-        return self._session.retransmissions
-
-    @property
-    def fast_retransmits(self) -> int:
-        return self._session.fast_retransmissions
-
-    @property
-    def host_drops(self) -> int:
-        return _socket_drops(self._session.transport)
-
-    def close(self) -> None:
-        self._session.close()  # answers late peers for a moment, closes its transport
-
-
-class _AutoAllreduce:
-    """dynamiccl's choice per size: a session of INA, ring and tree each, and the
-    coordinator's ``("go", algorithm)`` says which one runs."""
-
-    def __init__(self, plan: WorkerPlan, conn: Connection) -> None:
-        self._choices: dict[str, _Allreduce] = {}
-        try:
-            self._choices["ina"] = _InaAllreduce(plan, conn, plan.num_workers)
-            for kind in ("ring", "tree"):
-                self._choices[kind] = _PeerAllreduce(plan, conn, kind)
-        except BaseException:
-            self.close()
-            raise
-        self.chosen = "ina"
+        self.comm = Communicator(plan.rank, plan.num_workers, collnet=self._collnet, **sessions)
+        self.chosen = _SESSIONS[plan.algo][0]
 
     def select(self, algo: str) -> None:
-        if algo not in self._choices:
-            raise ValueError(f"auto cannot run {algo!r} (it has {', '.join(self._choices)})")
+        if algo not in _SESSIONS[self._plan.algo]:
+            have = ", ".join(_SESSIONS[self._plan.algo])
+            raise ValueError(f"{self._plan.algo} cannot run {algo!r} (it has {have})")
         self.chosen = algo
 
     def prepare(self, x: np.ndarray) -> Callable[[], np.ndarray]:
-        return self._choices[self.chosen].prepare(x)
+        from hostlib.actions import Action
+
+        action = Action(self.chosen, self._plan.lanes, self._plan.slots)
+        allreduce = self.comm.allreduce
+        return lambda: np.asarray(allreduce(x, action))
 
     @property
     def retransmits(self) -> int:
-        return sum(c.retransmits for c in self._choices.values())
+        return self.comm.retransmissions
 
     @property
     def fast_retransmits(self) -> int:
-        return sum(c.fast_retransmits for c in self._choices.values())
+        return self.comm.fast_retransmissions
 
     @property
     def host_drops(self) -> int:
-        return sum(c.host_drops for c in self._choices.values())
+        return self.comm.host_drops
 
     def close(self) -> None:
-        errors = []
-        for coll in self._choices.values():
-            try:
-                coll.close()
-            except Exception as exc:  # close the others too, then report the first
-                errors.append(exc)
-        if errors:
-            raise errors[0]
+        try:
+            if self._collnet is not None:
+                self._collnet.close()
+        finally:
+            self.comm.close()  # the p2p sessions answer late peers a moment first
 
 
 class _GlooAllreduce:
@@ -506,14 +440,8 @@ def worker_main(plan: WorkerPlan, conn: Connection, group: Any = None) -> None:
 
 def _run(plan: WorkerPlan, conn: Connection, group: Any) -> list[SizeResult]:
     coll: _Allreduce
-    if plan.algo == "ina":
-        coll = _InaAllreduce(plan, conn, plan.num_workers)
-    elif plan.algo == "collnet":
-        coll = _CollNetAllreduce(plan, conn, group)
-    elif plan.algo in ("ring", "tree"):
-        coll = _PeerAllreduce(plan, conn, plan.algo)
-    elif plan.algo == "auto":
-        coll = _AutoAllreduce(plan, conn)
+    if plan.algo in _SESSIONS:
+        coll = _HostAllreduce(plan, conn, group)
     elif plan.algo == "gloo":
         coll = _GlooAllreduce(plan)
     else:
@@ -541,7 +469,7 @@ def _run_size(
     conn.send(("barrier", k, last))
     go = expect(conn, "go")
     ran = plan.algo
-    if isinstance(coll, _AutoAllreduce):
+    if plan.algo == "auto" and isinstance(coll, _HostAllreduce):
         coll.select(str(go[1]))
         ran = coll.chosen
     call = coll.prepare(x)
