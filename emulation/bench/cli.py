@@ -297,6 +297,7 @@ def run_bench(
     # auto's decision per size, made once: the sweep runs them, the report explains them.
     decisions = {n: policy.decide(n) for n in cfg.sizes} if policy is not None else {}
     loopback = isinstance(fabric, LoopbackFabric)
+    busy_before = _warn_if_busy()
     print(_banner(cfg, fabric.description, loopback, getattr(fabric, "links", "")), flush=True)
     progress = TerminalProgress(len(cfg.sizes) * len(cfg.algos)).sweep(cfg.sizes)
     level = logging.getLogger().getEffectiveLevel()
@@ -325,6 +326,7 @@ def run_bench(
     meta["switch_log"] = result.switch_log
     meta["wall_s"] = result.wall_s
     meta["udp_kernel_counters_delta"] = result.udp_kernel_delta
+    meta["busy_cores_before"] = busy_before
     meta["links"] = getattr(fabric, "links", None)
     if stopped is not None:
         meta["stopped_by"] = _signal_name(stopped)
@@ -445,6 +447,23 @@ def _version(dist: str) -> str | None:
         return metadata.version(dist)
     except metadata.PackageNotFoundError:
         return None
+
+
+def _warn_if_busy() -> float | None:
+    """Cores other processes kept busy for half a second before the run; a warning on
+    standard error when more than ``BUSY_OTHER_CORES`` (the rows will say so again)."""
+    from emulation.bench.cpu import BUSY_OTHER_CORES, busy_cores
+
+    busy = busy_cores(0.5)
+    if busy is not None and busy > BUSY_OTHER_CORES:
+        print(
+            f"{PROG}: warning: the machine is busy with other processes ({busy:.0%} of a"
+            " core before the run): times will include that load; rows that ran beside it"
+            " are marked ~",
+            file=sys.stderr,
+            flush=True,
+        )
+    return None if busy is None else round(busy, 3)
 
 
 def _metadata(args: argparse.Namespace, cfg: BenchConfig, run_dir: Path) -> dict[str, Any]:

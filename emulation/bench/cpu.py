@@ -45,6 +45,7 @@ from typing import Any
 
 __all__ = [
     "BOUND_FRACTION",
+    "BUSY_OTHER_CORES",
     "CPU_NOTE",
     "SAMPLE_PERIOD_S",
     "CpuSampler",
@@ -53,6 +54,7 @@ __all__ = [
     "Sample",
     "SystemCpu",
     "attribute",
+    "busy_cores",
     "clock_ticks",
     "counter_at",
     "read_machine",
@@ -61,8 +63,14 @@ __all__ = [
 ]
 
 BOUND_FRACTION = 0.9
-"""A process above this share of one core, or the machine above this share of all its
-cores, during a row's timed calls marks the row CPU-bound."""
+"""A process of the bench above this share of one core, or the bench's processes
+together above this share of all the machine's cores, during a row's timed calls marks
+the row CPU-bound."""
+
+BUSY_OTHER_CORES = 0.25
+"""Other processes using more than this many cores during a row's timed calls (or before
+a run starts) make the machine "busy with other processes": the row is flagged apart
+from CPU-bound, since its time then measures someone else's load too."""
 
 SAMPLE_PERIOD_S = 0.025
 """Seconds between samples: a few clock ticks (10 ms each at the usual 100 Hz), so each
@@ -79,10 +87,13 @@ CPU_NOTE = (
     " all); machine and softirq: share of all cores busy, and busy in softirq (an"
     " in-kernel data plane's time), from /proc/stat. switch, machine and softirq come"
     " from /proc samples every ~25 ms, interpolated at the interval's ends: samples"
-    f" counts those inside, span_s the time they rest on, so short rows are coarse. bound:"
-    f" some process above {BOUND_FRACTION:.0%} of a core or the machine above"
-    f" {BOUND_FRACTION:.0%} busy (bound_by says which): the time then measures this"
-    " machine's CPU, not the network or the algorithm"
+    f" counts those inside, span_s the time they rest on, so short rows are coarse. own:"
+    " the bench's processes together (ranks, switches, softirq) in share of all cores;"
+    " other_cores: the cores the machine's other processes used meanwhile, busy_other"
+    f" when above {BUSY_OTHER_CORES}. bound: a rank or switch process above"
+    f" {BOUND_FRACTION:.0%} of a core or the bench's processes above {BOUND_FRACTION:.0%}"
+    " of all cores (bound_by says which, 'bench' for the latter): the time then measures"
+    " this machine's CPU, not the network or the algorithm"
 )
 
 ProcKey = tuple[str, int]
@@ -332,6 +343,18 @@ def attribute(
     )
 
 
+def busy_cores(seconds: float = 0.5, path: Path = PROC / "stat") -> float | None:
+    """Cores busy over the next ``seconds`` (before a run starts, all of it is other
+    processes'); ``None`` where ``/proc/stat`` cannot be read."""
+    first = read_machine(path)
+    time.sleep(seconds)
+    last = read_machine(path)
+    if first is None or last is None or last.total <= first.total:
+        return None
+    share = (last.busy - first.busy) / (last.total - first.total)
+    return max(share, 0.0) * (os.cpu_count() or 1)
+
+
 # ----------------------------------------------------------------- one row
 @dataclass(frozen=True)
 class RowCpu:
@@ -346,6 +369,35 @@ class RowCpu:
     end: float
     """``time.monotonic()`` at the last rank's end of its timed calls."""
     system: SystemCpu = field(default_factory=SystemCpu)
+    cores: int = field(default_factory=lambda: os.cpu_count() or 1)
+    """The machine's cores (the denominator of its shares)."""
+
+    @property
+    def own(self) -> float | None:
+        """Share of all cores the bench's own processes used: its ranks, its switch
+        processes and softirq (an in-kernel data plane's work on their packets)."""
+        if self.system.machine is None:
+            return None
+        procs = sum(w for w in self.workers if w is not None)
+        procs += sum(share for _, share in self.system.switch or ())
+        # The ranks' own clocks and the sampled /proc counters disagree a little on short
+        # rows: never more than the machine was busy in all.
+        return min(procs / self.cores + (self.system.softirq or 0.0), self.system.machine)
+
+    @property
+    def other_cores(self) -> float | None:
+        """Cores other processes used meanwhile (the machine's busy share less the
+        bench's own, never negative: counters of different clocks)."""
+        own, machine = self.own, self.system.machine
+        if own is None or machine is None:
+            return None
+        return max(machine - own, 0.0) * self.cores
+
+    @property
+    def busy_other(self) -> bool:
+        """Whether other processes used more than :data:`BUSY_OTHER_CORES` meanwhile."""
+        other = self.other_cores
+        return other is not None and other > BUSY_OTHER_CORES
 
     @property
     def interval_s(self) -> float:
@@ -359,17 +411,20 @@ class RowCpu:
         return replace(self, system=attribute(samples, self.start, self.end, ticks))
 
     def shares(self) -> list[tuple[str, float]]:
-        """Every known share, named as in ``bound_by``: ranks, switches, the machine."""
+        """Every known share of the bench's, named as in ``bound_by``: ranks, switches,
+        the bench's processes together (``bench``, of all cores)."""
         named = [(f"rank {r}", w) for r, w in enumerate(self.workers) if w is not None]
         for label, share in self.system.switch or ():
             named.append(("switch" if label == "switch" else f"switch {label}", share))
-        if self.system.machine is not None:
-            named.append(("machine", self.system.machine))
+        if self.own is not None:
+            named.append(("bench", self.own))
         return named
 
     @property
     def bound_by(self) -> list[str]:
-        """What was above :data:`BOUND_FRACTION`: ``rank N``, ``switch [NAME]``, ``machine``."""
+        """What of the bench's was above :data:`BOUND_FRACTION`: ``rank N``, ``switch
+        [NAME]``, ``bench`` (its processes together). Other processes' load is
+        :attr:`busy_other`, not this."""
         return [who for who, share in self.shares() if share > BOUND_FRACTION]
 
     @property
@@ -398,6 +453,9 @@ class RowCpu:
             "switch_max": _round(self.switch_max),
             "machine": _round(self.system.machine),
             "softirq": _round(self.system.softirq),
+            "own": _round(self.own),
+            "other_cores": _round(self.other_cores),
+            "busy_other": self.busy_other,
             "interval_s": _round(self.interval_s, 6),
             "samples": self.system.samples,
             "span_s": _round(self.system.span_s, 6),

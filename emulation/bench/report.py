@@ -181,16 +181,29 @@ _CPU_COLS = "  {:>8}  {:>8}  {:>8}"
 CPU_COLUMNS_NOTE = (
     "# cpu during the timed calls: switch = busiest switch process, worker = busiest rank"
     " (% of one core); machine = % of all cores busy;"
-    f" ! = above {BOUND_FRACTION:.0%}"
+    f" ! = above {BOUND_FRACTION:.0%} (machine: the bench's own processes), ~ = the machine"
+    " busy with other processes"
 )
 
 
 def bound_note() -> str:
     """The line under a table with CPU-bound rows: what the flag means."""
     return (
-        f"# ! CPU-bound: a process or the machine was above {BOUND_FRACTION:.0%} busy during"
-        " the timed calls; that time measures this machine's CPU, not the network or the"
-        " algorithm"
+        f"# ! CPU-bound: a process of the bench, or its processes together, was above"
+        f" {BOUND_FRACTION:.0%} busy during the timed calls; that time measures this"
+        " machine's CPU, not the network or the algorithm"
+    )
+
+
+def busy_note(rows: Iterable[Row]) -> str | None:
+    """The line under a table whose rows ran beside other load, or ``None``."""
+    other = [r.cpu.other_cores for r in rows if r.cpu is not None and r.cpu.busy_other]
+    if not other:
+        return None
+    most = max(o for o in other if o is not None)
+    return (
+        f"# machine busy with other processes: up to {most:.0%} of a core during"
+        f" {len(other)} row(s) (cpu.other_cores); their times include that load"
     )
 
 
@@ -213,8 +226,14 @@ def _fmt_share(share: float | None) -> str:
 def _cpu_cells(cpu: RowCpu | None) -> str:
     if cpu is None:
         return _CPU_COLS.format("- ", "- ", "- ")
-    shares = (cpu.switch_max, cpu.workers_max, cpu.system.machine)
-    return _CPU_COLS.format(*(_fmt_share(s) for s in shares))
+    machine = cpu.system.machine
+    if machine is None:
+        cell = "- "
+    else:
+        own = cpu.own or 0.0
+        mark = "!" if own > BOUND_FRACTION else "~" if cpu.busy_other else " "
+        cell = f"{machine * 100:.0f}{mark}"
+    return _CPU_COLS.format(_fmt_share(cpu.switch_max), _fmt_share(cpu.workers_max), cell)
 
 
 def format_table(algo: str, rows: Iterable[Row], description: str = "") -> str:
@@ -262,6 +281,9 @@ def format_table(algo: str, rows: Iterable[Row], description: str = "") -> str:
     ]
     if any(r.cpu is not None and r.cpu.bound for r in rows):
         lines.append(bound_note())
+    busy = busy_note(rows)
+    if busy:
+        lines.append(busy)
     return "\n".join(lines)
 
 

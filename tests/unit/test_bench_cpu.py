@@ -183,15 +183,16 @@ def test_with_system_attaches_the_samples_of_the_rows_interval() -> None:
 
 
 @pytest.mark.parametrize(
-    ("workers", "switch", "machine", "bound_by"),
+    ("workers", "switch", "machine", "bound_by", "busy_other"),
     [
-        ((0.5, 0.6), (("s1", 0.5),), 0.7, []),
-        ((0.5, 0.95), None, 0.7, ["rank 1"]),
-        ((0.5, 0.6), (("s1", 0.93), ("s2", 0.1)), 0.7, ["switch s1"]),
-        ((0.5,), (("switch", 1.2),), 0.95, ["switch", "machine"]),
-        ((0.5,), None, 0.97, ["machine"]),
-        ((BOUND_FRACTION,), None, BOUND_FRACTION, []),  # at the bound is not above it
-        ((None, 0.2), None, None, []),
+        ((0.5, 0.6), (("s1", 0.5),), 0.85, [], False),
+        ((0.5, 0.95), None, 0.8, ["rank 1"], False),
+        ((0.3, 0.3), (("s1", 0.93), ("s2", 0.1)), 0.85, ["switch s1"], False),
+        ((0.5,), (("switch", 1.4),), 0.97, ["switch", "bench"], False),
+        # A busy machine whose load is not the bench's: flagged apart, not CPU-bound.
+        ((0.5,), None, 0.97, [], True),
+        ((BOUND_FRACTION,), None, BOUND_FRACTION, [], True),  # at the bound is not above it
+        ((None, 0.2), None, None, [], False),
     ],
 )
 def test_cpu_bound_flag_names_what_was_busy(
@@ -199,12 +200,22 @@ def test_cpu_bound_flag_names_what_was_busy(
     switch: tuple[tuple[str, float], ...] | None,
     machine: float | None,
     bound_by: list[str],
+    busy_other: bool,
 ) -> None:
-    cpu = RowCpu(workers, 0.0, 1.0, SystemCpu(machine=machine, switch=switch))
+    cpu = RowCpu(workers, 0.0, 1.0, SystemCpu(machine=machine, switch=switch), cores=2)
     assert cpu.bound_by == bound_by
     assert cpu.bound is bool(bound_by)
+    assert cpu.busy_other is busy_other
     doc = cpu.to_json()
     assert doc["bound"] is bool(bound_by) and doc["bound_by"] == bound_by
+    assert doc["busy_other"] is busy_other
+
+
+def test_other_cores_are_the_machine_less_the_benchs_own() -> None:
+    cpu = RowCpu((0.5, 0.5), 0.0, 1.0, SystemCpu(machine=0.8, softirq=0.1), cores=4)
+    assert cpu.own == pytest.approx(1.0 / 4 + 0.1)
+    assert cpu.other_cores == pytest.approx((0.8 - 0.35) * 4)
+    assert RowCpu((1.0,), 0.0, 1.0, SystemCpu(machine=0.2), cores=2).other_cores == 0.0
 
 
 def test_row_cpu_json_has_every_field() -> None:
@@ -213,6 +224,7 @@ def test_row_cpu_json_has_every_field() -> None:
         10.0,
         10.004,
         SystemCpu(machine=0.5, softirq=0.125, switch=(("s1", 0.9375),), samples=0, span_s=0.03),
+        cores=4,
     )
     assert cpu.to_json() == {
         "workers": [0.25, 0.75],
@@ -222,6 +234,9 @@ def test_row_cpu_json_has_every_field() -> None:
         "switch_max": 0.9375,
         "machine": 0.5,
         "softirq": 0.125,
+        "own": 0.5,  # (0.25 + 0.75 + 0.9375) / 4 cores + softirq 0.125, at most the machine
+        "other_cores": 0.0,  # the machine's 0.5 is below the bench's own: none other
+        "busy_other": False,
         "interval_s": pytest.approx(0.004),
         "samples": 0,
         "span_s": 0.03,

@@ -446,7 +446,7 @@ def _cpu_row(
         samples=3,
         span_s=0.1,
     )
-    return dataclasses.replace(_row(nbytes=nbytes), cpu=RowCpu(workers, 1.0, 1.08, system))
+    return dataclasses.replace(_row(nbytes=nbytes), cpu=RowCpu(workers, 1.0, 1.08, system, cores=2))
 
 
 def test_merge_ranks_records_each_ranks_cpu() -> None:
@@ -508,7 +508,8 @@ def test_plot_marks_cpu_bound_points_hollow(tmp_path: Path) -> None:
 
     rows = [
         _cpu_row(4096, (0.2,), 0.5, 0.5),
-        _cpu_row(65536, (0.2,), 0.5, 0.99),
+        _cpu_row(65536, (0.9, 0.9), 0.5, 0.99),  # the bench's processes: 2.3 of 2 cores
+        _cpu_row(262144, (0.2,), 0.1, 0.99),  # other load: flagged apart, not hollow
         _cpu_row(1 << 20, (0.2,), 0.95, 0.5),
     ]
     fig = plot_figure(rows, "t")
@@ -517,7 +518,7 @@ def test_plot_marks_cpu_bound_points_hollow(tmp_path: Path) -> None:
         marked = [list(ln.get_xdata()) for ln in hollow if len(ln.get_xdata())]
         assert marked == [[65536, 1 << 20]]
         filled = [ln for ln in ax.lines if ln.get_marker() == "o" and ln not in hollow]
-        assert [list(ln.get_xdata()) for ln in filled] == [[4096]]
+        assert [list(ln.get_xdata()) for ln in filled] == [[4096, 262144]]
         assert any("CPU-bound" in t.get_text() for t in ax.get_legend().get_texts())
     unbound = plot_figure([_cpu_row(4096, (0.2,), 0.5, 0.5)])
     assert not any("CPU-bound" in t.get_text() for t in unbound.axes[0].get_legend().get_texts())
@@ -533,3 +534,13 @@ def test_host_drops_get_a_footnote_and_a_json_field() -> None:
     assert "dropped 7 datagrams for full socket receive buffers" in table
     assert dropped.to_json()["host_drops"] == 7
     assert "host drops" not in format_table("gloo", [dropped])  # TCP's are its own
+
+
+def test_other_load_is_flagged_apart_from_cpu_bound() -> None:
+    busy = _cpu_row(4096, (0.2,), 0.1, 0.99)
+    assert busy.cpu is not None and not busy.cpu.bound and busy.cpu.busy_other
+    assert busy.cpu.other_cores == pytest.approx((0.99 - 0.15) * 2)
+    table = format_table("ina", [busy, _cpu_row(8192, (0.2,), 0.1, 0.2)])
+    assert "machine busy with other processes: up to 168% of a core during 1 row(s)" in table
+    assert "CPU-bound" not in table
+    assert "99~" in table  # the machine column marks other load, not a bound
