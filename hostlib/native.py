@@ -257,3 +257,252 @@ class NativeInaAllreduce:
         w, n = self.window, self.npackets
         self.uses[:w] += n // w
         self.uses[: n % w] += 1
+
+
+# ----------------------------------------------------------------- the p2p core
+def _load_p2p() -> tuple[Any, str | None]:
+    from hostlib.p2p import P2P_ACK, P2P_DATA, P2P_HEADER, P2pError
+
+    try:
+        from hostlib import _p2pcore
+    except ImportError as exc:
+        return None, f"the native p2p core was not built ({exc})"
+    wire = {
+        "P2P_DATA": P2P_DATA,
+        "P2P_ACK": P2P_ACK,
+        "HEADER": P2P_HEADER.size,
+        "FLAG_RESEND": protocol.FLAG_RESEND,
+        "MAX_LANES": protocol.MAX_LANES,
+    }
+    if wire != _p2pcore.PROTOCOL:
+        return None, f"the native p2p core's protocol {_p2pcore.PROTOCOL} is not {wire}"
+    _p2pcore.set_errors(P2pError, _CoreTimeout)
+    return _p2pcore, None
+
+
+_p2p_loaded: tuple[Any, str | None] | None = None
+
+
+def _p2p_core() -> tuple[Any, str | None]:
+    """The p2p core and why not, loaded at first use (hostlib.p2p imports this module
+    through hostlib.session, so it cannot be read while this module loads)."""
+    global _p2p_loaded
+    if _p2p_loaded is None:
+        _p2p_loaded = _load_p2p()
+    return _p2p_loaded
+
+
+def native_p2p_unavailable() -> str | None:
+    """Why the native point-to-point core cannot run here, or ``None`` when it can."""
+    return _p2p_core()[1]
+
+
+@dataclass
+class _NativeP2pStats:
+    sent: int = 0
+    retransmitted: int = 0
+    fast_retransmitted: int = 0
+    duplicates: int = 0
+    foreign: int = 0
+    late_answered: int = 0
+
+
+class NativeP2pEndpoint:
+    """One worker's reliable channels on the native core: the interface of
+    :class:`~hostlib.p2p.P2pEndpoint` that calls, sessions and their responder use.
+
+    Raises:
+        ValueError: the native p2p core is not built, or a spec it cannot take.
+    """
+
+    def __init__(self, spec: Any, policy: RetryPolicy | None = None) -> None:
+        core, why_not = _p2p_core()
+        if core is None:
+            raise ValueError(f"native p2p engine: {why_not}")
+        self.spec = spec
+        self.policy = policy or RetryPolicy()
+        p = self.policy
+        self.core = core.Endpoint(
+            spec.rank, list(spec.addrs), spec.lanes, spec.window, p.timeout, p.min_timeout,
+            p.max_timeout, p.backoff, p.deadline,
+        )  # fmt: skip
+        self.stats = _NativeP2pStats()
+        self.rtt = _Rtt(p.timeout)
+        self._driver_counts = {"foreign": 0, "late_answered": 0}
+        self._sync()
+
+    def count(self, counter: str) -> None:
+        """Count one event the session's driver saw (``foreign``, ``late_answered``)."""
+        self._driver_counts[counter] += 1
+        self._sync()
+
+    def _sync(self) -> None:
+        s = self.core.state
+        st = self.stats
+        st.sent, st.retransmitted, st.fast_retransmitted = (
+            s["sent"], s["retransmitted"], s["fast_retransmitted"],
+        )  # fmt: skip
+        extra = self._driver_counts
+        st.duplicates = s["duplicates"]
+        st.foreign = s["foreign"] + extra["foreign"]
+        st.late_answered = s["late_answered"] + extra["late_answered"]
+        self.rtt.rto, self.rtt.srtt, self.rtt.rttvar = s["rto"], s["srtt"], s["rttvar"]
+        self.rtt.samples = s["samples"]
+        self.call: int = s["call"]
+        self.last_progress: float = s["last_progress"]
+        self.last_rx: float = s["last_rx"]
+        self.lanes: int = s["lanes"]
+        self.window: int = s["window"]
+
+    @property
+    def unacked(self) -> bool:
+        return bool(self.core.state["unacked"])
+
+    @property
+    def has_output(self) -> bool:
+        return bool(self.core.state["has_output"])
+
+    def waiting_for(self) -> dict[int, int]:
+        return dict(self.core.waiting_for())
+
+    def on_datagram(self, data: Any, now: float) -> None:
+        self.core.on_datagram(data, now)
+        self._sync()
+
+    def on_timer(self, now: float) -> None:
+        self.core.on_timer(now)
+        self._sync()
+
+    def take_outbox(self) -> list[bytes]:
+        out: list[bytes] = self.core.take_outbox()
+        return out
+
+    def next_timer(self) -> float:
+        return float(self.core.next_timer())
+
+    def serve_idle(self, fd: int, now: float) -> None:
+        """Answer every datagram waiting on ``fd`` as between calls (the responder)."""
+        self.core.serve_idle(fd, now)
+        self._sync()
+
+
+_RING_KINDS = {"allreduce": 0, "reduce_scatter": 1, "all_gather": 2}
+_TREE_KIND = 3
+
+
+class NativeCollectiveCall:
+    """One ring (``phase``) or tree (``tree=True``) call of one rank on the native core:
+    the arguments, errors and driving interface of :class:`~hostlib.p2p.CollectiveCall`
+    (``start``, ``on_datagram``, ``on_timer``, ``next_wakeup``, ``done``, ``result``).
+
+    Raises:
+        TypeError: data is not int32/float32.
+        ValueError: data is not 1-D, too large, an unknown phase, or lanes or window out
+            of range.
+    """
+
+    def __init__(
+        self,
+        endpoint: NativeP2pEndpoint,
+        data: np.ndarray,
+        linger: float = 0.0,
+        *,
+        lanes: int | None = None,
+        window: int | None = None,
+        phase: str = "allreduce",
+        tree: bool = False,
+    ) -> None:
+        from hostlib.p2p import call_knobs
+
+        if data.dtype not in (np.float32, np.int32):
+            raise TypeError(f"allreduce supports float32 and int32, not {data.dtype}")
+        if data.ndim != 1:
+            raise ValueError("allreduce takes a 1-D array")
+        if phase not in _RING_KINDS:
+            raise ValueError(f"unknown ring phase {phase!r} (known: {', '.join(_RING_KINDS)})")
+        self.endpoint, self.spec, self.phase = endpoint, endpoint.spec, phase
+        self.lanes, self.window = call_knobs(self.spec, lanes, window)
+        n, r = self.spec.world_size, self.spec.rank
+        if phase == "all_gather" and not tree:
+            self.out = np.zeros(n * data.size, dtype=data.dtype)
+            self.out[r * data.size : (r + 1) * data.size] = data
+        else:
+            self.out = np.array(data, copy=True, order="C")
+        size = self.out.size
+        self.bounds = (np.arange(n + 1, dtype=np.int64) * size) // n
+        kind = _TREE_KIND if tree else _RING_KINDS[phase]
+        self._core = _p2p_core()[0].Call(
+            endpoint.core, kind, self.out, data.dtype == np.float32, self.lanes, self.window,
+            linger,
+        )  # fmt: skip
+
+    @property
+    def done(self) -> bool:
+        return bool(self._core.done)
+
+    def start(self, now: float) -> list[bytes]:
+        try:
+            out: list[bytes] = self._core.start(now)
+        finally:
+            self.endpoint._sync()
+        return out
+
+    def on_datagram(self, data: Any, now: float) -> None:
+        try:
+            self._core.on_datagram(data, now)
+        finally:
+            self.endpoint._sync()
+
+    def next_wakeup(self) -> float:
+        return float(self._core.next_wakeup())
+
+    def on_timer(self, now: float) -> list[bytes]:
+        try:
+            out: list[bytes] = self._core.on_timer(now)
+        except _CoreTimeout as exc:
+            self.endpoint._sync()
+            raise self._timeout(*exc.args) from None
+        self.endpoint._sync()
+        return out
+
+    def run(self, fd: int) -> None:
+        """The whole call on the session's UDP socket ``fd``, the GIL released.
+
+        Raises:
+            P2pTimeoutError: no new data or ack for longer than the policy's deadline.
+            P2pError: peers disagree on the call.
+            OSError: the socket failed.
+        """
+        try:
+            self._core.run(fd)
+        except _CoreTimeout as exc:
+            raise self._timeout(*exc.args) from None
+        finally:
+            self.endpoint._sync()
+
+    def _timeout(self, seconds: float, remaining: int) -> Exception:
+        from hostlib.p2p import P2pTimeoutError
+
+        ep = self.endpoint
+        return P2pTimeoutError(
+            f"rank {self.spec.rank} call {ep.call}: no progress for "
+            f"{seconds:.3f} s (deadline {ep.policy.deadline} s); "
+            f"{remaining} messages still expected, unacknowledged packets per peer "
+            f"{ep.waiting_for()}, {ep.stats.retransmitted} retransmissions"
+        )
+
+    def result(self) -> np.ndarray:
+        """The sum, this rank's part of it (reduce_scatter) or every rank's parts
+        (all_gather), as :meth:`hostlib.ring.RingCall.result`.
+
+        Raises:
+            P2pError: the call has not completed.
+        """
+        from hostlib.p2p import P2pError
+
+        if not self.done:
+            raise P2pError("allreduce has not completed")
+        if self.phase != "reduce_scatter":
+            return self.out
+        r = self.spec.rank
+        return self.out[int(self.bounds[r]) : int(self.bounds[r + 1])]

@@ -72,13 +72,20 @@ import struct
 import threading
 import time
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 
 from hostlib.ina import Addr, InaError, InaTimeoutError, RetryPolicy, _Rtt, reorder_threshold
+from hostlib.native import (
+    ENGINE_ENV,
+    NativeCollectiveCall,
+    NativeP2pEndpoint,
+    engine_name,
+    native_p2p_unavailable,
+)
 from hostlib.protocol import DEFAULT_SLOTS_PER_JOB, FLAG_RESEND, LANES_PER_PACKET, MAX_LANES
 from hostlib.session import reduce_flat
 from hostlib.transport.base import Transport
@@ -283,6 +290,10 @@ class P2pEndpoint:
 
     def end_call(self) -> None:
         self._handler = None
+
+    def count(self, counter: str) -> None:
+        """Count one event the session's driver saw (``foreign``, ``late_answered``)."""
+        setattr(self.stats, counter, getattr(self.stats, counter) + 1)
 
     @property
     def unacked(self) -> bool:
@@ -671,16 +682,38 @@ class PeerCollective:
         spec: this worker's rank and every rank's address.
         transport: a bound transport at ``spec.addrs[spec.rank]``.
         policy: retransmission timing and the no-progress deadline.
+        engine: ``"native"`` (the C core, ``hostlib.native``: ring and tree calls run on
+            the socket with the GIL released) or ``"python"`` (the specification);
+            ``None``: ``INALAB_HOST_ENGINE``, else the native one where it was built.
+
+    Raises:
+        ValueError: an unknown engine, or ``"native"`` where it was not built.
     """
 
     _call_type: type[CollectiveCall] = CollectiveCall
 
     def __init__(
-        self, spec: PeerSpec, transport: Transport, policy: RetryPolicy | None = None
+        self,
+        spec: PeerSpec,
+        transport: Transport,
+        policy: RetryPolicy | None = None,
+        *,
+        engine: str | None = None,
     ) -> None:
         self.spec = spec
         self.transport = transport
-        self.endpoint = P2pEndpoint(spec, policy)
+        self.engine = engine_name({ENGINE_ENV: engine} if engine else None)
+        if self.engine == "native" and native_p2p_unavailable() is not None:
+            if engine == "native":
+                raise ValueError(f"native p2p engine: {native_p2p_unavailable()}")
+            self.engine = "python"
+        native = self.engine == "native"
+        self.endpoint: P2pEndpoint | NativeP2pEndpoint = (
+            NativeP2pEndpoint(spec, policy) if native else P2pEndpoint(spec, policy)
+        )
+        # The native core does the socket's I/O itself where the transport allows it.
+        native_io = getattr(transport, "native_io", False)
+        self._fileno = getattr(transport, "fileno", None) if native_io else None
         self._ranks = {addr: rank for rank, addr in enumerate(spec.addrs)}
         self._buf = bytearray(_RECV_BYTES)
         self._broken: str | None = None
@@ -746,9 +779,34 @@ class PeerCollective:
         self._check_usable()
 
         def reduce(flat: np.ndarray) -> np.ndarray:
-            return self._run_call(call_type(self.endpoint, flat, lanes=lanes, window=window))
+            return self._run_call(self.new_call(call_type, flat, lanes, window))
 
         return reduce_flat(x, inplace, reduce)
+
+    def new_call(
+        self,
+        call_type: type[CollectiveCall],
+        flat: np.ndarray,
+        lanes: int | None,
+        window: int | None,
+        phase: str = "allreduce",
+    ) -> Any:
+        """One call of ``call_type`` (ring calls with their ``phase``) on this session's
+        engine: the native core for ring and tree calls where the session is native."""
+        from hostlib.ring import RingCall
+        from hostlib.tree import TreeCall
+
+        ep = self.endpoint
+        if isinstance(ep, NativeP2pEndpoint):
+            if call_type not in (RingCall, TreeCall):
+                raise P2pError(f"the native engine runs ring and tree calls, not {call_type}")
+            tree = call_type is TreeCall
+            return NativeCollectiveCall(
+                ep, flat, lanes=lanes, window=window, phase=phase, tree=tree
+            )
+        if call_type is RingCall:
+            return RingCall(ep, flat, lanes=lanes, window=window, phase=phase)
+        return call_type(ep, flat, lanes=lanes, window=window)
 
     def _check_usable(self) -> None:
         responder = self._responder
@@ -757,12 +815,15 @@ class PeerCollective:
         if self._broken:
             raise P2pError(f"session unusable after an earlier failure: {self._broken}")
 
-    def _run_call(self, call: CollectiveCall) -> np.ndarray:
+    def _run_call(self, call: Any) -> np.ndarray:
         """Drive ``call`` to its end; a failure breaks the session. Between calls the
         responder answers the peers (see :class:`_Responder`)."""
         with self.lock:
             try:
-                self._drive(call)
+                if isinstance(call, NativeCollectiveCall) and self._fileno is not None:
+                    call.run(self._fileno())
+                else:
+                    self._drive(call)
             except P2pError as exc:
                 self._broken = str(exc)
                 raise
@@ -780,19 +841,22 @@ class PeerCollective:
         (the caller holds :attr:`lock`): duplicates of a finished call are acknowledged
         again, the next call's early packets kept and acknowledged."""
         ep, view = self.endpoint, memoryview(self._buf)
+        if isinstance(ep, NativeP2pEndpoint) and self._fileno is not None:
+            ep.serve_idle(self._fileno(), now)
+            return
         while True:
             n, src = self.transport.recv_into(self._buf, 0.0)
             if not n:
                 break
             if src in self._ranks:
                 ep.on_datagram(view[:n], now)
-                ep.stats.late_answered += 1
+                ep.count("late_answered")
             else:
-                ep.stats.foreign += 1
+                ep.count("foreign")
         ep.on_timer(now)
         self._send_all(ep.take_outbox())
 
-    def _drive(self, call: CollectiveCall) -> None:
+    def _drive(self, call: Any) -> None:
         recv, view = self.transport.recv_into, memoryview(self._buf)
         self._send_all(call.start(time.perf_counter()))
         while not call.done:
@@ -801,10 +865,10 @@ class PeerCollective:
             if n and src in self._ranks:
                 call.on_datagram(view[:n], now)
             elif n:
-                self.endpoint.stats.foreign += 1
+                self.endpoint.count("foreign")
             self._send_all(call.on_timer(now))
 
-    def _send_all(self, packets: list[bytes | bytearray]) -> None:
+    def _send_all(self, packets: Sequence[bytes | bytearray]) -> None:
         send, addrs = self.transport.send, self.spec.addrs
         for packet in packets:
             send(memoryview(packet), addrs[packet[3]])

@@ -205,7 +205,7 @@ class RingAllreduce(PeerCollective):
         self._check_usable()
         array, wrap = as_numpy(x)
         flat = np.ascontiguousarray(array).reshape(-1)
-        call = RingCall(self.endpoint, flat, lanes=lanes, window=window, phase=phase)
+        call = self.new_call(RingCall, flat, lanes, window, phase)
         result = self._run_call(call)
         # A reduce-scatter's part is a view of the whole vector: keep only the part.
         return wrap(result.copy() if phase == "reduce_scatter" else result)

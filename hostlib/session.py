@@ -50,8 +50,10 @@ class InaSession:
         connect = getattr(transport, "connect", None)
         if connect is not None:  # the session's transport talks to the switch alone
             connect(spec.switch)
-        # The native core runs a whole call on the connected socket itself.
-        self._fileno = getattr(transport, "fileno", None) if connect is not None else None
+        # The native core runs a whole call on the connected socket itself, where the
+        # transport allows it (UdpTransport.native_io).
+        native_io = connect is not None and getattr(transport, "native_io", False)
+        self._fileno = getattr(transport, "fileno", None) if native_io else None
         self.policy = policy or RetryPolicy()
         self.uses = np.zeros(spec.slots, dtype=np.int64)
         self.rtt = _Rtt(self.policy.timeout)

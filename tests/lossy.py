@@ -82,7 +82,10 @@ class FaultCounts:
 
 
 class LossyUdpTransport(UdpTransport):
-    """A :class:`UdpTransport` that applies :class:`Faults` to p2p datagrams."""
+    """A :class:`UdpTransport` that applies :class:`Faults` to p2p datagrams (so the
+    sessions' native cores drive their calls through it, not on the socket)."""
+
+    native_io = False
 
     def __init__(self, faults: Faults, seed: int) -> None:
         super().__init__(("127.0.0.1", 0))

@@ -16,12 +16,18 @@ _BUFFER_BYTES = 8 << 20  # the kernel caps it at net.core.{r,w}mem_max; large wi
 class UdpTransport:
     """A bound, non-blocking UDP socket.
 
+    ``native_io`` says that a native core may send and receive on :meth:`fileno` itself
+    (what ``send`` and ``recv_into`` do, nothing more); a subclass that changes them (a
+    test's lossy transport) sets it false, and sessions then drive calls through them.
+
     Args:
         local: address to bind; port 0 picks a free one (see :attr:`local_addr`).
 
     Raises:
         TransportError: the address cannot be bound.
     """
+
+    native_io = True
 
     def __init__(self, local: Addr = ("127.0.0.1", 0)) -> None:
         self._sock = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)

@@ -1,0 +1,152 @@
+"""The native point-to-point core against the Python engine (differential test).
+
+Ring allreduce, reduce_scatter and all_gather and the tree allreduce run on the fake
+network twice, once on :class:`~hostlib.p2p.P2pEndpoint` with RingCall/TreeCall (the
+specification) and once on the native core, with the same random loss, duplication and
+reordering drawn per transmission: every datagram each rank emits, with its event and
+virtual time, the results, the counters and the RTT estimates must be identical, for 200
+seeds per collective and dtype, 1 to 8 ranks, odd sizes, several packet widths and
+windows, and calls that follow each other on one session's channels.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+import pytest
+from helpers import ROUTER, Router, random_inputs
+
+from hostlib.ina import RetryPolicy
+from hostlib.native import NativeCollectiveCall, NativeP2pEndpoint, native_p2p_unavailable
+from hostlib.p2p import P2pEndpoint, P2pError, PeerSpec
+from hostlib.ring import RingCall
+from hostlib.transport.memory import FakeNetwork, LinkModel
+from hostlib.tree import TreeCall
+
+pytestmark = pytest.mark.skipif(
+    native_p2p_unavailable() is not None, reason=str(native_p2p_unavailable())
+)
+
+POLICY = RetryPolicy(timeout=0.002, min_timeout=0.0005, max_timeout=0.02, deadline=5.0)
+LINKS = [
+    LinkModel(),
+    LinkModel(loss=0.05),
+    LinkModel(loss=0.1, duplicate=0.1, reorder=0.2, reorder_delay=0.001),
+]
+OPERATIONS = ("allreduce", "reduce_scatter", "all_gather", "tree")
+
+
+class Recorder:
+    def __init__(self, call: Any, log: list[tuple[str, float, bytes]]) -> None:
+        self.call, self.log = call, log
+
+    @property
+    def done(self) -> bool:
+        return bool(self.call.done)
+
+    def next_wakeup(self) -> float:
+        return float(self.call.next_wakeup())
+
+    def start(self, now: float) -> list[Any]:
+        out = self.call.start(now)
+        self.log.extend(("start", now, bytes(p)) for p in out)
+        return list(out)
+
+    def on_datagram(self, data: memoryview, now: float) -> None:
+        self.call.on_datagram(data, now)
+
+    def on_timer(self, now: float) -> list[Any]:
+        out = self.call.on_timer(now)
+        self.log.extend(("timer", now, bytes(p)) for p in out)
+        return list(out)
+
+
+# A finished rank stays on the fake network this long without a datagram (virtual
+# seconds, over the policy's longest timeout) to answer a peer whose last ack was lost:
+# the fake network's driver stops feeding finished calls, as no responder runs there.
+LINGER = 0.1
+
+
+def _make(native: bool, operation: str, ep: Any, x: np.ndarray, lanes: int, window: int) -> Any:
+    if native:
+        tree = operation == "tree"
+        phase = "allreduce" if tree else operation
+        return NativeCollectiveCall(
+            ep, x, LINGER, lanes=lanes, window=window, phase=phase, tree=tree
+        )
+    if operation == "tree":
+        return TreeCall(ep, x, LINGER, lanes=lanes, window=window)
+    return RingCall(ep, x, LINGER, lanes=lanes, window=window, phase=operation)
+
+
+def _session(native: bool, operation: str, seed: int, dtype: type) -> tuple[list[Any], list[Any]]:
+    rng = np.random.default_rng(seed)
+    n = 1 + seed % 8
+    link = LINKS[seed % 3]
+    addrs = [(f"10.1.0.{r + 1}", 7000 + r) for r in range(n)]
+    kind = NativeP2pEndpoint if native else P2pEndpoint
+    endpoints = [kind(PeerSpec(r, tuple(addrs), 16, 4), POLICY) for r in range(n)]
+    net = FakeNetwork(Router(addrs), ROUTER, link, seed=seed)
+    logs: list[list[tuple[str, float, bytes]]] = [[] for _ in range(n)]
+    results: list[Any] = []
+    for _ in range(3):
+        size = int(rng.integers(0, 12 * 16))
+        lanes, window = int(rng.choice([1, 3, 16])), int(rng.integers(1, 6))
+        per_rank = size // n if operation == "all_gather" else size
+        inputs = random_inputs(rng, dtype, n, per_rank) if per_rank else np.zeros((n, 0), dtype)
+        calls = {
+            a: _make(native, operation, endpoints[r], inputs[r], lanes, window)
+            for r, a in enumerate(addrs)
+        }
+        recorders = {a: Recorder(calls[a], logs[r]) for r, a in enumerate(addrs)}
+        errors = net.run(recorders)  # type: ignore[arg-type]
+        assert all(e is None for e in errors.values()), errors
+        results.extend(np.array(calls[a].result()) for a in addrs)
+    for ep in endpoints:
+        s = ep.stats
+        results.append(np.array([s.sent, s.retransmitted, s.fast_retransmitted, s.duplicates]))
+        results.append(np.array([ep.rtt.rto, ep.rtt.srtt, ep.rtt.rttvar, ep.rtt.samples]))
+    return logs, results
+
+
+QUICK = 12
+"""Seeds in the quick run; the rest of the 200 are marked slow."""
+
+
+@pytest.mark.parametrize("dtype", [np.int32, np.float32])
+@pytest.mark.parametrize("operation", OPERATIONS)
+@pytest.mark.parametrize(
+    "seed", [s if s < QUICK else pytest.param(s, marks=pytest.mark.slow) for s in range(200)]
+)
+def test_native_p2p_emits_what_the_python_engine_emits(
+    seed: int, operation: str, dtype: type
+) -> None:
+    want_logs, want = _session(False, operation, seed, dtype)
+    got_logs, got = _session(True, operation, seed, dtype)
+    for rank, (g, w) in enumerate(zip(got_logs, want_logs, strict=True)):
+        assert len(g) == len(w), f"rank {rank}: {len(g)} datagrams, the specification {len(w)}"
+        for k, (ge, we) in enumerate(zip(g, w, strict=True)):
+            assert ge == we, f"rank {rank}, datagram {k}: {ge} vs {we}"
+    for g, w in zip(got, want, strict=True):
+        assert g.dtype == w.dtype and g.shape == w.shape
+        np.testing.assert_array_equal(g.view(np.uint8), w.view(np.uint8))
+
+
+def test_a_wrong_message_raises_the_python_engines_error() -> None:
+    addrs = (("10.1.0.1", 1), ("10.1.0.2", 2))
+    messages = []
+    for native in (False, True):
+        eps = [
+            (NativeP2pEndpoint if native else P2pEndpoint)(PeerSpec(r, addrs, 8, 4), POLICY)
+            for r in range(2)
+        ]
+        a = _make(native, "allreduce", eps[0], np.zeros(16, np.int32), 16, 4)
+        b = _make(native, "allreduce", eps[1], np.zeros(24, np.int32), 16, 4)  # another size
+        b.start(0.0)
+        packets = a.start(0.0)
+        with pytest.raises(P2pError) as err:
+            for p in packets:
+                b.on_datagram(memoryview(bytes(p)), 0.001)
+        messages.append(str(err.value))
+    assert messages[0] == messages[1], messages
