@@ -2,13 +2,46 @@
 
 ``import dynamiccl.torch_backend`` registers the backend; then
 ``torch.distributed.init_process_group("ina", ...)`` builds an :class:`InaProcessGroup`.
-Its SUM allreduce, reduce-scatter (``reduce_scatter_tensor``) and all-gather
-(``all_gather_into_tensor``) of int32/float32 tensors (CPU; CUDA staged through host
-memory) run on hostlib: through the switch (:class:`~hostlib.session.InaSession`, UDP)
-or host to host (:class:`~hostlib.ring.RingAllreduce`, ring or tree, over a UDP socket of
-its own), as the :class:`Chooser` says; every other call (other ops or dtypes,
-broadcast, the list forms of allgather, barrier, ...) goes to a Gloo backend built from
-the same store, registered as the group's CPU backend, so torch's own dispatch reaches it.
+Its SUM and AVG allreduce and reduce-scatter (``reduce_scatter_tensor``) and its
+all-gather (``all_gather_into_tensor``) of int32/float32 tensors (CPU; CUDA staged through
+host memory) run on hostlib: through the switch (:class:`~hostlib.session.InaSession`,
+UDP) or host to host (:class:`~hostlib.ring.RingAllreduce`, ring or tree, over a UDP
+socket of its own), as the :class:`Chooser` says; AVG is that SUM divided by the group's
+size here, as Gloo divides its sum (so an integer AVG fails as Gloo's does, after the
+sum). Every other call (MAX/MIN/PRODUCT, logged once per op; other dtypes; broadcast,
+the list forms of allgather, barrier, ...) goes to a Gloo backend built from the same
+store.
+
+Gloo, and the GIL (issue #20). A Gloo worker thread destroys each finished work while
+it holds Gloo's work-queue lock, and destroying a work whose tensors belong to Python
+objects takes the GIL; every Gloo collective takes that lock to enqueue. So a thread
+that holds the GIL while it enqueues can deadlock with a worker. torch's C++ trampoline
+for Python subclasses of ``ProcessGroup`` does exactly that for a collective the
+subclass does not define: it takes the GIL to look for a Python method and, finding
+none, calls the C++ base method, which dispatches to the registered Gloo backend, with
+the GIL still held (a loop of list all-gathers hung within 50 calls). Hence:
+
+- this class defines every collective of ``ProcessGroup`` (those the trampoline
+  forwards, which C++ callers such as functional collectives reach, and the rest, which
+  ``torch.distributed``'s functions call by name; :data:`GLOO_COLLECTIVES` are Gloo's
+  alone), so none is left to the C++ base class; a test holds torch's list to this;
+- whatever goes to Gloo goes through :meth:`InaProcessGroup._to_gloo`, which calls the
+  ``ProcessGroupGloo`` object's own methods: their bindings release the GIL for the whole
+  C++ call (``py::call_guard<py::gil_scoped_release>`` on every collective of c10d's
+  ``Backend`` class), so the GIL is never held while Gloo's lock is awaited; waiting on
+  the returned work releases it too (``Work.wait``);
+- what runs on hostlib runs to the end in the calling thread (its waits are socket
+  waits, which release the GIL) and returns a work completed already, so nothing waits
+  on another thread for it.
+
+A Gloo thread may still wait for the GIL, but never while the thread holding the GIL
+waits for that Gloo thread: no cycle remains. Gloo is also registered as the group's
+CPU (and CUDA) backend, for torch code that asks the group for it (``_get_backend``);
+calling c10d's dispatcher ops (``torch.ops.c10d.*``) on this group directly from Python
+would reach it with the GIL held, and is not supported (``torch.distributed`` and its
+functional collectives go through the methods above). ``dist.monitored_barrier`` refuses
+every backend not named "gloo" before it reaches a group: call the group's own
+``monitored_barrier`` (Gloo's).
 
 Job setup (:func:`connect_session`), in one of two modes:
 
@@ -91,6 +124,7 @@ __all__ = [
     "ENV_SWITCH",
     "ENV_SWITCH_RANK",
     "ENV_WORKERS",
+    "GLOO_COLLECTIVES",
     "AlwaysIna",
     "Chooser",
     "Exchange",
@@ -669,10 +703,52 @@ def _completed(result: Any) -> dist.Work:
     return _create_work_from_future(future)
 
 
+def _all_done(works: Sequence[dist.Work]) -> dist.Work:
+    """A completed work, once each of ``works`` is waited for here (``Work.wait``
+    releases the GIL while it waits)."""
+    for work in works:
+        work.wait()
+    return _completed(None)
+
+
+def _kind(op: Any) -> Any:
+    """The ``RedOpType`` of a ``ReduceOp`` (or of a ``RedOpType``), which compares with
+    ``dist.ReduceOp.SUM`` and the like whichever side it is on."""
+    return getattr(op, "op", op)
+
+
+def _given(opts: Any) -> tuple[Any, ...]:
+    """``(opts,)``, or nothing for ``None`` (then Gloo's binding takes its default)."""
+    return () if opts is None else (opts,)
+
+
+GLOO_COLLECTIVES = (
+    "allgather", "allgather_coalesced", "alltoall", "alltoall_base", "barrier", "broadcast",
+    "gather", "monitored_barrier", "recv", "recv_anysource", "reduce", "reduce_scatter",
+    "scatter", "send",
+)  # fmt: skip
+"""The collectives of ``ProcessGroup`` that the ina group leaves to Gloo whatever their
+arguments (by ``ProcessGroupGloo``'s names: ``all_to_all_single`` is its
+``alltoall_base``); the others run on hostlib when they can."""
+
+
+def _gloo_collective(name: str) -> Callable[..., Any]:
+    """A method of :class:`InaProcessGroup` that runs Gloo's ``name`` with the
+    arguments it is given (see :meth:`InaProcessGroup._to_gloo`)."""
+
+    def collective(self: InaProcessGroup, *args: Any, **kwargs: Any) -> Any:
+        return self._to_gloo(name, *args, **kwargs)
+
+    collective.__name__ = collective.__qualname__ = name
+    collective.__doc__ = f"Gloo's ``{name}``, with its arguments; its work (if any)."
+    return collective
+
+
 class InaProcessGroup(dist.ProcessGroup):
-    """A process group whose SUM allreduce and reduce-scatter and whose all-gather of
-    int32/float32 tensors run on hostlib (the switch, or host to host); everything else
-    is Gloo's (created from ``store``).
+    """A process group whose SUM and AVG allreduce and reduce-scatter and whose all-gather
+    of int32/float32 tensors run on hostlib (the switch, or host to host); everything
+    else is Gloo's (created from ``store``), called so that the GIL is not held while
+    Gloo's threads are waited for (see the module docstring).
 
     Built by ``init_process_group("ina")`` (see :func:`register_backend`); construct it
     directly only for a group of your own (every rank at once: it sets up the job).
@@ -702,7 +778,8 @@ class InaProcessGroup(dist.ProcessGroup):
         self._gloo: Any = dist.ProcessGroupGloo(
             dist.PrefixStore("gloo/", store), rank, world_size, timeout
         )
-        # Collectives this class does not override reach Gloo through torch's dispatch.
+        # For torch code that asks the group for its backend; the collectives themselves
+        # are all methods of this class (see the module docstring).
         gloo_type = dist.ProcessGroup.BackendType.GLOO
         self._register_backend(torch.device("cpu"), gloo_type, self._gloo)
         if torch.cuda.is_available():
@@ -719,6 +796,7 @@ class InaProcessGroup(dist.ProcessGroup):
             raise
         self._closed = False
         self._warned: set[str] = set()
+        self._coalesced: list[dist.Work] | None = None  # between start/end_coalescing
 
     def getBackendName(self) -> str:
         return BACKEND_NAME
@@ -743,6 +821,11 @@ class InaProcessGroup(dist.ProcessGroup):
             self._warned.add(key)
             log.warning("ina backend: %s (logged once)", message)
 
+    def _note_once(self, key: str, message: str) -> None:
+        if key not in self._warned:
+            self._warned.add(key)
+            log.info("ina backend: %s (logged once)", message)
+
     def _check_open(self) -> None:
         if self._closed:
             raise InaError("the ina process group is shut down")
@@ -751,20 +834,34 @@ class InaProcessGroup(dist.ProcessGroup):
     def allreduce(  # type: ignore[override]  # what the C++ trampoline passes
         self, tensors: list[torch.Tensor], opts: Any = None
     ) -> dist.Work:
-        """SUM of non-empty int32/float32 tensors as the chooser says; anything else, and
-        a call the chooser sends to Gloo, through Gloo."""
+        """SUM or AVG of non-empty int32/float32 tensors as the chooser says; anything
+        else, and a call the chooser sends to Gloo, through Gloo."""
         if opts is None:
             opts = dist.AllreduceOptions()
-        if opts.reduceOp != dist.ReduceOp.SUM or not all(
-            _carried(t) and t.numel() for t in tensors
-        ):
-            return self._gloo.allreduce(tensors, opts)
+        work = self._allreduce_on_hostlib(tensors, opts.reduceOp)
+        return self._to_gloo("allreduce", tensors, opts) if work is None else work
+
+    def allreduce_coalesced(self, tensors: list[torch.Tensor], opts: Any = None) -> dist.Work:
+        """:meth:`allreduce` of several tensors at once (``all_reduce_coalesced``, and
+        ``_coalescing_manager`` of allreduces)."""
+        if opts is None:
+            opts = dist.AllreduceCoalescedOptions()
+        work = self._allreduce_on_hostlib(tensors, opts.reduceOp)
+        return self._to_gloo("allreduce_coalesced", tensors, opts) if work is None else work
+
+    def _allreduce_on_hostlib(self, tensors: list[torch.Tensor], op: Any) -> dist.Work | None:
+        """Run a SUM or AVG allreduce of ``tensors`` on hostlib as the chooser says and
+        return its completed work; ``None``: it is Gloo's to run."""
+        if not all(_carried(t) and t.numel() for t in tensors) or not self._adds(op):
+            return None
         actions = [self._plan("allreduce", _nbytes(t)) for t in tensors]
         if any(a is None for a in actions):
-            return self._gloo.allreduce(tensors, opts)
+            return None
         self._check_open()
         for tensor, action in zip(tensors, actions, strict=True):
             self._allreduce_(tensor, cast(Action, action))
+        if _kind(op) == dist.ReduceOp.AVG:
+            self._average(tensors)
         return _completed(tensors)
 
     def _allreduce_(self, tensor: torch.Tensor, action: Action) -> None:
@@ -778,24 +875,41 @@ class InaProcessGroup(dist.ProcessGroup):
             _in_place(tensor, lambda host: self.peers.allreduce(
                 host, inplace=True, lanes=lanes, window=window))  # fmt: skip
 
+    def _adds(self, op: Any) -> bool:
+        """Whether reduce op ``op`` runs on hostlib (SUM, AVG); the others run on Gloo, as
+        logged once per op."""
+        kind = _kind(op)
+        if kind in (dist.ReduceOp.SUM, dist.ReduceOp.AVG):
+            return True
+        name = getattr(kind, "name", str(kind))
+        self._note_once(f"op/{name}", f"{name} runs on Gloo: the switch and hostlib only add")
+        return False
+
+    def _average(self, tensors: Sequence[torch.Tensor]) -> None:
+        """Divide sums by the group's size in place, as Gloo's AVG does after its sum; on
+        an integer tensor that raises torch's RuntimeError (the sum stays), as Gloo's
+        does (there when the work is waited for)."""
+        for tensor in tensors:
+            tensor.detach().div_(self.size())
+
     def reduce_scatter_single(
         self, output: torch.Tensor, input: torch.Tensor, opts: Any = None
     ) -> dist.Work:
         """``reduce_scatter_tensor``: rank ``r`` of ``n`` gets elements ``r * k`` to
-        ``(r + 1) * k`` of the SUM of every rank's ``n * k``-element input, through the
-        switch (an INA allreduce of which it keeps its part) or hostlib's ring. Other
-        ops, dtypes or sizes go to Gloo."""
+        ``(r + 1) * k`` of the SUM (or AVG) of every rank's ``n * k``-element input,
+        through the switch (an INA allreduce of which it keeps its part) or hostlib's
+        ring. Other ops, dtypes or sizes go to Gloo."""
         if opts is None:
             opts = dist.ReduceScatterOptions()
         k = output.numel()
         if not (
-            opts.reduceOp == dist.ReduceOp.SUM
-            and _carried(input)
+            _carried(input)
             and output.dtype == input.dtype
             and k > 0
             and input.numel() == self.size() * k
+            and self._adds(opts.reduceOp)
         ):
-            return self._gloo._reduce_scatter_base(output, input, opts)
+            return self._to_gloo("_reduce_scatter_base", output, input, opts)
         action = self._plan("reduce_scatter", _nbytes(input))
         self._check_open()
         host = _host_flat(input)
@@ -806,6 +920,8 @@ class InaProcessGroup(dist.ProcessGroup):
             lanes, window = self._knobs(action)
             part = self.peers.reduce_scatter(host, lanes=lanes, window=window)
         output.detach().copy_(part.reshape(output.shape))
+        if _kind(opts.reduceOp) == dist.ReduceOp.AVG:
+            self._average([output])
         return _completed([output])
 
     def all_gather_single(
@@ -819,23 +935,81 @@ class InaProcessGroup(dist.ProcessGroup):
             _carried(input) and output.dtype == input.dtype and k > 0
             and output.numel() == self.size() * k
         ):  # fmt: skip
-            args = (output, input) if opts is None else (output, input, opts)
-            return self._gloo._allgather_base(*args)
+            return self._to_gloo("_allgather_base", output, input, *_given(opts))
         lanes, window = self._knobs(self._plan("all_gather", _nbytes(output)))
         self._check_open()
         full = self.peers.all_gather(_host_flat(input), lanes=lanes, window=window)
         output.detach().copy_(full.reshape(output.shape))
         return _completed([output])
 
+    def all_gather_single_coalesced(
+        self, outputs: list[torch.Tensor], inputs: list[torch.Tensor], opts: Any = None
+    ) -> dist.Work:
+        """:meth:`all_gather_single` of each pair (``_coalescing_manager`` of
+        ``all_gather_into_tensor``); done when it returns."""
+        pairs = zip(outputs, inputs, strict=True)
+        return _all_done([self.all_gather_single(o, i, opts) for o, i in pairs])
+
+    def reduce_scatter_single_coalesced(
+        self, outputs: list[torch.Tensor], inputs: list[torch.Tensor], opts: Any = None
+    ) -> dist.Work:
+        """:meth:`reduce_scatter_single` of each pair (``_coalescing_manager`` of
+        ``reduce_scatter_tensor``); done when it returns."""
+        pairs = zip(outputs, inputs, strict=True)
+        return _all_done([self.reduce_scatter_single(o, i, opts) for o, i in pairs])
+
     # The names torch before 2.13 calls, deprecated there: the same collectives.
     _reduce_scatter_base = reduce_scatter_single  # type: ignore[assignment]  # arg names
     _allgather_base = all_gather_single
+    allgather_into_tensor_coalesced = all_gather_single_coalesced  # type: ignore[assignment]
+    reduce_scatter_tensor_coalesced = reduce_scatter_single_coalesced  # type: ignore[assignment]
 
     def _knobs(self, action: Action | None) -> tuple[int, int]:
         """The ring's packet width and window for ``action`` (``None``: the defaults)."""
         if action is None:
             return self.peers.spec.lanes, self.peers.spec.window
         return action.lanes, action.window
+
+    # ------------------------------------------------------------------ Gloo's alone
+    # Each a method of this class, so that no call reaches Gloo through the C++ base
+    # class with the GIL held (see the module docstring); the arguments are Gloo's.
+    allgather = _gloo_collective("allgather")
+    allgather_coalesced = _gloo_collective("allgather_coalesced")
+    alltoall = _gloo_collective("alltoall")
+    all_to_all_single = _gloo_collective("alltoall_base")
+    alltoall_base = all_to_all_single
+    barrier = _gloo_collective("barrier")
+    broadcast = _gloo_collective("broadcast")
+    gather = _gloo_collective("gather")
+    monitored_barrier = _gloo_collective("monitored_barrier")
+    recv = _gloo_collective("recv")
+    recv_anysource = _gloo_collective("recv_anysource")
+    reduce = _gloo_collective("reduce")
+    reduce_scatter = _gloo_collective("reduce_scatter")
+    scatter = _gloo_collective("scatter")
+    send = _gloo_collective("send")
+
+    def _to_gloo(self, name: str, *args: Any, **kwargs: Any) -> Any:
+        """Gloo's collective ``name`` (a method of ``ProcessGroupGloo``): its binding
+        releases the GIL for the whole call, Gloo's enqueue included."""
+        work = getattr(self._gloo, name)(*args, **kwargs)
+        if self._coalesced is not None and work is not None:
+            self._coalesced.append(work)
+        return work
+
+    def start_coalescing(self, device: Any = None) -> None:
+        """``_coalescing_manager(group, device)`` begins: every call still runs when it
+        is issued; :meth:`end_coalescing` waits for the works of those Gloo runs."""
+        self._coalesced = []
+
+    def end_coalescing(self, device: Any = None) -> dist.Work:
+        """The coalesced calls' work, done when it returns (``Work.wait`` releases the
+        GIL while it waits)."""
+        works, self._coalesced = self._coalesced or [], None
+        return _all_done(works)
+
+    _start_coalescing = start_coalescing
+    _end_coalescing = end_coalescing
 
     # ------------------------------------------------------------------ teardown
     def shutdown(self) -> None:
