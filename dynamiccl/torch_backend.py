@@ -101,13 +101,13 @@ from dynamiccl.actions import (
     ActionError,
     algorithms_for,
 )
+from hostlib.communicator import Communicator
 from hostlib.ina import Addr, InaError, JobSpec, RetryPolicy
 from hostlib.p2p import PeerSpec
 from hostlib.protocol import DEFAULT_SLOTS_PER_JOB
 from hostlib.ring import RingAllreduce
 from hostlib.session import InaSession
 from hostlib.transport.udp import UdpTransport
-from hostlib.tree import TreeCall
 
 __all__ = [
     "BACKEND_NAME",
@@ -794,6 +794,9 @@ class InaProcessGroup(dist.ProcessGroup):
         except BaseException:
             self.session.close()
             raise
+        # Every action of every collective that runs on hostlib, mapped onto the wire in
+        # hostlib's one place (the tree on the ring's socket).
+        self.comm = Communicator(rank, world_size, ina=self.session, ring=self.peers)
         self._closed = False
         self._warned: set[str] = set()
         self._coalesced: list[dist.Work] | None = None  # between start/end_coalescing
@@ -865,15 +868,7 @@ class InaProcessGroup(dist.ProcessGroup):
         return _completed(tensors)
 
     def _allreduce_(self, tensor: torch.Tensor, action: Action) -> None:
-        lanes, window = action.lanes, action.window
-        if action.algorithm == "ina":
-            ina_allreduce_(self.session, tensor, window=window)
-        elif action.algorithm == "tree":
-            _in_place(tensor, lambda host: self.peers.run(
-                TreeCall, host, inplace=True, lanes=lanes, window=window))  # fmt: skip
-        else:
-            _in_place(tensor, lambda host: self.peers.allreduce(
-                host, inplace=True, lanes=lanes, window=window))  # fmt: skip
+        _in_place(tensor, lambda host: self.comm.allreduce(host, action, inplace=True))
 
     def _adds(self, op: Any) -> bool:
         """Whether reduce op ``op`` runs on hostlib (SUM, AVG); the others run on Gloo, as
@@ -912,13 +907,9 @@ class InaProcessGroup(dist.ProcessGroup):
             return self._to_gloo("_reduce_scatter_base", output, input, opts)
         action = self._plan("reduce_scatter", _nbytes(input))
         self._check_open()
-        host = _host_flat(input)
-        if action is not None and action.algorithm == "ina":
-            r = self.rank()
-            part = self.session.allreduce(host, window=action.window)[r * k : (r + 1) * k]
-        else:
-            lanes, window = self._knobs(action)
-            part = self.peers.reduce_scatter(host, lanes=lanes, window=window)
+        if action is None or action.algorithm != "ina":
+            action = self._ring(action)
+        part = self.comm.reduce_scatter(_host_flat(input), action)
         output.detach().copy_(part.reshape(output.shape))
         if _kind(opts.reduceOp) == dist.ReduceOp.AVG:
             self._average([output])
@@ -936,9 +927,9 @@ class InaProcessGroup(dist.ProcessGroup):
             and output.numel() == self.size() * k
         ):  # fmt: skip
             return self._to_gloo("_allgather_base", output, input, *_given(opts))
-        lanes, window = self._knobs(self._plan("all_gather", _nbytes(output)))
+        action = self._ring(self._plan("all_gather", _nbytes(output)))
         self._check_open()
-        full = self.peers.all_gather(_host_flat(input), lanes=lanes, window=window)
+        full = self.comm.all_gather(_host_flat(input), action)
         output.detach().copy_(full.reshape(output.shape))
         return _completed([output])
 
@@ -964,11 +955,11 @@ class InaProcessGroup(dist.ProcessGroup):
     allgather_into_tensor_coalesced = all_gather_single_coalesced  # type: ignore[assignment]
     reduce_scatter_tensor_coalesced = reduce_scatter_single_coalesced  # type: ignore[assignment]
 
-    def _knobs(self, action: Action | None) -> tuple[int, int]:
-        """The ring's packet width and window for ``action`` (``None``: the defaults)."""
+    def _ring(self, action: Action | None) -> Action:
+        """The ring with ``action``'s packet width and window (``None``: the defaults)."""
         if action is None:
-            return self.peers.spec.lanes, self.peers.spec.window
-        return action.lanes, action.window
+            return Action("ring", self.peers.spec.lanes, self.peers.spec.window)
+        return Action("ring", action.lanes, action.window)
 
     # ------------------------------------------------------------------ Gloo's alone
     # Each a method of this class, so that no call reaches Gloo through the C++ base
