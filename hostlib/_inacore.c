@@ -27,6 +27,8 @@
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
 
+#include "_netcore.h"
+
 #include <errno.h>
 #include <math.h>
 #include <poll.h>
@@ -102,31 +104,12 @@ typedef struct {
 static PyObject *InaCoreError; /* set by the binding: hostlib.ina.InaTimeoutError */
 
 /* ---------------------------------------------------------------- small helpers */
-static inline void put16(uint8_t *p, unsigned v) { p[0] = (uint8_t)(v >> 8); p[1] = (uint8_t)v; }
-static inline void put32(uint8_t *p, uint32_t v) {
-    p[0] = (uint8_t)(v >> 24); p[1] = (uint8_t)(v >> 16); p[2] = (uint8_t)(v >> 8); p[3] = (uint8_t)v;
-}
-static inline unsigned get16(const uint8_t *p) { return ((unsigned)p[0] << 8) | p[1]; }
-static inline uint32_t get32(const uint8_t *p) {
-    return ((uint32_t)p[0] << 24) | ((uint32_t)p[1] << 16) | ((uint32_t)p[2] << 8) | p[3];
-}
 
 static int headroom_bits(int n) {
     int bits = 0;
     unsigned v = (unsigned)(n - 1);
     while (v) { bits++; v >>= 1; }
     return bits;
-}
-
-static int reorder_threshold(int window) {
-    int t = window - 1 < 3 ? window - 1 : 3;
-    return t < 1 ? 1 : t;
-}
-
-static double now_s(void) {
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
 }
 
 /* -------------------------------------------------------------- the timer heap */
@@ -247,18 +230,12 @@ static inline int64_t block_len(InaCore *c, int64_t block) {
 }
 
 static void rtt_update(InaCore *c, double rtt) {
-    if (c->samples == 0) {
-        c->srtt = rtt;
-        c->rttvar = rtt / 2;
-    } else {
-        c->rttvar = 0.75 * c->rttvar + 0.25 * fabs(c->srtt - rtt);
-        c->srtt = 0.875 * c->srtt + 0.125 * rtt;
-    }
-    c->samples++;
-    double rto = c->srtt + 4 * c->rttvar;
-    if (rto < c->min_timeout) rto = c->min_timeout;
-    if (rto > c->max_timeout) rto = c->max_timeout;
-    c->rto = rto;
+    Rtt r = {c->rto, c->srtt, c->rttvar, c->samples};
+    rtt_sample(&r, rtt, c->min_timeout, c->max_timeout);
+    c->rto = r.rto;
+    c->srtt = r.srtt;
+    c->rttvar = r.rttvar;
+    c->samples = r.samples;
 }
 
 /* Build packet `index` into its slot's buffer (headers, then the payload). */

@@ -20,6 +20,8 @@
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
 
+#include "_netcore.h"
+
 #include <arpa/inet.h>
 #include <errno.h>
 #include <math.h>
@@ -181,25 +183,6 @@ typedef struct Call {
 } Call;
 
 /* ------------------------------------------------------------------ helpers */
-static inline void put16(uint8_t *p, unsigned v) { p[0] = (uint8_t)(v >> 8); p[1] = (uint8_t)v; }
-static inline void put32(uint8_t *p, uint32_t v) {
-    p[0] = (uint8_t)(v >> 24); p[1] = (uint8_t)(v >> 16); p[2] = (uint8_t)(v >> 8); p[3] = (uint8_t)v;
-}
-static inline unsigned get16(const uint8_t *p) { return ((unsigned)p[0] << 8) | p[1]; }
-static inline uint32_t get32(const uint8_t *p) {
-    return ((uint32_t)p[0] << 24) | ((uint32_t)p[1] << 16) | ((uint32_t)p[2] << 8) | p[3];
-}
-
-static double now_s(void) {
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
-}
-
-static int reorder_threshold(int window) {
-    int t = window - 1 < 3 ? window - 1 : 3;
-    return t < 1 ? 1 : t;
-}
 
 static int grow(void **v, Py_ssize_t *cap, Py_ssize_t need, size_t item) {
     if (need <= *cap) return 0;
@@ -291,18 +274,12 @@ static int ack_push(Endpoint *e, int32_t src, uint32_t seq, uint32_t cum, unsign
 }
 
 static void rtt_update(Endpoint *e, double rtt) {
-    if (e->samples == 0) {
-        e->srtt = rtt;
-        e->rttvar = rtt / 2;
-    } else {
-        e->rttvar = 0.75 * e->rttvar + 0.25 * fabs(e->srtt - rtt);
-        e->srtt = 0.875 * e->srtt + 0.125 * rtt;
-    }
-    e->samples++;
-    double rto = e->srtt + 4 * e->rttvar;
-    if (rto < e->min_timeout) rto = e->min_timeout;
-    if (rto > e->max_timeout) rto = e->max_timeout;
-    e->rto = rto;
+    Rtt r = {e->rto, e->srtt, e->rttvar, e->samples};
+    rtt_sample(&r, rtt, e->min_timeout, e->max_timeout);
+    e->rto = r.rto;
+    e->srtt = r.srtt;
+    e->rttvar = r.rttvar;
+    e->samples = r.samples;
 }
 
 static int transmit(Endpoint *e, int32_t dst, uint32_t seq, Buf *pkt, double now) {

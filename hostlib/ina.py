@@ -72,7 +72,9 @@ __all__ = [
     "JobSpec",
     "RetryPolicy",
     "check_window",
+    "commit_uses",
     "reorder_threshold",
+    "timeout_message",
 ]
 
 Addr = tuple[str, int]
@@ -471,14 +473,10 @@ class InaAllreduce:
 
     def _timeout_message(self, now: float) -> str:
         waiting = sorted(int(s) for s in self._outstanding if s >= 0)
-        spec = self.spec
-        return (
-            f"job {spec.job_id} rank {spec.rank}: no result from switch {spec.switch} for "
-            f"{now - self._last_progress:.3f} s (deadline {self.policy.deadline} s); "
-            f"{self._done}/{self.npackets} packets of the call done, waiting for packets "
-            f"{waiting[:8]}{'...' if len(waiting) > 8 else ''}, "
-            f"{self.stats.retransmitted} retransmissions"
-        )
+        return timeout_message(
+            self.spec, self.policy, now - self._last_progress, self._done, self.npackets,
+            waiting, self.stats.retransmitted,
+        )  # fmt: skip
 
     # ------------------------------------------------------------------ result
     def result(self) -> np.ndarray:
@@ -501,6 +499,30 @@ class InaAllreduce:
         """Advance the session's per-slot use counts past this completed call."""
         if not self.done:
             raise InaError("allreduce has not completed")
-        w, n = self.window, self.npackets
-        self.uses[:w] += n // w
-        self.uses[: n % w] += 1
+        commit_uses(self.uses, self.window, self.npackets)
+
+
+def commit_uses(uses: np.ndarray, window: int, npackets: int) -> None:
+    """Advance per-slot use counts past a call of ``npackets`` packets on slots
+    ``0..window-1`` (packet ``p`` used slot ``p % window``)."""
+    uses[:window] += npackets // window
+    uses[: npackets % window] += 1
+
+
+def timeout_message(
+    spec: JobSpec,
+    policy: RetryPolicy,
+    seconds: float,
+    done: int,
+    npackets: int,
+    waiting: list[int],
+    retransmitted: int,
+) -> str:
+    """What :class:`InaTimeoutError` says (either engine): who waited, how long, for what."""
+    return (
+        f"job {spec.job_id} rank {spec.rank}: no result from switch {spec.switch} for "
+        f"{seconds:.3f} s (deadline {policy.deadline} s); "
+        f"{done}/{npackets} packets of the call done, waiting for packets "
+        f"{waiting[:8]}{'...' if len(waiting) > 8 else ''}, "
+        f"{retransmitted} retransmissions"
+    )

@@ -33,6 +33,8 @@ from hostlib.ina import (
     RetryPolicy,
     _Rtt,
     check_window,
+    commit_uses,
+    timeout_message,
 )
 
 __all__ = [
@@ -225,14 +227,10 @@ class NativeInaAllreduce:
         return value
 
     def _timeout_message(self, seconds: float, waiting: list[int]) -> str:
-        spec, done = self.spec, self._core.state["done"]
-        return (
-            f"job {spec.job_id} rank {spec.rank}: no result from switch {spec.switch} for "
-            f"{seconds:.3f} s (deadline {self.policy.deadline} s); "
-            f"{done}/{self.npackets} packets of the call done, waiting for packets "
-            f"{waiting[:8]}{'...' if len(waiting) > 8 else ''}, "
-            f"{self.stats.retransmitted} retransmissions"
-        )
+        return timeout_message(
+            self.spec, self.policy, seconds, self._core.state["done"], self.npackets, waiting,
+            self.stats.retransmitted,
+        )  # fmt: skip
 
     # ------------------------------------------------------------------ result
     def result(self) -> np.ndarray:
@@ -254,9 +252,7 @@ class NativeInaAllreduce:
         """Advance the session's per-slot use counts past this completed call."""
         if not self.done:
             raise InaError("allreduce has not completed")
-        w, n = self.window, self.npackets
-        self.uses[:w] += n // w
-        self.uses[: n % w] += 1
+        commit_uses(self.uses, self.window, self.npackets)
 
 
 # ----------------------------------------------------------------- the p2p core
@@ -481,15 +477,9 @@ class NativeCollectiveCall:
             self.endpoint._sync()
 
     def _timeout(self, seconds: float, remaining: int) -> Exception:
-        from hostlib.p2p import P2pTimeoutError
+        from hostlib.p2p import P2pTimeoutError, stall_message
 
-        ep = self.endpoint
-        return P2pTimeoutError(
-            f"rank {self.spec.rank} call {ep.call}: no progress for "
-            f"{seconds:.3f} s (deadline {ep.policy.deadline} s); "
-            f"{remaining} messages still expected, unacknowledged packets per peer "
-            f"{ep.waiting_for()}, {ep.stats.retransmitted} retransmissions"
-        )
+        return P2pTimeoutError(stall_message(self.endpoint, seconds, remaining))
 
     def result(self) -> np.ndarray:
         """The sum, this rank's part of it (reduce_scatter) or every rank's parts

@@ -104,6 +104,7 @@ __all__ = [
     "PeerSpec",
     "call_knobs",
     "reorder_threshold",
+    "stall_message",
 ]
 
 P2P_VERSION = 0xA
@@ -607,12 +608,7 @@ class CollectiveCall:
 
     def _timeout_message(self, now: float) -> str:
         ep = self.endpoint
-        return (
-            f"rank {self.spec.rank} call {ep.call}: no progress for "
-            f"{now - ep.last_progress:.3f} s (deadline {ep.policy.deadline} s); "
-            f"{self._remaining} messages still expected, unacknowledged packets per peer "
-            f"{ep.waiting_for()}, {ep.stats.retransmitted} retransmissions"
-        )
+        return stall_message(ep, now - ep.last_progress, self._remaining)
 
     def result(self) -> np.ndarray:
         """The reduced array (the input's dtype and size).
@@ -623,6 +619,18 @@ class CollectiveCall:
         if not self._done:
             raise P2pError("allreduce has not completed")
         return self.out
+
+
+def stall_message(endpoint: Any, seconds: float, remaining: int) -> str:
+    """What :class:`P2pTimeoutError` says (either engine's endpoint): the call, how long
+    nothing moved, and what was still missing."""
+    ep = endpoint
+    return (
+        f"rank {ep.spec.rank} call {ep.call}: no progress for "
+        f"{seconds:.3f} s (deadline {ep.policy.deadline} s); "
+        f"{remaining} messages still expected, unacknowledged packets per peer "
+        f"{ep.waiting_for()}, {ep.stats.retransmitted} retransmissions"
+    )
 
 
 class _Responder:

@@ -1,0 +1,60 @@
+/*
+ * What the native cores share (hostlib/_inacore.c, hostlib/_p2pcore.c): big-endian field
+ * access, the monotonic clock, the fast-retransmission threshold and the RFC 6298
+ * estimator, each exactly as hostlib.ina's Python (the differential tests hold both
+ * cores to it).
+ */
+#ifndef INALAB_NETCORE_H
+#define INALAB_NETCORE_H
+
+#include <math.h>
+#include <stdint.h>
+#include <time.h>
+
+static inline void put16(uint8_t *p, unsigned v) { p[0] = (uint8_t)(v >> 8); p[1] = (uint8_t)v; }
+
+static inline void put32(uint8_t *p, uint32_t v) {
+    p[0] = (uint8_t)(v >> 24); p[1] = (uint8_t)(v >> 16); p[2] = (uint8_t)(v >> 8); p[3] = (uint8_t)v;
+}
+
+static inline unsigned get16(const uint8_t *p) { return ((unsigned)p[0] << 8) | p[1]; }
+
+static inline uint32_t get32(const uint8_t *p) {
+    return ((uint32_t)p[0] << 24) | ((uint32_t)p[1] << 16) | ((uint32_t)p[2] << 8) | p[3];
+}
+
+/* CLOCK_MONOTONIC, the clock time.perf_counter reads on Linux. */
+static inline double now_s(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
+}
+
+/* hostlib.ina.reorder_threshold */
+static inline int reorder_threshold(int window) {
+    int t = window - 1 < 3 ? window - 1 : 3;
+    return t < 1 ? 1 : t;
+}
+
+/* The RFC 6298 estimator of hostlib.ina._Rtt.update, in the same order of operations. */
+typedef struct {
+    double rto, srtt, rttvar;
+    int64_t samples;
+} Rtt;
+
+static inline void rtt_sample(Rtt *r, double rtt, double min_timeout, double max_timeout) {
+    if (r->samples == 0) {
+        r->srtt = rtt;
+        r->rttvar = rtt / 2;
+    } else {
+        r->rttvar = 0.75 * r->rttvar + 0.25 * fabs(r->srtt - rtt);
+        r->srtt = 0.875 * r->srtt + 0.125 * rtt;
+    }
+    r->samples++;
+    double rto = r->srtt + 4 * r->rttvar;
+    if (rto < min_timeout) rto = min_timeout;
+    if (rto > max_timeout) rto = max_timeout;
+    r->rto = rto;
+}
+
+#endif
