@@ -71,6 +71,7 @@ __all__ = [
     "InaTimeoutError",
     "JobSpec",
     "RetryPolicy",
+    "check_call_data",
     "check_window",
     "commit_uses",
     "reorder_threshold",
@@ -187,6 +188,22 @@ class _Rtt:
         self.rto = min(max(self.srtt + 4 * self.rttvar, policy.min_timeout), policy.max_timeout)
 
 
+def check_call_data(data: np.ndarray, first_seq: int | None = None) -> None:
+    """What every engine's call (INA or point-to-point, Python or native) requires of its
+    input, and of its first packet number when it has one.
+
+    Raises:
+        TypeError: data is not float32/int32.
+        ValueError: data is not 1-D, or ``first_seq`` outside ``1..SEQ_MODULUS``.
+    """
+    if data.dtype not in (np.float32, np.int32):
+        raise TypeError(f"allreduce supports float32 and int32, not {data.dtype}")
+    if data.ndim != 1:
+        raise ValueError("allreduce takes a 1-D array")
+    if first_seq is not None and not 1 <= first_seq <= SEQ_MODULUS:
+        raise ValueError(f"first_seq {first_seq} outside 1..{SEQ_MODULUS}")
+
+
 def reorder_threshold(window: int) -> int:
     """How many later transmissions must be answered before an unanswered packet counts
     as lost: 3, as TCP's duplicate acks, or fewer in a window too small to have 3 more
@@ -252,12 +269,7 @@ class InaAllreduce:
         *,
         window: int | None = None,
     ) -> None:
-        if data.dtype not in (np.float32, np.int32):
-            raise TypeError(f"allreduce supports float32 and int32, not {data.dtype}")
-        if data.ndim != 1:
-            raise ValueError("allreduce takes a 1-D array")
-        if not 1 <= first_seq <= SEQ_MODULUS:
-            raise ValueError(f"first_seq {first_seq} outside 1..{SEQ_MODULUS}")
+        check_call_data(data, first_seq)
         slots = check_window(window, spec.slots)
         self.spec, self.policy, self.uses = spec, policy, uses
         self.first_seq = first_seq

@@ -32,6 +32,7 @@ from hostlib.ina import (
     JobSpec,
     RetryPolicy,
     _Rtt,
+    check_call_data,
     check_window,
     commit_uses,
     timeout_message,
@@ -144,12 +145,7 @@ class NativeInaAllreduce:
     ) -> None:
         if _core is None:
             raise ValueError(f"native INA engine: {_why_not}")
-        if data.dtype not in (np.float32, np.int32):
-            raise TypeError(f"allreduce supports float32 and int32, not {data.dtype}")
-        if data.ndim != 1:
-            raise ValueError("allreduce takes a 1-D array")
-        if not 1 <= first_seq <= SEQ_MODULUS:
-            raise ValueError(f"first_seq {first_seq} outside 1..{SEQ_MODULUS}")
+        check_call_data(data, first_seq)
         if uses.dtype != np.int64 or not uses.flags.c_contiguous:
             raise ValueError("uses must be a contiguous int64 array")
         slots = check_window(window, spec.slots)
@@ -410,10 +406,7 @@ class NativeCollectiveCall:
     ) -> None:
         from hostlib.p2p import call_knobs
 
-        if data.dtype not in (np.float32, np.int32):
-            raise TypeError(f"allreduce supports float32 and int32, not {data.dtype}")
-        if data.ndim != 1:
-            raise ValueError("allreduce takes a 1-D array")
+        check_call_data(data)
         if phase not in _RING_KINDS:
             raise ValueError(f"unknown ring phase {phase!r} (known: {', '.join(_RING_KINDS)})")
         self.endpoint, self.spec, self.phase = endpoint, endpoint.spec, phase

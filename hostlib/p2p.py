@@ -78,7 +78,15 @@ from typing import Any
 
 import numpy as np
 
-from hostlib.ina import Addr, InaError, InaTimeoutError, RetryPolicy, _Rtt, reorder_threshold
+from hostlib.ina import (
+    Addr,
+    InaError,
+    InaTimeoutError,
+    RetryPolicy,
+    _Rtt,
+    check_call_data,
+    reorder_threshold,
+)
 from hostlib.native import (
     ENGINE_ENV,
     NativeCollectiveCall,
@@ -506,10 +514,7 @@ class CollectiveCall:
         lanes: int | None = None,
         window: int | None = None,
     ) -> None:
-        if data.dtype not in (np.float32, np.int32):
-            raise TypeError(f"allreduce supports float32 and int32, not {data.dtype}")
-        if data.ndim != 1:
-            raise ValueError("allreduce takes a 1-D array")
+        check_call_data(data)
         self.endpoint = endpoint
         self.spec = endpoint.spec
         self.lanes, self.window = call_knobs(self.spec, lanes, window)
