@@ -23,7 +23,7 @@ from hostlib.actions import ActionError, algorithms_for
 from hostlib.collnet import CollNetAllreduce
 from hostlib.p2p import PeerCollective
 from hostlib.ring import RingAllreduce
-from hostlib.session import InaSession, as_numpy, part_bounds
+from hostlib.session import InaSession, as_numpy, part_bounds, reduce_flat
 from hostlib.tree import TreeCall
 
 __all__ = ["ActionLike", "Communicator"]
@@ -91,9 +91,11 @@ class Communicator:
         }[collective]
         return method(x, action)
 
-    def allreduce(self, x: Any, action: ActionLike, inplace: bool = False) -> Any:
+    def allreduce(self, x: Any, action: ActionLike, inplace: bool = False, out: Any = None) -> Any:
         """The sum of ``x`` over all ranks (``x``'s type, dtype and shape), by
-        ``action``'s algorithm with its lanes and window; ``inplace`` writes it into x.
+        ``action``'s algorithm with its lanes and window; ``inplace`` writes it into x,
+        ``out`` into that array or tensor (x's dtype and size: a buffer kept across calls
+        spares a new array per call).
 
         Raises:
             ActionError: no session for the action's algorithm.
@@ -102,22 +104,18 @@ class Communicator:
         algo, lanes, window = action.algorithm, action.lanes, action.window
         self._check("allreduce", algo)
         if algo == "ina":
-            return self._need(self.ina, algo).allreduce(x, inplace, window=window)
+            return self._need(self.ina, algo).allreduce(x, inplace, window=window, out=out)
         if algo == "collnet":
             group = self._need(self.collnet, algo)
-            array, wrap = as_numpy(x)
-            flat = np.ascontiguousarray(array).reshape(-1)
-            result = group.allreduce(flat, window=window).reshape(array.shape)
-            if inplace:
-                array[...] = result
-                return x
-            return wrap(result)
+            return reduce_flat(
+                x, inplace, lambda flat, _: group.allreduce(flat, window=window), out=out
+            )
         if algo == "tree" and self.tree is not None:
-            return self.tree.allreduce(x, inplace, lanes=lanes, window=window)
+            return self.tree.allreduce(x, inplace, lanes=lanes, window=window, out=out)
         ring = self._need(self.ring, "ring" if algo == "ring" else "ring or tree")
         if algo == "tree":
-            return ring.run(TreeCall, x, inplace, lanes=lanes, window=window)
-        return ring.allreduce(x, inplace, lanes=lanes, window=window)
+            return ring.run(TreeCall, x, inplace, lanes=lanes, window=window, out=out)
+        return ring.allreduce(x, inplace, lanes=lanes, window=window, out=out)
 
     def reduce_scatter(self, x: Any, action: ActionLike) -> Any:
         """This rank's part of the sum of ``x`` (1-D, ``x``'s type and dtype): rank ``r``

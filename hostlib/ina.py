@@ -188,6 +188,26 @@ class _Rtt:
         self.rto = min(max(self.srtt + 4 * self.rttvar, policy.min_timeout), policy.max_timeout)
 
 
+def out_buffer(out: np.ndarray, like: np.ndarray) -> np.ndarray:
+    """``out`` as the flat array a result of ``like``'s dtype and size is written into.
+
+    Raises:
+        TypeError: not a numpy array, or another dtype.
+        ValueError: another size, not contiguous, or read-only.
+    """
+    if not isinstance(out, np.ndarray):
+        raise TypeError(f"out must be a numpy array, not {type(out).__name__}")
+    if out.dtype != like.dtype:
+        raise TypeError(f"out is {out.dtype}, the input {like.dtype}")
+    if out.size != like.size:
+        raise ValueError(f"out holds {out.size} elements, the input {like.size}")
+    if not out.flags.c_contiguous:
+        raise ValueError("out is not contiguous")
+    if not out.flags.writeable:
+        raise ValueError("out is read-only")
+    return out if out.ndim == 1 else out.reshape(-1)
+
+
 def check_call_data(data: np.ndarray, first_seq: int | None = None) -> None:
     """What every engine's call (INA or point-to-point, Python or native) requires of its
     input, and of its first packet number when it has one.

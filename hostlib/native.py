@@ -35,6 +35,7 @@ from hostlib.ina import (
     check_call_data,
     check_window,
     commit_uses,
+    out_buffer,
     timeout_message,
 )
 
@@ -142,6 +143,7 @@ class NativeInaAllreduce:
         first_seq: int = 1,
         *,
         window: int | None = None,
+        out: np.ndarray | None = None,
     ) -> None:
         if _core is None:
             raise ValueError(f"native INA engine: {_why_not}")
@@ -155,7 +157,13 @@ class NativeInaAllreduce:
         self.count = data.size
         self.stats = _NativeStats()
         self._data = np.ascontiguousarray(data)  # the core reads it in place
-        self._out = np.empty(data.size, dtype=self._data.dtype)
+        # Results are written where they arrive: into ``out`` when given (the caller's
+        # memory, which may be ``data`` itself: a block's data is read only until its
+        # result arrives, and a retransmission sends the slot's built packet).
+        if out is None:
+            self._out = np.empty(data.size, dtype=self._data.dtype)
+        else:
+            self._out = out_buffer(out, self._data)
         self._core = _core.InaCore(
             spec.job_id, spec.rank, spec.num_workers, spec.lanes, slots, self._data,
             self._out, uses, first_seq, self.rtt.rto, self.rtt.srtt, self.rtt.rttvar,
@@ -403,6 +411,7 @@ class NativeCollectiveCall:
         window: int | None = None,
         phase: str = "allreduce",
         tree: bool = False,
+        out: np.ndarray | None = None,
     ) -> None:
         from hostlib.p2p import call_knobs
 
@@ -415,6 +424,11 @@ class NativeCollectiveCall:
         if phase == "all_gather" and not tree:
             self.out = np.zeros(n * data.size, dtype=data.dtype)
             self.out[r * data.size : (r + 1) * data.size] = data
+        elif out is not None and phase == "allreduce":
+            # The caller's memory (``data`` itself when in place): reduced there.
+            self.out = out_buffer(out, data)
+            if self.out.ctypes.data != data.ctypes.data:
+                self.out[...] = data
         else:
             self.out = np.array(data, copy=True, order="C")
         size = self.out.size

@@ -751,12 +751,16 @@ class PeerCollective:
         *,
         lanes: int | None = None,
         window: int | None = None,
+        out: Any = None,
     ) -> Any:
         """Sum ``x`` over all ranks; every rank gets the same bytes.
 
         Args:
             x: a float32 or int32 numpy array or torch CPU tensor, any shape.
             inplace: write the result into ``x`` (and return it).
+            out: write the result into this array or tensor instead (and return it):
+                ``x``'s dtype and size, contiguous, writable; the native engine reduces
+                in that memory (``x`` itself with ``inplace``) rather than in a new array.
             lanes: elements per packet of this call (``None``: ``spec.lanes``); every
                 rank must pass the same.
             window: packets in flight per peer in this call (``None``: ``spec.window``).
@@ -771,7 +775,7 @@ class PeerCollective:
             P2pTimeoutError: a peer stopped answering for ``policy.deadline``.
             P2pError: peers disagree on the call, or the session broke earlier.
         """
-        return self.run(self._call_type, x, inplace, lanes=lanes, window=window)
+        return self.run(self._call_type, x, inplace, lanes=lanes, window=window, out=out)
 
     def run(
         self,
@@ -781,6 +785,7 @@ class PeerCollective:
         *,
         lanes: int | None = None,
         window: int | None = None,
+        out: Any = None,
     ) -> Any:
         """One allreduce with another algorithm's call (e.g. a
         :class:`~hostlib.tree.TreeCall` on a ring session) over this session's channels.
@@ -791,10 +796,10 @@ class PeerCollective:
         """
         self._check_usable()
 
-        def reduce(flat: np.ndarray) -> np.ndarray:
-            return self._run_call(self.new_call(call_type, flat, lanes, window))
+        def reduce(flat: np.ndarray, target: np.ndarray | None) -> np.ndarray:
+            return self._run_call(self.new_call(call_type, flat, lanes, window, out=target))
 
-        return reduce_flat(x, inplace, reduce)
+        return reduce_flat(x, inplace, reduce, out=out)
 
     def new_call(
         self,
@@ -803,9 +808,13 @@ class PeerCollective:
         lanes: int | None,
         window: int | None,
         phase: str = "allreduce",
+        *,
+        out: np.ndarray | None = None,
     ) -> Any:
         """One call of ``call_type`` (ring calls with their ``phase``) on this session's
-        engine: the native core for ring and tree calls where the session is native."""
+        engine: the native core for ring and tree calls where the session is native,
+        reducing in ``out`` where given (an allreduce's result memory; the Python calls
+        keep their own arrays)."""
         from hostlib.ring import RingCall
         from hostlib.tree import TreeCall
 
@@ -815,7 +824,7 @@ class PeerCollective:
                 raise P2pError(f"the native engine runs ring and tree calls, not {call_type}")
             tree = call_type is TreeCall
             return NativeCollectiveCall(
-                ep, flat, lanes=lanes, window=window, phase=phase, tree=tree
+                ep, flat, lanes=lanes, window=window, phase=phase, tree=tree, out=out
             )
         if call_type is RingCall:
             return RingCall(ep, flat, lanes=lanes, window=window, phase=phase)

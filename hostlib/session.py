@@ -9,7 +9,7 @@ from typing import Any
 
 import numpy as np
 
-from hostlib.ina import InaAllreduce, InaError, JobSpec, RetryPolicy, _Rtt
+from hostlib.ina import InaAllreduce, InaError, JobSpec, RetryPolicy, _Rtt, out_buffer
 from hostlib.native import NativeInaAllreduce, engine_name
 from hostlib.transport.base import Transport
 
@@ -65,12 +65,17 @@ class InaSession:
         self._buf = bytearray(_RECV_BYTES)
         self._broken: str | None = None
 
-    def allreduce(self, x: Any, inplace: bool = False, *, window: int | None = None) -> Any:
+    def allreduce(
+        self, x: Any, inplace: bool = False, *, window: int | None = None, out: Any = None
+    ) -> Any:
         """Sum ``x`` over all workers of the job.
 
         Args:
             x: a float32 or int32 numpy array or torch CPU tensor, any shape.
             inplace: write the result into ``x`` (and return it).
+            out: write the result into this array or tensor instead (and return it):
+                ``x``'s dtype and size, contiguous, writable. With ``inplace`` or ``out``
+                the native engine writes each result packet straight into that memory.
             window: use only slots ``0..window-1`` of the job's ``spec.slots`` for this
                 call (``None``: all of them); every worker must pass the same. Each slot
                 keeps its own set alternation, so calls with different windows mix.
@@ -80,14 +85,18 @@ class InaSession:
             ``hostlib.quantize.error_bound``; int32 sums are exact (wrapping).
 
         Raises:
-            TypeError: unsupported type or dtype, a non-CPU tensor, a non-integer window.
-            ValueError: NaN or infinity in float32 data, or a window outside
-                ``1..spec.slots``.
+            TypeError: unsupported type or dtype, a non-CPU tensor, a non-integer window,
+                an ``out`` of another dtype.
+            ValueError: NaN or infinity in float32 data, a window outside
+                ``1..spec.slots``, or an ``out`` of another size, not contiguous or
+                read-only (or given with ``inplace``).
             InaTimeoutError: the switch or a peer stopped answering for ``policy.deadline``.
             InaError: the session broke in an earlier call.
         """
         self._check_usable()
-        return reduce_flat(x, inplace, functools.partial(self._allreduce_flat, window=window))
+        return reduce_flat(
+            x, inplace, functools.partial(self._allreduce_flat, window=window), out=out
+        )
 
     def reduce_scatter(self, x: Any, *, window: int | None = None) -> Any:
         """Sum ``x`` over all workers and keep this worker's part: an INA allreduce (the
@@ -113,23 +122,26 @@ class InaSession:
         array, wrap = as_numpy(x)
         flat = np.ascontiguousarray(array).reshape(-1)
         lo, hi = part_bounds(flat.size, self.spec.num_workers, self.spec.rank)
-        return wrap(self._allreduce_flat(flat, window)[lo:hi].copy())
+        return wrap(self._allreduce_flat(flat, window=window)[lo:hi].copy())
 
     def _check_usable(self) -> None:
         if self._broken:
             raise InaError(f"session unusable after an earlier failure: {self._broken}")
 
-    def _allreduce_flat(self, flat: np.ndarray, window: int | None = None) -> np.ndarray:
-        native = self.engine == "native"
-        engine = (NativeInaAllreduce if native else InaAllreduce)(
-            self.spec,
-            flat,
-            self.uses,
-            self.policy,
-            self.rtt,
-            first_seq=self.next_seq,
-            window=window,
-        )
+    def _allreduce_flat(
+        self, flat: np.ndarray, target: np.ndarray | None = None, window: int | None = None
+    ) -> np.ndarray:
+        engine: InaAllreduce | NativeInaAllreduce
+        if self.engine == "native":
+            engine = NativeInaAllreduce(
+                self.spec, flat, self.uses, self.policy, self.rtt,
+                first_seq=self.next_seq, window=window, out=target,
+            )  # fmt: skip
+        else:
+            engine = InaAllreduce(
+                self.spec, flat, self.uses, self.policy, self.rtt,
+                first_seq=self.next_seq, window=window,
+            )  # fmt: skip
         try:
             if isinstance(engine, NativeInaAllreduce) and self._fileno is not None:
                 engine.run(self._fileno())
@@ -176,20 +188,48 @@ class InaSession:
         self.close()
 
 
-def reduce_flat(x: Any, inplace: bool, reduce: Callable[[np.ndarray], np.ndarray]) -> Any:
+Reduce = Callable[[np.ndarray, np.ndarray | None], np.ndarray]
+"""An engine's run on a flat input: ``reduce(flat, target)`` returns the result, written
+into ``target`` (a flat, contiguous, writable array of the input's dtype and size) where
+one is given and the engine can; the result is then ``target`` itself."""
+
+
+def reduce_flat(x: Any, inplace: bool, reduce: Reduce, out: Any = None) -> Any:
     """Run ``reduce`` on ``x`` flattened (a contiguous 1-D numpy array) and give the result
-    ``x``'s shape and type, or write it into ``x`` with ``inplace``: what every host
-    allreduce (INA, ring, tree) does around its engine.
+    ``x``'s shape and type, or write it into ``x`` with ``inplace``, or into ``out``: what
+    every host allreduce (INA, ring, tree) does around its engine.
+
+    The engine gets the memory the result belongs in (``x`` itself when in place and
+    contiguous, or ``out``), so an engine that writes results where they arrive (the
+    native ones) needs neither a new array per call nor a copy.
 
     Raises:
-        TypeError: ``x`` is neither a numpy array nor a CPU torch tensor.
+        TypeError: ``x`` or ``out`` is neither a numpy array nor a CPU torch tensor, or
+            ``out`` has another dtype than ``x``.
+        ValueError: ``out`` has another size, is not contiguous, is read-only, overlaps
+            ``x``, or is given with ``inplace``.
     """
     array, wrap = as_numpy(x)
-    result = reduce(np.ascontiguousarray(array).reshape(-1)).reshape(array.shape)
-    if inplace:
-        array[...] = result
-        return x
-    return wrap(result)
+    flat = np.ascontiguousarray(array).reshape(-1)
+    target: np.ndarray | None = None
+    if out is not None:
+        if inplace:
+            raise ValueError("give inplace or out, not both")
+        target = out_buffer(as_numpy(out)[0], array)
+        if np.may_share_memory(target, array):
+            raise ValueError("out overlaps the input: use inplace to reduce in place")
+    elif inplace and array.flags.c_contiguous and array.flags.writeable:
+        target = array.reshape(-1)  # x's own memory
+    result = reduce(flat, target)
+    if target is None:
+        result = result.reshape(array.shape)
+        if inplace:
+            array[...] = result
+            return x
+        return wrap(result)
+    if result.ctypes.data != target.ctypes.data:  # an engine that kept its own array
+        target[...] = result
+    return x if inplace else out
 
 
 def part_bounds(size: int, parts: int, index: int) -> tuple[int, int]:

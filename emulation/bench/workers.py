@@ -339,7 +339,10 @@ class _HostAllreduce:
 
         action = Action(self.chosen, self._plan.lanes, self._plan.slots)
         allreduce = self.comm.allreduce
-        return lambda: np.asarray(allreduce(x, action))
+        # One result buffer for all calls, as nccl-tests' recvbuff and Gloo's tensor:
+        # a new array per call would time the kernel zeroing its pages.
+        out = np.empty_like(x)
+        return lambda: np.asarray(allreduce(x, action, out=out))
 
     @property
     def retransmits(self) -> int:
