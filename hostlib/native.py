@@ -90,6 +90,28 @@ def native_unavailable() -> str | None:
     return _why_not
 
 
+GSO_ENV = "INALAB_UDP_GSO"
+
+
+def udp_gso(environ: dict[str, str] | None = None) -> bool:
+    """Whether the native p2p core sends runs of datagrams to one peer as one UDP GSO
+    send (``INALAB_UDP_GSO``: 1, the default, or 0).
+
+    The datagrams on the wire are the same: the kernel, or a NIC with UDP segmentation
+    offload, cuts the send into them before they leave the host. Only a software switch
+    reading frames off a virtual link whose sender still offloads segmentation would see
+    one large frame; the emulation turns that offload off on its hosts for such switches.
+
+    Raises:
+        ValueError: a value other than 0 or 1.
+    """
+    env = os.environ if environ is None else environ
+    value = env.get(GSO_ENV, "1").strip()
+    if value not in ("0", "1"):
+        raise ValueError(f"{GSO_ENV}={value!r}: 1 (on) or 0 (off)")
+    return value == "1"
+
+
 def engine_name(environ: dict[str, str] | None = None) -> str:
     """The engine a new session uses: ``INALAB_HOST_ENGINE``, else the native one when
     it was built (else Python, with one warning per process).
@@ -324,7 +346,7 @@ class NativeP2pEndpoint:
         p = self.policy
         self.core = core.Endpoint(
             spec.rank, list(spec.addrs), spec.lanes, spec.window, p.timeout, p.min_timeout,
-            p.max_timeout, p.backoff, p.deadline,
+            p.max_timeout, p.backoff, p.deadline, gso=udp_gso(),
         )  # fmt: skip
         self.stats = _NativeP2pStats()
         self.rtt = _Rtt(p.timeout)
