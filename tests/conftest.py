@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import functools
 import os
+import re
 import shutil
 import tempfile
 from collections.abc import Callable, Iterator
@@ -110,8 +111,17 @@ def pytest_configure(config: pytest.Config) -> None:
         raise pytest.UsageError(f"{REQUIRE_ENV} asks for what is missing: {'; '.join(missing)}")
 
 
+@functools.cache
+def _imports_hostlib(path: Path) -> bool:
+    return re.search(r"^(from|import) hostlib\b", path.read_text(), re.MULTILINE) is not None
+
+
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     for item in items:
+        if _imports_hostlib(Path(item.path)):
+            # The host-library tests, which CI runs again on the Python engine
+            # (INALAB_HOST_ENGINE=python), the specification the native one is held to.
+            item.add_marker(pytest.mark.hostlib)
         for marker, (_, reason) in PROBES.items():
             if item.get_closest_marker(marker) is not None and not capability(marker):
                 item.add_marker(pytest.mark.skip(reason=reason))

