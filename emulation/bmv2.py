@@ -3,8 +3,9 @@
 Emulation layer, the bmv2 counterpart of :mod:`emulation.softswitch.process` and of the
 soft switch's Mininet node; the data-plane vectors' bmv2 target uses it too.
 
-- :func:`find_bmv2` finds ``simple_switch_grpc`` and ``p4c-bm2-ss`` on PATH, or raises
-  :class:`Bmv2Unavailable` saying how to install them.
+- :func:`find_bmv2` finds ``simple_switch_grpc`` and ``p4c-bm2-ss`` on PATH (or a search
+  path given, as ``inalab emulate --p4-tools`` does), or raises :class:`Bmv2Unavailable`
+  saying how to install them, or, under sudo, that sudo set PATH and how to pass yours.
 - :func:`compile_program` runs ``p4c-bm2-ss --arch v1model`` and keeps the JSON (and the
   P4Info p4c derives) in a directory, named by a hash of the sources: switches of one
   run, and later runs in the same directory, compile once.
@@ -120,26 +121,53 @@ class Bmv2Tools:
     compiler: Path | None = None
 
 
-def find_bmv2(need_compiler: bool = True, path: str | None = None) -> Bmv2Tools:
+def find_bmv2(
+    need_compiler: bool = True, path: str | None = None, *, origin: str = "PATH"
+) -> Bmv2Tools:
     """``simple_switch_grpc`` and (unless not needed) ``p4c-bm2-ss`` on ``path``.
 
     Args:
         need_compiler: False when a compiled JSON is at hand.
-        path: the search path; by default ``$PATH``.
+        path: the search path (directories separated by ``os.pathsep``); by default
+            ``$PATH``.
+        origin: what ``path`` is, for the message (``inalab emulate --p4-tools``).
 
     Raises:
-        Bmv2Unavailable: a tool is missing (the message has an install hint).
+        Bmv2Unavailable: a tool is missing. The message has an install hint and, under
+            sudo, says that sudo set ``PATH`` and how to hand the caller's on.
     """
-    switch = _which(SWITCH_TOOL, "runs the bmv2 switch", path)
-    compiler = _which(COMPILER_TOOL, "compiles p4/ina.p4", path) if need_compiler else None
+    switch = _which(SWITCH_TOOL, "runs the bmv2 switch", path, origin)
+    compiler = _which(COMPILER_TOOL, "compiles p4/ina.p4", path, origin) if need_compiler else None
     return Bmv2Tools(switch, compiler)
 
 
-def _which(tool: str, purpose: str, path: str | None) -> Path:
+def _which(tool: str, purpose: str, path: str | None, origin: str = "PATH") -> Path:
     found = shutil.which(tool, path=path)
     if found is None:
-        raise Bmv2Unavailable(f"{tool} (it {purpose}) is not on PATH; {INSTALL_HINT}")
+        raise Bmv2Unavailable(_missing_tool_message(tool, purpose, path, origin))
     return Path(found)
+
+
+def _missing_tool_message(tool: str, purpose: str, path: str | None, origin: str = "PATH") -> str:
+    """Why ``tool`` was not found on ``path`` and what to do.
+
+    Searching ``$PATH`` (``path`` None) under sudo (``SUDO_USER`` set), the message says
+    that sudo replaces ``PATH`` (its ``secure_path``, unless told to keep the caller's)
+    and how to pass the caller's on, before the install hint: the tools may well be on
+    the user's own ``PATH``, and reinstalling would not help.
+    """
+    if path is not None:
+        return f"{tool} (it {purpose}) is not in {origin} {path}; {INSTALL_HINT}"
+    searched = os.environ.get("PATH", os.defpath)
+    user = os.environ.get("SUDO_USER")
+    if not user:
+        return f"{tool} (it {purpose}) is not on PATH; {INSTALL_HINT}"
+    return (
+        f"{tool} (it {purpose}) is not on PATH ({searched}), which sudo (run by {user}) "
+        f"sets to its own unless told otherwise: if {user}'s PATH has it, hand that on "
+        f'with `sudo .venv/bin/inalab emulate --p4-tools "$PATH" ...` (or `sudo env '
+        f'PATH="$PATH" COMMAND`); if it is not installed, {INSTALL_HINT}'
+    )
 
 
 # --------------------------------------------------------------------- compiling
@@ -601,15 +629,19 @@ def check_bmv2_switch(lanes: int, slots: int, forward_only: bool) -> None:
         )
 
 
-def bmv2_switch_class() -> type:
+def bmv2_switch_class(tools: Bmv2Tools | None = None) -> type:
     """The Mininet node class running bmv2 on its interfaces (imports Mininet lazily).
 
+    Args:
+        tools: the switch and compiler it runs; by default found on PATH.
+
     Raises:
-        Bmv2Unavailable: simple_switch_grpc or p4c-bm2-ss is not on PATH.
+        Bmv2Unavailable: ``tools`` not given and simple_switch_grpc or p4c-bm2-ss is not
+            on PATH.
     """
     from mininet.node import Switch
 
-    tools = find_bmv2()
+    tools = tools or find_bmv2()
 
     class Bmv2MininetSwitch(Switch):
         """Mininet switch running ``simple_switch_grpc`` with ``p4/ina.p4`` on its ports.

@@ -40,6 +40,8 @@ if TYPE_CHECKING:
     from emulation.bench.config import BenchConfig
     from emulation.bench.fabric import Addr, InaSwitch
     from emulation.bench.workers import Placement
+    from emulation.bmv2 import Bmv2Tools
+    from emulation.datapaths import LinkPlan
     from emulation.network import Emulation
     from emulation.topology import Topology, TopologyJob
 
@@ -49,6 +51,7 @@ __all__ = [
     "apply_overrides",
     "default_lanes",
     "describe_links",
+    "describe_plan",
     "run",
 ]
 
@@ -80,6 +83,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "kernel), python (the pipeline in the switch process; its links may delay), or "
         "auto: ebpf where it runs (root, clang, libbpf) and no link needs the Python delay "
         "line (default: each switch's datapath in the topology, auto unless set)")  # fmt: skip
+    add("--p4-tools", metavar="DIRS",
+        help="where bmv2 switches' simple_switch_grpc and p4c-bm2-ss are: directories "
+        "separated by ':', searched instead of PATH, which sudo resets (pass yours with "
+        '--p4-tools "$PATH")')  # fmt: skip
     add("--job", type=int, help="the topology job the bench uses (default: its first)")
     add("--cli", action="store_true", help="open Mininet's CLI once the network is up")
     # Sub-usages read "inalab emulate TOPOLOGY bench", as the command is typed.
@@ -171,6 +178,7 @@ def run(args: argparse.Namespace) -> int:
         elif args.action == "replay":
             assert job is not None
             _check_replay_flags(args, topo, job)
+        tools = _bmv2_tools(topo, args.p4_tools)
         _check_machine()
     except (TopologyError, _Refused) as exc:
         print(f"{PROG}: error: {exc}", file=sys.stderr)
@@ -182,7 +190,7 @@ def run(args: argparse.Namespace) -> int:
         print(f"{PROG}: error: run directory {run_dir}: {exc.strerror}", file=sys.stderr)
         return 2
     try:
-        return _run(args, topo, job, run_dir)
+        return _run(args, topo, job, run_dir, tools)
     except (EmulationError, SwitchStartError) as exc:
         print(f"{PROG}: failed: {exc}", file=sys.stderr)
         return 1
@@ -250,6 +258,25 @@ def _host_links(topo: Topology) -> list[Any]:
     return [link for link in topo.links if link.a in hosts or link.b in hosts]
 
 
+def _bmv2_tools(topo: Topology, p4_tools: str | None) -> Bmv2Tools | None:
+    """The tools ``kind: bmv2`` switches run (None: there are none), found in
+    ``--p4-tools`` or else on PATH before a run directory exists.
+
+    Raises:
+        _Refused: one is missing (the message says where it looked and what to do).
+    """
+    from emulation.bmv2 import Bmv2Unavailable, find_bmv2
+
+    names = [s.name for s in topo.switches if s.kind == "bmv2"]
+    if not names:
+        return None
+    try:
+        return find_bmv2(path=p4_tools, origin="--p4-tools")
+    except Bmv2Unavailable as exc:
+        which = "switch" if len(names) == 1 else "switches"
+        raise _Refused(f"{which} {', '.join(names)}: {exc}") from None
+
+
 def _check_machine() -> None:
     if os.geteuid() != 0:
         raise _Refused("needs root: Mininet creates network namespaces and veth pairs")
@@ -272,7 +299,13 @@ _JOB_ACTIONS = ("bench", "calibrate", "switch-only", "run", "replay")
 """Actions that install a job of their own (the topology's jobs are not installed)."""
 
 
-def _run(args: argparse.Namespace, topo: Topology, job: TopologyJob | None, run_dir: Path) -> int:
+def _run(
+    args: argparse.Namespace,
+    topo: Topology,
+    job: TopologyJob | None,
+    run_dir: Path,
+    tools: Bmv2Tools | None = None,
+) -> int:
     from emulation.network import emulate
 
     bench = args.action in _JOB_ACTIONS
@@ -281,8 +314,11 @@ def _run(args: argparse.Namespace, topo: Topology, job: TopologyJob | None, run_
           f" {len(topo.links)} links; starting", flush=True)  # fmt: skip
     pool = max(args.switch_slots, slots)
     seed = getattr(args, "seed", 0)
-    with emulate(topo, run_dir, pool, not bench, args.pcap, seed, slots, args.datapath) as em:
-        _report_plan(em)
+    with emulate(
+        topo, run_dir, pool, not bench, args.pcap, seed, slots, args.datapath, bmv2_tools=tools
+    ) as em:
+        for line in describe_plan(em.topology, em.plan, tools):
+            print(line, flush=True)
         print(f"# manifest: {run_dir / 'manifest.json'}", flush=True)
         status = 0
         if args.action == "calibrate":
@@ -426,18 +462,27 @@ def _wait(seconds: float | None) -> None:
         signal.signal(signal.SIGTERM, old)
 
 
-def _report_plan(em: Emulation) -> None:
-    """One line on who emulates the links, one per soft switch on its data plane."""
-    plan = em.plan
+def describe_plan(topo: Topology, plan: LinkPlan | None, tools: Bmv2Tools | None) -> list[str]:
+    """Lines on who emulates the links, then one per switch on its kind and data plane
+    (a soft switch's eBPF or Python with the reason; bmv2's program and tools)."""
     if plan is None:
-        return
-    links = describe_links(em.topology, plan.netem)
-    if not plan.netem and any(link.delay or link.loss or link.jitter for link in em.topology.links):
+        return []
+    links = describe_links(topo, plan.netem)
+    if not plan.netem and any(link.delay or link.loss or link.jitter for link in topo.links):
         links += " (this kernel has no netem)"
-    print(f"# {em.topology.name}'s links: {links}", flush=True)
-    for name, choice in plan.datapaths.items():
-        where = "eBPF (TC on its ports)" if choice.datapath == "ebpf" else "Python"
-        print(f"# {name}: {where} data plane: {choice.reason}", flush=True)
+    lines = [f"# {topo.name}'s links: {links}"]
+    for s in topo.switches:
+        choice = plan.datapaths.get(s.name)
+        if s.kind == "bmv2":
+            line = f"# {s.name}: bmv2 switch, p4/ina.p4 data plane ({s.lanes} lanes)"
+            if tools is not None:
+                line += f": {tools.switch}"
+                line += f", compiled by {tools.compiler}" if tools.compiler else ""
+            lines.append(line)
+        elif choice is not None:
+            where = "eBPF (TC on its ports)" if choice.datapath == "ebpf" else "Python"
+            lines.append(f"# {s.name}: soft switch, {where} data plane: {choice.reason}")
+    return lines
 
 
 def _report_links(em: Emulation, run_dir: Path) -> None:

@@ -40,7 +40,13 @@ from typing import Any
 
 from controller.forwarder import HostRoute
 from controller.switch import SwitchController, WorkerAddress
-from emulation.bmv2 import Bmv2Unavailable, bmv2_switch_class, check_bmv2_switch, find_bmv2
+from emulation.bmv2 import (
+    Bmv2Tools,
+    Bmv2Unavailable,
+    bmv2_switch_class,
+    check_bmv2_switch,
+    find_bmv2,
+)
 from emulation.datapaths import LinkPlan, netem_available, plan_links
 from emulation.softswitch.process import SoftSwitchProcess
 from emulation.topology import (
@@ -412,7 +418,9 @@ def _port_toward(hops: dict[str, int], switch: str, node: str) -> int:
     return hops[node]
 
 
-def _check_supported(topo: Topology, slots: int) -> None:
+def _check_supported(topo: Topology, slots: int, bmv2: Bmv2Tools | None) -> Bmv2Tools | None:
+    """Refuse what cannot be emulated here; return bmv2's tools (``bmv2``, else found on
+    PATH) when a switch is bmv2."""
     for s in topo.switches:
         if s.kind not in SWITCH_CLASSES:
             raise EmulationError(
@@ -421,10 +429,11 @@ def _check_supported(topo: Topology, slots: int) -> None:
             )
         if s.kind == "bmv2":
             try:
-                find_bmv2()
+                bmv2 = bmv2 or find_bmv2()
                 check_bmv2_switch(s.lanes, slots, s.role == "forward")
             except (Bmv2Unavailable, ValueError) as exc:
                 raise EmulationError(f"switch {s.name}: {exc}") from None
+    return bmv2
 
 
 def _plan(topo: Topology, datapath: str | None, pcap: bool, netem: bool | None) -> LinkPlan:
@@ -544,6 +553,7 @@ def emulate(
     slot_count: int = 256,
     datapath: str | None = None,
     netem: bool | None = None,
+    bmv2_tools: Bmv2Tools | None = None,
 ) -> Iterator[Emulation]:
     """Build, start and configure ``topo`` in Mininet; stop and remove it on exit.
 
@@ -559,6 +569,7 @@ def emulate(
         datapath: every soft switch's data plane (``auto``/``python``/``ebpf``); None
             keeps each switch's own (:mod:`emulation.datapaths`).
         netem: whether links use netem; None probes the kernel.
+        bmv2_tools: what ``kind: bmv2`` switches run; None finds them on PATH.
 
     Raises:
         EmulationError: the topology asks for what cannot be emulated here.
@@ -566,7 +577,7 @@ def emulate(
     from mininet.net import Mininet
     from mininet.node import Host
 
-    _check_supported(topo, slots)
+    bmv2_tools = _check_supported(topo, slots, bmv2_tools)
     plan = _plan(topo, datapath, pcap, netem)
     run_dir = Path(run_dir)
     run_dir.mkdir(parents=True, exist_ok=True)
@@ -579,7 +590,7 @@ def emulate(
         for h in topo.hosts:
             net.addHost(h.name, ip=h.ip, mac=h.mac)
         for i, s in enumerate(topo.switches, 1):
-            cls = SWITCH_CLASSES[s.kind]()
+            cls = bmv2_switch_class(bmv2_tools) if s.kind == "bmv2" else SWITCH_CLASSES[s.kind]()
             extra = {"datapath": plan.datapaths[s.name].datapath} if s.kind == "soft" else {}
             net.addSwitch(s.name, cls=cls, dpid=f"{i:016x}", run_dir=run_dir,
                           lanes=s.lanes, slots=slots, forward_only=s.role == "forward",

@@ -165,13 +165,53 @@ def _alive(pid: int) -> bool:
 # ---------------------------------------------------------------------------- tools
 
 
-def test_missing_switch_is_named_with_an_install_hint(tmp_path: Path) -> None:
+def test_missing_switch_is_named_with_an_install_hint(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.delenv("SUDO_USER", raising=False)
+    monkeypatch.setenv("PATH", str(tmp_path))
     with pytest.raises(Bmv2Unavailable) as err:
-        find_bmv2(path=str(tmp_path))
+        find_bmv2()
     message = str(err.value)
-    assert message.startswith("simple_switch_grpc (it runs the bmv2 switch) is not on PATH")
+    assert message.startswith("simple_switch_grpc (it runs the bmv2 switch) is not on PATH; ")
     assert INSTALL_HINT in message
     assert "apt-get install p4lang-bmv2 p4lang-p4c" in message
+    assert "sudo" not in message
+
+
+def test_missing_under_sudo_says_sudo_set_path_and_how_to_pass_yours(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("SUDO_USER", "alice")
+    monkeypatch.setenv("PATH", f"{tmp_path}{os.pathsep}/usr/bin")
+    with pytest.raises(Bmv2Unavailable) as err:
+        find_bmv2()
+    message = str(err.value)
+    assert message.startswith(
+        f"simple_switch_grpc (it runs the bmv2 switch) is not on PATH ({tmp_path}:/usr/bin), "
+        "which sudo (run by alice) sets to its own unless told otherwise: if alice's PATH "
+        'has it, hand that on with `sudo .venv/bin/inalab emulate --p4-tools "$PATH" ...`'
+    )
+    assert message.endswith(f"if it is not installed, {INSTALL_HINT}")
+    assert "\n" not in message
+
+
+def test_a_search_path_given_is_named_and_searched_alone(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, fake_path: Path
+) -> None:
+    monkeypatch.setenv("SUDO_USER", "alice")  # PATH has the tools; not searched
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    with pytest.raises(Bmv2Unavailable) as err:
+        find_bmv2(path=f"{empty}{os.pathsep}{tmp_path / 'missing'}", origin="--p4-tools")
+    message = str(err.value)
+    assert message.startswith(
+        f"simple_switch_grpc (it runs the bmv2 switch) is not in --p4-tools {empty}:"
+    )
+    assert "sudo" not in message and INSTALL_HINT in message
+    monkeypatch.setenv("PATH", str(empty))
+    found = find_bmv2(path=f"{empty}{os.pathsep}{fake_path}", origin="--p4-tools")
+    assert found == Bmv2Tools(fake_path / "simple_switch_grpc", fake_path / "p4c-bm2-ss")
 
 
 def test_missing_compiler_is_named_unless_not_needed(tmp_path: Path) -> None:
@@ -347,10 +387,13 @@ def test_what_bmv2_can_be() -> None:
     check_bmv2_switch(BMV2_LANES, BMV2_SLOTS, False)
 
 
-def test_switch_class_needs_the_tools(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_switch_class_needs_the_tools_on_path_unless_given(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     monkeypatch.setenv("PATH", str(tmp_path))
     with pytest.raises(Bmv2Unavailable, match="simple_switch_grpc"):
         bmv2_switch_class()
+    assert bmv2_switch_class(SWITCH).__name__ == "Bmv2MininetSwitch"  # PATH not searched
 
 
 @pytest.mark.parametrize(
