@@ -101,6 +101,7 @@ from dynamiccl.actions import (
     ActionError,
     algorithms_for,
 )
+from dynamiccl.learning import AgreedLearner
 from hostlib.communicator import Communicator
 from hostlib.ina import Addr, InaError, JobSpec, RetryPolicy
 from hostlib.p2p import PeerSpec
@@ -111,7 +112,10 @@ from hostlib.transport.udp import UdpTransport
 
 __all__ = [
     "BACKEND_NAME",
+    "ENV_AGENT_FROZEN",
+    "ENV_AGENT_SAVE",
     "ENV_AGENT_STATE",
+    "ENV_AGENT_SYNC_EVERY",
     "ENV_BIND",
     "ENV_CHOOSER",
     "ENV_DEVICE_ID",
@@ -176,14 +180,22 @@ ENV_DEVICE_ID = "INALAB_DEVICE_ID"
 """The switch's P4Runtime device id (default 0)."""
 ENV_CHOOSER = "INALAB_CHOOSER"
 """``ina`` (default: every supported allreduce through the switch), ``dynamiccl``
-(dynamiccl's policy per size) or ``agent`` (an online agent's learnt configuration per
-call, from :data:`ENV_AGENT_STATE`); the last two need ``WORLD_SIZE``, as torchrun sets it."""
+(dynamiccl's policy per size) or ``agent`` (the online agent, learning inside the job:
+:data:`ENV_AGENT_STATE`, :data:`ENV_AGENT_FROZEN`, :data:`ENV_AGENT_SAVE`); the last two
+need ``WORLD_SIZE``, as torchrun sets it."""
 ENV_PROFILE = "INALAB_PROFILE"
 """``dynamiccl`` chooser: the profile JSON (``inalab calibrate``; default: built-in)."""
 ENV_AGENT_STATE = "INALAB_AGENT_STATE"
-"""``agent`` chooser: an online agent's saved state (``inalab replay --agent-state``),
-used frozen (:meth:`dynamiccl.agent.Agent.frozen`): every action it decides by what it
-learnt, and the same on every rank."""
+"""``agent`` chooser: an online agent's saved state (``inalab replay --agent-state``) to
+continue learning from inside the job (``dynamiccl.learning``: every rank learns the
+times the ranks agree on, so all choose alike); unset: learn from scratch."""
+ENV_AGENT_FROZEN = "INALAB_AGENT_FROZEN"
+"""``1``: use :data:`ENV_AGENT_STATE` frozen (:meth:`dynamiccl.agent.Agent.frozen`): it
+decides by what it learnt and learns nothing more."""
+ENV_AGENT_SAVE = "INALAB_AGENT_SAVE"
+"""``agent`` chooser: where rank 0 saves the agent's state when the group shuts down."""
+ENV_AGENT_SYNC_EVERY = "INALAB_AGENT_SYNC_EVERY"
+"""``agent`` chooser: calls between the ranks' agreements on times (default 16)."""
 
 INA_DTYPES = (torch.float32, torch.int32)
 
@@ -337,12 +349,19 @@ def chooser_from_env(env: Mapping[str, str]) -> Chooser:
     profile = Profile.load(path) if path else DEFAULT_PROFILE
     if name == "agent":
         from dynamiccl.agent import Agent
+        from dynamiccl.learning import DEFAULT_SYNC_EVERY
 
-        state = env.get(ENV_AGENT_STATE)
-        if not state:
-            raise ValueError(f"{ENV_CHOOSER}=agent needs {ENV_AGENT_STATE} (a saved agent)")
-        # Frozen: every rank must choose the same way, so it decides by what it learnt.
-        return Agent.load(state, profile, workers=workers).frozen()
+        state = env.get(ENV_AGENT_STATE) or None
+        if env.get(ENV_AGENT_FROZEN, "").strip().lower() in ("1", "true", "yes"):
+            if not state:
+                raise ValueError(f"{ENV_AGENT_FROZEN} needs {ENV_AGENT_STATE} (a saved agent)")
+            # Every rank decides by the same saved means: no learning, no agreement.
+            return Agent.load(state, profile, workers=workers).frozen()
+        # Learning inside the job: times agreed across ranks (dynamiccl.learning).
+        return AgreedLearner(
+            profile, workers, state=state, save_to=env.get(ENV_AGENT_SAVE) or None,
+            sync_every=int(env.get(ENV_AGENT_SYNC_EVERY) or DEFAULT_SYNC_EVERY),
+        )  # fmt: skip
     # No exploration: every rank must choose the same way for the same size.
     return Policy(profile, workers, epsilon=0.0)
 
@@ -797,6 +816,9 @@ class InaProcessGroup(dist.ProcessGroup):
         # Every action of every collective that runs on hostlib, mapped onto the wire in
         # hostlib's one place (the tree on the ring's socket).
         self.comm = Communicator(rank, world_size, ina=self.session, ring=self.peers)
+        bind = getattr(options.chooser, "bind", None)
+        if callable(bind):  # a learning chooser: its actions need the switch's lanes, slots
+            bind(spec.lanes, spec.slots)
         self._closed = False
         self._warned: set[str] = set()
         self._coalesced: list[dist.Work] | None = None  # between start/end_coalescing
@@ -818,6 +840,28 @@ class InaProcessGroup(dist.ProcessGroup):
             window=peers.window,
             warn=self._warn_once,
         )
+
+    def _observed(self, collective: str, size_bytes: int, action: Action, start: float) -> None:
+        """Tell a learning chooser (``dynamiccl.learning.AgreedLearner``) this call's time
+        if it ran as chosen; when an agreement is due (at the same call on every rank),
+        agree on the times with the other ranks."""
+        learner = self.options.chooser
+        if not isinstance(learner, AgreedLearner) or learner.agent is None:
+            return
+        if action not in learner.agent.actions.get(collective, ()):
+            return  # a fallback ran (the same on every rank): nothing to learn of the choice
+        learner.observe(collective, size_bytes, action, time.perf_counter() - start)
+        if learner.due:
+            learner.agree(self._agree_max)
+
+    def _agree_max(self, values: Sequence[float]) -> list[float]:
+        """The elementwise maximum of ``values`` over the group's ranks (a Gloo allreduce,
+        its binding releasing the GIL while Gloo's threads run)."""
+        agreed = torch.tensor(list(values), dtype=torch.float64)
+        opts: Any = dist.AllreduceOptions()  # Any: the stubs type reduceOp narrowly
+        opts.reduceOp = dist.ReduceOp.MAX
+        self._gloo.allreduce([agreed], opts).wait()
+        return [float(v) for v in agreed.tolist()]
 
     def _warn_once(self, key: str, message: str) -> None:
         if key not in self._warned:
@@ -862,7 +906,9 @@ class InaProcessGroup(dist.ProcessGroup):
             return None
         self._check_open()
         for tensor, action in zip(tensors, actions, strict=True):
+            start = time.perf_counter()
             self._allreduce_(tensor, cast(Action, action))
+            self._observed("allreduce", _nbytes(tensor), cast(Action, action), start)
         if _kind(op) == dist.ReduceOp.AVG:
             self._average(tensors)
         return _completed(tensors)
@@ -909,8 +955,10 @@ class InaProcessGroup(dist.ProcessGroup):
         self._check_open()
         if action is None or action.algorithm != "ina":
             action = self._ring(action)
+        start = time.perf_counter()
         part = self.comm.reduce_scatter(_host_flat(input), action)
         output.detach().copy_(part.reshape(output.shape))
+        self._observed("reduce_scatter", _nbytes(input), action, start)
         if _kind(opts.reduceOp) == dist.ReduceOp.AVG:
             self._average([output])
         return _completed([output])
@@ -929,8 +977,10 @@ class InaProcessGroup(dist.ProcessGroup):
             return self._to_gloo("_allgather_base", output, input, *_given(opts))
         action = self._ring(self._plan("all_gather", _nbytes(output)))
         self._check_open()
+        start = time.perf_counter()
         full = self.comm.all_gather(_host_flat(input), action)
         output.detach().copy_(full.reshape(output.shape))
+        self._observed("all_gather", _nbytes(output), action, start)
         return _completed([output])
 
     def all_gather_single_coalesced(
@@ -1009,6 +1059,12 @@ class InaProcessGroup(dist.ProcessGroup):
         if self._closed:
             return
         self._closed = True
+        learner = self.options.chooser
+        if isinstance(learner, AgreedLearner) and self.rank() == 0:
+            try:  # every rank's agent holds the same state: rank 0 writes it
+                learner.save()
+            except OSError as exc:
+                log.warning("ina backend: agent state not saved: %s", exc)
         self.session.close()
         # A peer whose last ack from us was lost needs us a little longer, if any call ran.
         self.peers.close(linger=0.0 if self.peers.endpoint.call == 0 else None)

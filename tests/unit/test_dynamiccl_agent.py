@@ -266,11 +266,19 @@ def test_frozen_agent_decides_by_what_it_learnt_and_learns_nothing(tmp_path: Pat
 
     path = tmp_path / "agent.json"
     agent.save(path)
-    env = {"INALAB_CHOOSER": "agent", "INALAB_AGENT_STATE": str(path), "WORLD_SIZE": "4"}
+    env = {"INALAB_CHOOSER": "agent", "INALAB_AGENT_STATE": str(path), "WORLD_SIZE": "4",
+           "INALAB_AGENT_FROZEN": "1"}  # fmt: skip
     chooser = chooser_from_env(env)
     assert [chooser.choose(s) for s in SIZES] == [frozen.choose(s) for s in SIZES]
     with pytest.raises(ValueError, match="INALAB_AGENT_STATE"):
-        chooser_from_env({"INALAB_CHOOSER": "agent", "WORLD_SIZE": "4"})
+        chooser_from_env({"INALAB_CHOOSER": "agent", "WORLD_SIZE": "4", "INALAB_AGENT_FROZEN": "1"})
+    # Without FROZEN the agent learns inside the job, from the saved state or from scratch.
+    from dynamiccl.learning import AgreedLearner
+
+    learning = chooser_from_env({k: v for k, v in env.items() if k != "INALAB_AGENT_FROZEN"})
+    assert isinstance(learning, AgreedLearner) and learning.state_path == path
+    scratch = chooser_from_env({"INALAB_CHOOSER": "agent", "WORLD_SIZE": "4"})
+    assert isinstance(scratch, AgreedLearner) and scratch.state_path is None
 
 
 def test_retransmissions_are_kept_per_arm_and_explained(tmp_path: Path) -> None:
