@@ -15,9 +15,17 @@ strategy and counted by none):
   from the static runs and never run itself, and no static configuration is faster;
 - *regret*: ``total / oracle total - 1``; *gain*: ``best static total / total``, the best
   static configuration being the static run with the smallest total;
+- a time *per iteration*: the mean of the iterations' times over a stated range of
+  iterations (:func:`mean_iteration_s`), the same for every strategy and the oracle: the
+  table's over the measured iterations, the converged line's over its half;
 - for the agent and the model, the *converged* half: the mean time per iteration over
   the last half of the measured iterations, and how far it is above the oracle's mean
-  over the same iterations.
+  over the same iterations; called converged only when that half has at least
+  :data:`MIN_CONVERGED_ITERATIONS` iterations.
+
+A strategy that is run (the model, the agent) can come out below the oracle: the oracle
+is computed from the static runs' times, and separate runs of the same action differ by
+run-to-run noise. The table says so when it happens.
 """
 
 from __future__ import annotations
@@ -33,6 +41,7 @@ if TYPE_CHECKING:
 
 __all__ = [
     "JSON_SCHEMA",
+    "MIN_CONVERGED_ITERATIONS",
     "ORACLE_NOTE",
     "WARMUP_ITERATIONS",
     "CallTime",
@@ -45,7 +54,9 @@ __all__ = [
     "compute_oracle",
     "converged_from",
     "format_summary",
+    "iterations_to_converge",
     "make_document",
+    "mean_iteration_s",
     "phases",
     "plot_figure",
     "setup_lines",
@@ -62,6 +73,20 @@ WARMUP_ITERATIONS = 1
 """Iterations at the start of every strategy's run that no total counts: the first
 calls of a configuration pay for first use (page faults on new buffers, an RTT
 estimate still at its default)."""
+
+MIN_CONVERGED_ITERATIONS = 4
+"""The fewest iterations in the last half of the measured ones for the report to call a
+learning strategy converged there. Over fewer, a single iteration is a third or more of
+the mean, and one iteration's noise (another process's burst, the agent's re-try of
+another action every 16th call) decides the verdict. The default ten iterations give a
+half of five; ``--iterations 8`` is the fewest that gives four."""
+
+NOISE_NOTE = (
+    "the oracle is not run but computed from the static runs' times, and every strategy"
+    " runs separately (interleaved iteration by iteration), so the same action's time"
+    " differs from run to run by noise: a strategy below the oracle by that much measured"
+    " noise, not a choice better than the best static action per call"
+)
 
 ORACLE_NOTE = (
     "computed, not run: per call of the iteration and per phase (before/after the change),"
@@ -258,6 +283,20 @@ def converged_from(iterations: int, warmup: int = WARMUP_ITERATIONS) -> int:
     return warmup + max(iterations - warmup, 0) // 2
 
 
+def iterations_to_converge(warmup: int = WARMUP_ITERATIONS) -> int:
+    """The fewest iterations per strategy whose converged half has
+    :data:`MIN_CONVERGED_ITERATIONS` iterations."""
+    return warmup + 2 * MIN_CONVERGED_ITERATIONS - 1
+
+
+def mean_iteration_s(seconds: Sequence[float], first: int, end: int) -> float:
+    """The mean time per iteration over iterations ``first..end-1`` of ``seconds`` (each
+    iteration's time); NaN for an empty range. The table's per-iteration column and the
+    converged line both use it, over the ranges they name."""
+    window = seconds[first:end]
+    return _mean(sum(window), len(window))
+
+
 @dataclass(frozen=True)
 class SummaryRow:
     """One strategy in the summary table.
@@ -300,20 +339,34 @@ class Converged:
     """A learning strategy over the last half of the measured iterations.
 
     Attributes:
-        first: the first iteration of that half (through the last one).
+        first: the first iteration of that half.
+        last: its last iteration (the run's last).
         iteration_s: its mean time per iteration there.
         oracle_iteration_s: the oracle's, over the same iterations.
         within: ``iteration_s / oracle_iteration_s - 1``.
     """
 
     first: int
+    last: int
     iteration_s: float
     oracle_iteration_s: float
     within: float
 
+    @property
+    def iterations(self) -> int:
+        return self.last - self.first + 1
+
+    @property
+    def enough(self) -> bool:
+        """Whether the half is long enough to be called converged
+        (:data:`MIN_CONVERGED_ITERATIONS`)."""
+        return self.iterations >= MIN_CONVERGED_ITERATIONS
+
     def to_json(self) -> dict[str, Any]:
         return {
             "first_iteration": self.first,
+            "last_iteration": self.last,
+            "enough_iterations": self.enough,
             "iteration_s": self.iteration_s,
             "oracle_iteration_s": self.oracle_iteration_s,
             "within": self.within,
@@ -337,6 +390,7 @@ class Summary:
             "converged": {name: c.to_json() for name, c in self.converged.items()},
             "measured_iterations": self.measured,
             "warmup_iterations": WARMUP_ITERATIONS,
+            "min_converged_iterations": MIN_CONVERGED_ITERATIONS,
         }
 
 
@@ -352,15 +406,17 @@ def summarize(
     oracle_total = oracle.total(warmup) if oracle is not None else None
     measured = max((len(r.iterations) - warmup for r in done), default=0)
     rows = []
+    end = warmup + measured
     if oracle is not None and oracle_total is not None:
         gain = _ratio(best_total, oracle_total)
-        rows.append(SummaryRow("oracle", "oracle", oracle_total, _mean(oracle_total, measured),
-                               0.0, gain))  # fmt: skip
+        per = mean_iteration_s(oracle.iteration_seconds(), warmup, end)
+        rows.append(SummaryRow("oracle", "oracle", oracle_total, per, 0.0, gain))
     for r in done:
         total = r.total(warmup)
         regret = None if oracle_total is None else _ratio(total, oracle_total, minus_one=True)
-        rows.append(SummaryRow(r.name, r.kind, total, _mean(total, measured), regret,
-                               _ratio(best_total, total), r.wrong, r.retransmits))  # fmt: skip
+        per = mean_iteration_s(r.iteration_seconds(), warmup, end)
+        rows.append(SummaryRow(r.name, r.kind, total, per, regret, _ratio(best_total, total),
+                               r.wrong, r.retransmits))  # fmt: skip
     converged = {}
     if oracle is not None:
         converged = {r.name: _converged(r, oracle, warmup) for r in done if r.kind != "static"}
@@ -368,12 +424,12 @@ def summarize(
 
 
 def _converged(run: StrategyRun, oracle: Oracle, warmup: int) -> Converged:
-    first = converged_from(len(run.iterations), warmup)
-    mine = run.iteration_seconds()[first:]
-    theirs = oracle.iteration_seconds()[first:]
-    mean, best = _mean(sum(mine), len(mine)), _mean(sum(theirs), len(theirs))
+    end = len(run.iterations)
+    first = converged_from(end, warmup)
+    mean = mean_iteration_s(run.iteration_seconds(), first, end)
+    best = mean_iteration_s(oracle.iteration_seconds(), first, end)
     within = _ratio(mean, best, minus_one=True)
-    return Converged(first, mean, best, within if within is not None else float("nan"))
+    return Converged(first, end - 1, mean, best, within if within is not None else float("nan"))
 
 
 def _mean(total: float, count: int) -> float:
@@ -389,8 +445,9 @@ def _ratio(a: float | None, b: float | None, minus_one: bool = False) -> float |
 # ----------------------------------------------------------------- table
 def format_summary(summary: Summary, header: str = "") -> str:
     """The summary table (strategy, total, per iteration, regret, gain, wrong, retx),
-    then a line naming the best static configuration and one per learning strategy
-    on its converged half."""
+    then lines naming the range the per-iteration column is over, the best static
+    configuration, each learning strategy on its converged half (or why it is not
+    judged), and, when a strategy came out below the oracle, why that is noise."""
     lines = [header] if header else []
     width = max([len(r.strategy) for r in summary.rows] + [8])
     lines.append(f"# {'strategy':<{width}}  {'total(s)':>9}  {'iter(s)':>8}  {'regret':>8}"
@@ -402,15 +459,48 @@ def format_summary(summary: Summary, header: str = "") -> str:
             f"  {_pct(r.regret):>8}  {_times(r.gain):>6}  {_count(r, r.wrong):>6}"
             f"  {_count(r, r.retransmits):>6}{mark}"
         )
+    last = summary.measured + WARMUP_ITERATIONS - 1
+    if summary.rows:
+        lines.append(f"# iter(s): the mean time per iteration over the measured iterations"
+                     f" {WARMUP_ITERATIONS}..{last}")  # fmt: skip
     if summary.best_static is not None:
         lines.append(f"# * best static: {summary.best_static}")
-    last = summary.measured + WARMUP_ITERATIONS - 1
-    for name, c in summary.converged.items():
-        lines.append(
-            f"# {name} once converged (iterations {c.first}..{last}): {c.iteration_s:.4f} s"
-            f" per iteration, {_within_words(c.within)} the oracle's {c.oracle_iteration_s:.4f} s"
-        )
+    lines += [_converged_line(name, c) for name, c in summary.converged.items()]
+    below = _below_the_oracle(summary)
+    if below:
+        lines.append(f"# below the oracle ({', '.join(below)}): {NOISE_NOTE}")
     return "\n".join(lines)
+
+
+def _converged_line(name: str, c: Converged) -> str:
+    window = f"iterations {c.first}..{c.last}"
+    if not c.enough:
+        return (
+            f"# {name}: not judged converged: the last half of the measured iterations"
+            f" ({window}) is {c.iterations} iteration{'s' if c.iterations != 1 else ''},"
+            f" fewer than {MIN_CONVERGED_ITERATIONS}"
+            f" (--iterations {iterations_to_converge()} or more gives {MIN_CONVERGED_ITERATIONS})"
+        )
+    return (
+        f"# {name} once converged ({window}): {c.iteration_s:.4f} s per iteration,"
+        f" {_within_words(c.within)} the oracle's {c.oracle_iteration_s:.4f} s over the same"
+        " iterations"
+    )
+
+
+def _below_the_oracle(summary: Summary) -> list[str]:
+    """``NAME -1.3%`` for each strategy whose regret, or converged half, is negative."""
+    below = [
+        f"{r.strategy} {_pct(r.regret)}"
+        for r in summary.rows
+        if r.kind != "oracle" and r.regret is not None and r.regret < 0
+    ]
+    below += [
+        f"{name} {_pct(c.within)} once converged"
+        for name, c in summary.converged.items()
+        if c.enough and c.within < 0
+    ]
+    return below
 
 
 def _within_words(within: float) -> str:

@@ -11,12 +11,16 @@ import pytest
 
 from emulation.bench.replay_report import (
     JSON_SCHEMA,
+    MIN_CONVERGED_ITERATIONS,
+    NOISE_NOTE,
     CallTime,
     StrategyRun,
     compute_oracle,
     converged_from,
     format_summary,
+    iterations_to_converge,
     make_document,
+    mean_iteration_s,
     phases,
     summarize,
     write_json,
@@ -131,7 +135,13 @@ def test_table_json_and_plot(tmp_path: Path) -> None:
     assert "  static ina " in table and table.count(" *\n") == 1
     assert "# * best static: static ina" in table
     assert "+83.3%" in table  # the agent's regret, 11/6 - 1
-    assert "agent once converged (iterations 2..2): 3.0000 s per iteration, within 0.0% of" in table
+    assert "# iter(s): the mean time per iteration over the measured iterations 1..2" in table
+    assert (  # one iteration in the last half: not enough to call it converged
+        "# agent: not judged converged: the last half of the measured iterations (iterations"
+        f" 2..2) is 1 iteration, fewer than {MIN_CONVERGED_ITERATIONS} (--iterations"
+        f" {iterations_to_converge()} or more gives {MIN_CONVERGED_ITERATIONS})"
+    ) in table.splitlines()
+    assert "once converged" not in table and "below the oracle" not in table
     doc = make_document({"workers": 2}, runs, oracle, summary, {"scenario": {"name": "none"}})
     path = tmp_path / "replay.json"
     write_json(path, doc)
@@ -147,3 +157,54 @@ def test_table_json_and_plot(tmp_path: Path) -> None:
     png = tmp_path / "replay.png"
     write_plot(png, runs, oracle, summary, change_at=2, title="tiny")
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def _long(name: str, kind: str, per_call: list[float], actions: list[str]) -> StrategyRun:
+    """``iterations_to_converge()`` iterations of the same two calls, the warm-up slower;
+    iteration ``i`` adds ``i / 1000`` s to call 0, so windows have different means."""
+    rows = [[t + i / 1000 if j == 0 else t for j, t in enumerate(per_call)]
+            for i in range(iterations_to_converge())]  # fmt: skip
+    rows[0] = [10.0 for _ in per_call]
+    return _run(name, kind, rows, actions)
+
+
+def test_converged_needs_the_stated_iterations_and_names_its_oracle_figure() -> None:
+    static = [_long("static ina", "static", [1, 4], ["ina", "ina"]),
+              _long("static ring", "static", [3, 2], ["ring", "ring"])]  # fmt: skip
+    agent = _long("agent", "agent", [1.5, 2], ["ina", "ring"])
+    end = iterations_to_converge()
+    oracle = compute_oracle(static, phases(end, None))
+    summary = summarize([*static, agent], oracle)
+    c = summary.converged["agent"]
+    assert (c.first, c.last, c.iterations, c.enough) == (4, 7, MIN_CONVERGED_ITERATIONS, True)
+    # One definition of time per iteration, over the range each place names.
+    seconds = oracle.iteration_seconds()
+    assert c.oracle_iteration_s == mean_iteration_s(seconds, 4, end) == pytest.approx(3.0055)
+    assert summary.rows[0].iteration_s == mean_iteration_s(seconds, 1, end) == pytest.approx(3.004)
+    table = format_summary(summary)
+    assert f"  {'oracle':<11}  {21.028:9.3f}  {3.004:8.4f}  {'+0.0%':>8}" in table
+    assert "# iter(s): the mean time per iteration over the measured iterations 1..7" in table
+    assert (
+        "# agent once converged (iterations 4..7): 3.5055 s per iteration, within 16.6% of"
+        " the oracle's 3.0055 s over the same iterations"
+    ) in table.splitlines()
+    assert "below the oracle" not in table
+
+
+def test_a_strategy_below_the_oracle_is_explained_as_noise() -> None:
+    static = [_long("static ina", "static", [1, 4], ["ina", "ina"]),
+              _long("static ring", "static", [3, 2], ["ring", "ring"])]  # fmt: skip
+    # The model ran the oracle's actions and its run happened to be 1% faster.
+    model = _long("model", "model", [0.99, 1.98], ["ina", "ring"])
+    oracle = compute_oracle(static, phases(iterations_to_converge(), None))
+    summary = summarize([*static, model], oracle)
+    rows = {r.strategy: r for r in summary.rows}
+    assert rows["model"].regret is not None and rows["model"].regret < 0
+    table = format_summary(summary)
+    regret = f"{100 * rows['model'].regret:+.1f}%"
+    within = f"{100 * summary.converged['model'].within:+.1f}%"
+    assert (
+        f"# below the oracle (model {regret}, model {within} once converged): {NOISE_NOTE}"
+    ) in table.splitlines()
+    assert "interleaved" in NOISE_NOTE and "noise" in NOISE_NOTE
+    assert "faster than the oracle's" in table
