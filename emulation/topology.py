@@ -63,7 +63,17 @@ _PORT = re.compile(r"^(?P<node>.+)-p(?P<port>[0-9]+)$")
 
 
 class TopologyError(ValueError):
-    """A topology file or description that is not valid; the message says where."""
+    """A topology file or description that is not valid; the message says where.
+
+    Attributes:
+        path: where in the document the problem is (mapping keys and list indices from
+            the top; empty: the document, or the file, as a whole). :func:`load_topology`
+            turns it into the line and column in the file.
+    """
+
+    def __init__(self, message: str, path: tuple[str | int, ...] = ()) -> None:
+        super().__init__(message)
+        self.path = path
 
 
 @dataclass(frozen=True)
@@ -270,6 +280,8 @@ def load_topology(path: str | Path) -> Topology:
 
     A ``.json`` file with a ``links`` list of lists is read as p4lang/tutorials'
     ``topology.json``; anything else as inalab's schema (YAML is a superset of JSON).
+    Every error is one line that starts ``FILE:LINE:COLUMN:`` where the place is known
+    (a syntax error, or a value of a YAML file that the schema refuses), else ``FILE:``.
 
     Raises:
         TopologyError: the file cannot be read or parsed, or describes no valid network.
@@ -278,18 +290,88 @@ def load_topology(path: str | Path) -> Topology:
 
     file = Path(path)
     try:
-        text = file.read_text(encoding="utf-8")
+        data = file.read_bytes()
     except OSError as exc:
         raise TopologyError(f"cannot read topology {file}: {exc.strerror}") from None
     try:
-        doc = json.loads(text) if file.suffix == ".json" else yaml.safe_load(text)
-    except (ValueError, yaml.YAMLError) as exc:
+        text = data.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        # Everything before the bad byte decoded: count lines and columns in characters.
+        before = data[: exc.start].decode("utf-8")
+        line, column = _line_column(before, len(before))
         raise TopologyError(
-            f"{file}: not {'JSON' if file.suffix == '.json' else 'YAML'}: {exc}"
+            f"{file}:{line}:{column}: not UTF-8 text (byte {data[exc.start]:#04x})"
         ) from None
+    try:
+        doc = json.loads(text) if file.suffix == ".json" else yaml.safe_load(text)
+    except json.JSONDecodeError as exc:
+        raise TopologyError(f"{file}:{exc.lineno}:{exc.colno}: not JSON: {exc.msg}") from None
+    except yaml.YAMLError as exc:
+        raise TopologyError(_yaml_syntax_error(file, text, exc)) from None
     if _is_tutorials(doc):
-        doc = _from_tutorials(doc, file)
-    return parse_topology(doc, name=file.stem, source=str(file))
+        return parse_topology(_from_tutorials(doc, file), name=file.stem, source=str(file))
+    try:
+        return parse_topology(doc, name=file.stem, source=str(file))
+    except TopologyError as exc:
+        if file.suffix == ".json":
+            raise  # json keeps no places; the message has the path in the document
+        raise TopologyError(_placed(exc, file, text), exc.path) from None
+
+
+def _line_column(text: str, offset: int) -> tuple[int, int]:
+    """1-based line and column (in characters) of ``offset`` in ``text``."""
+    before = text[:offset]
+    return before.count("\n") + 1, offset - (before.rfind("\n") + 1) + 1
+
+
+def _yaml_syntax_error(file: Path, text: str, exc: Exception) -> str:
+    """PyYAML's several-line report as one ``FILE:LINE:COLUMN: not YAML: ...`` line: the
+    problem where it was found, and what the parser was reading, where that started."""
+    import yaml
+
+    if isinstance(exc, yaml.MarkedYAMLError) and exc.problem_mark is not None:
+        mark = exc.problem_mark
+        where = f"{mark.line + 1}:{mark.column + 1}"
+        problem = exc.problem or "syntax error"
+        started = exc.context_mark
+        if exc.context and started is not None and started.line != mark.line:
+            problem += f" ({exc.context} that starts at {started.line + 1}:{started.column + 1})"
+        elif exc.context:
+            problem += f" ({exc.context})"
+        return f"{file}:{where}: not YAML: {problem}"
+    if isinstance(exc, yaml.reader.ReaderError):
+        line, column = _line_column(text, exc.position)
+        char = exc.character if isinstance(exc.character, int) else ord(exc.character)
+        what = f"unacceptable character #x{char:04x}: {exc.reason}"
+        return f"{file}:{line}:{column}: not YAML: {what}"
+    return f"{file}: not YAML: {' '.join(str(exc).split())}"
+
+
+def _placed(exc: TopologyError, file: Path, text: str) -> str:
+    """``exc``'s message with the line and column of its place in ``text`` (the YAML
+    node at ``exc.path``, or the deepest one of it the file has) after the file name."""
+    import yaml
+
+    message = str(exc)
+    prefix = f"{file}: "
+    if not exc.path or not message.startswith(prefix):
+        return message  # the document as a whole: no one place to show
+    node = yaml.compose(text)  # the same text parsed before: no error here
+    for part in exc.path:
+        child = None
+        if isinstance(node, yaml.MappingNode):
+            child = next((v for k, v in node.value if k.value == str(part)), None)
+        elif isinstance(node, yaml.SequenceNode):
+            index = {"a": 0, "b": 1}.get(str(part), part)  # a link written [a, b]
+            if isinstance(index, int) and index < len(node.value):
+                child = node.value[index]
+        if child is None:
+            break
+        node = child
+    if node is None:
+        return message
+    mark = node.start_mark
+    return f"{file}:{mark.line + 1}:{mark.column + 1}: {message[len(prefix):]}"
 
 
 def _is_tutorials(doc: Any) -> bool:
@@ -330,16 +412,16 @@ def _from_tutorials(doc: dict[str, Any], file: Path) -> dict[str, Any]:
 class _At:
     """Where in the document a value sits, for error messages."""
 
-    def __init__(self, source: str, path: str = "") -> None:
-        self.source, self.path = source, path
+    def __init__(self, source: str, path: str = "", parts: tuple[str | int, ...] = ()) -> None:
+        self.source, self.path, self.parts = source, path, parts
 
     def __truediv__(self, part: str | int) -> _At:
         step = f"[{part}]" if isinstance(part, int) else (f".{part}" if self.path else part)
-        return _At(self.source, self.path + step)
+        return _At(self.source, self.path + step, (*self.parts, part))
 
     def error(self, message: str) -> TopologyError:
         where = f"{self.source}: {self.path}" if self.path else self.source
-        return TopologyError(f"{where}: {message}")
+        return TopologyError(f"{where}: {message}", self.parts)
 
 
 def _mapping(value: Any, at: _At, allowed: set[str]) -> dict[str, Any]:
@@ -410,7 +492,7 @@ def parse_topology(doc: Any, name: str = "topology", source: str = "<topology>")
     if clash:
         raise at.error(f"names used by a host and a switch: {', '.join(clash)}")
     kinds = {h.name: "host" for h in hosts} | {s.name: "switch" for s in switches}
-    links = _links(top.get("links"), at / "links", kinds, defaults)
+    links = _links(top.get("links"), at / "links", kinds, defaults, at / "defaults")
     for h in hosts:
         count = sum(h.name in (link.a, link.b) for link in links)
         if count != 1:
@@ -485,7 +567,9 @@ def _endpoint(value: Any, at: _At, kinds: dict[str, str]) -> tuple[str, int | No
     return node, port
 
 
-def _links(value: Any, at: _At, kinds: dict[str, str], defaults: dict[str, Any]) -> list[Link]:
+def _links(
+    value: Any, at: _At, kinds: dict[str, str], defaults: dict[str, Any], defaults_at: _At
+) -> list[Link]:
     if not isinstance(value, list) or not value:
         raise at.error("expected a non-empty list of links")
     next_port: dict[str, int] = {}
@@ -536,16 +620,18 @@ def _links(value: Any, at: _At, kinds: dict[str, str], defaults: dict[str, Any])
             **defaults,
             **{k: v for k, v in s.items() if k in _LINK_VALUES},
         }
+        # A bad value is reported where it is written: the link's own, or the defaults'.
+        src = {k: where / k if k in s else defaults_at / k for k in _LINK_VALUES}
         bw = merged.get("bw")
         queue = merged.get("queue")
         out.append(
             Link(
                 a, b, ports[0], ports[1],
-                bw=None if bw is None else _number(bw, where / "bw", 0.001, 100_000.0),
-                delay=_delay(merged.get("delay", 0.0), where / "delay"),
-                loss=_number(merged.get("loss", 0.0), where / "loss", 0.0, 1.0, open_hi=True),
-                queue=None if queue is None else _int(queue, where / "queue", 1, 1_000_000),
-                jitter=_delay(merged.get("jitter", 0.0), where / "jitter"),
+                bw=None if bw is None else _number(bw, src["bw"], 0.001, 100_000.0),
+                delay=_delay(merged.get("delay", 0.0), src["delay"]),
+                loss=_number(merged.get("loss", 0.0), src["loss"], 0.0, 1.0, open_hi=True),
+                queue=None if queue is None else _int(queue, src["queue"], 1, 1_000_000),
+                jitter=_delay(merged.get("jitter", 0.0), src["jitter"]),
             )
         )  # fmt: skip
     return out

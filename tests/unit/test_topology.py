@@ -178,12 +178,75 @@ def test_unreadable_and_unparsable_files(tmp_path: Path) -> None:
         load_topology(tmp_path / "missing.yaml")
     bad = tmp_path / "bad.yaml"
     bad.write_text("links: [h1, {")
-    with pytest.raises(TopologyError, match=r"bad\.yaml: not YAML"):
+    with pytest.raises(TopologyError, match=r"bad\.yaml:1:14: not YAML"):
         load_topology(bad)
     bad_json = tmp_path / "bad.json"
-    bad_json.write_text("{")
-    with pytest.raises(TopologyError, match="not JSON"):
+    bad_json.write_text('{"hosts": {},\n "links": ]}')
+    with pytest.raises(TopologyError, match=r"bad\.json:2:11: not JSON: Expecting value$"):
         load_topology(bad_json)
+
+
+# One line each, FILE:LINE:COLUMN first (1-based, as compilers and editors count), the
+# place PyYAML found the problem at; what PyYAML was reading and where that started last.
+@pytest.mark.parametrize(
+    ("text", "message"),
+    [
+        (
+            "hosts:\n  h1: {ip: 10.0.0.1\nlinks: []\n",
+            "3:6: not YAML: expected ',' or '}', but got ':'"
+            " (while parsing a flow mapping that starts at 2:7)",
+        ),
+        (
+            "hosts:\n  h1: {}\n   h2: {}\n",
+            "3:4: not YAML: expected <block end>, but found '<block mapping start>'"
+            " (while parsing a block mapping that starts at 2:3)",
+        ),
+        ("hosts:\n  h1: {}\n  h2 {}: x: y\n", "3:11: not YAML: mapping values are not allowed"),
+        ("hosts:\n\th1: {}\n", "2:1: not YAML: found character '\\t' that cannot start"),
+        ("name: a\x07b\n", "1:8: not YAML: unacceptable character #x0007"),
+        ("name: x\n- [h1, s1]\n", "2:1: not YAML: expected <block end>, but found '-'"),
+    ],
+)
+def test_malformed_yaml_is_one_line_file_line_column(
+    tmp_path: Path, text: str, message: str
+) -> None:
+    bad = tmp_path / "bad.yaml"
+    bad.write_text(text)
+    with pytest.raises(TopologyError) as caught:
+        load_topology(bad)
+    assert str(caught.value).startswith(f"{bad}:{message}")
+    assert "\n" not in str(caught.value)
+
+
+def test_a_file_that_is_not_utf8_says_where(tmp_path: Path) -> None:
+    bad = tmp_path / "bad.yaml"
+    bad.write_bytes(b"name: star\nhosts:\n  h\xe9: {}\n")
+    with pytest.raises(TopologyError, match=r"bad\.yaml:3:4: not UTF-8 text \(byte 0xe9\)$"):
+        load_topology(bad)
+
+
+def test_schema_errors_in_a_yaml_file_name_its_line_and_column(tmp_path: Path) -> None:
+    star4 = (TOPOLOGIES / "star4.yaml").read_text()
+    cases = {
+        # the value as written: in the link, in the defaults the link took it from
+        ("- [h4, s1]", "- [h9, s1]"): "17:6: links[3].a: unknown node 'h9'",
+        ("bw: 1000", "bw: fast"): "5:7: defaults.bw: expected a number, got 'fast'",
+        ("h3: {}", "h3: {ranks: 0}"): "11:15: hosts.h3.ranks: expected an integer 1..32, got 0",
+        # a missing value: the place of the mapping that lacks it
+        ("{id: 1, workers", "{workers"): "19:5: jobs[0].id: expected an integer",
+    }
+    for (old, new), message in cases.items():
+        assert old in star4
+        bad = tmp_path / "star4.yaml"
+        bad.write_text(star4.replace(old, new))
+        with pytest.raises(TopologyError) as caught:
+            load_topology(bad)
+        assert str(caught.value).startswith(f"{bad}:{message}")
+        assert caught.value.path  # kept for a caller that wants the place in the document
+    # An error about the document as a whole has no one place.
+    bad.write_text(star4.replace("  h4: {}\n", "  h4: {}\n  s1: {}\n"))
+    with pytest.raises(TopologyError, match=rf"^{bad}: names used by a host and a switch: s1"):
+        load_topology(bad)
 
 
 def test_topology_is_pure_data() -> None:
