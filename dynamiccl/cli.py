@@ -239,14 +239,19 @@ def run(args: argparse.Namespace, summarize: Summarize | None = None) -> int:
     ``summarize`` reads ``--topology`` (see :data:`Summarize`); without one,
     ``--topology`` is a usage error (``--summary`` needs none).
     """
+    remarks: list[str] = []
     try:
-        return _run(args, summarize)
+        status = _run(args, summarize, remarks)
     except _UsageError as exc:
         print(f"{PROG}: error: {exc}", file=sys.stderr)
         return 2
+    for remark in remarks:  # after the decision: an error stays the only line
+        print(f"{PROG}: {remark}", file=sys.stderr)
+    return status
 
 
-def _run(args: argparse.Namespace, summarize: Summarize | None) -> int:
+def _run(args: argparse.Namespace, summarize: Summarize | None, remarks: list[str]) -> int:
+    """The decision (see :func:`run`); notes and warnings for stderr go to ``remarks``."""
     from dynamiccl.model import DEFAULT_PROFILE, Profile, ProfileError
     from dynamiccl.policy import choose
     from dynamiccl.tuner import tuner_rules, write_rules
@@ -259,9 +264,8 @@ def _run(args: argparse.Namespace, summarize: Summarize | None) -> int:
         profile = DEFAULT_PROFILE if args.profile is None else Profile.load(args.profile)
     except ProfileError as exc:
         raise _UsageError(str(exc)) from None
-    summary, workers, hosts = _network(args, summarize)
-    if workers is None:
-        raise _UsageError("give --workers (or a --topology with a job)")
+    summary, given, hosts = _network(args, summarize)
+    workers = _workers(given, profile, remarks)
     ina = not args.no_ina
     if args.explain or args.agent_state is not None or args.collective != "allreduce":
         if args.export_tuner is not None:
@@ -299,6 +303,7 @@ def _run(args: argparse.Namespace, summarize: Summarize | None) -> int:
             "nodes": hosts,
             "profile": profile.source,
             "profile_is_default": args.profile is None,
+            "profile_workers": None if profile.workers is None else list(profile.workers),
             "profile_links": None if profile.links is None else asdict(profile.links),
             **decision.to_dict(),
             "latency_share": {
@@ -384,6 +389,35 @@ def _explain(
               + f" {cells[3]:>6}{note}")  # fmt: skip
     print(f"choice: {decision.action.label} ({decision.phase}): {decision.reason}")
     return 0
+
+
+def _workers(given: int | None, profile: Profile, remarks: list[str]) -> int:
+    """The workers to decide for: ``given`` (``--workers`` or the topology's job), with a
+    warning in ``remarks`` when the profile was fitted at other counts; else the
+    profile's one count, with a note saying so.
+
+    Raises:
+        _UsageError: none given and the profile records no single count.
+    """
+    fitted = profile.workers
+    counts = "" if fitted is None else ", ".join(map(str, fitted))
+    if given is None:
+        if fitted is None or len(fitted) != 1:
+            why = "it records none" if fitted is None else f"it was fitted at {counts}: pick one"
+            raise _UsageError(f"give --workers (or a --topology with a job): the profile "
+                              f"cannot say ({why})")  # fmt: skip
+        remarks.append(f"note: no --workers given: deciding for {fitted[0]}, the worker count"
+                       " the profile was fitted at")  # fmt: skip
+        return fitted[0]
+    if fitted is not None and given not in fitted:
+        remarks.append(
+            f"warning: {given} workers, but the profile was fitted at {counts}: a"
+            " calibration's ranks share the machine's cores, so its times hold for those"
+            f" counts; fit {given} (inalab calibrate --workers {given} -o PROFILE, or inalab"
+            f" emulate TOPOLOGY calibrate with a job of {given} ranks) and pass --profile"
+            " PROFILE"
+        )
+    return given
 
 
 def _ms(seconds: float | None) -> str:

@@ -195,6 +195,10 @@ class Profile:
         source: where the numbers come from, shown with every decision.
         links: the emulated links the numbers were measured across (None: loopback, or
             not recorded); the JSON omits the key when None.
+        workers: the worker counts the numbers were measured with, ascending (None: not
+            recorded, as in profiles of older inalab versions); the JSON omits the key
+            when None. The ranks of a calibration share the machine's cores, so the
+            numbers hold for these counts; ``inalab decide`` warns for others.
     """
 
     ina: AlgoParams
@@ -207,6 +211,7 @@ class Profile:
     window: int = 32
     source: str = "unspecified"
     links: MeasuredLinks | None = None
+    workers: tuple[int, ...] | None = None
 
     def __post_init__(self) -> None:
         if self.links is not None and not isinstance(self.links, MeasuredLinks):
@@ -221,6 +226,13 @@ class Profile:
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
                 raise ProfileError(f"{name} must be a positive integer, got {value!r}")
+        if self.workers is not None and (
+            not isinstance(self.workers, tuple)
+            or not self.workers
+            or any(isinstance(n, bool) or not isinstance(n, int) or n < 1 for n in self.workers)
+            or list(self.workers) != sorted(set(self.workers))
+        ):
+            raise ProfileError(f"workers must be ascending positive integers, got {self.workers!r}")
 
     def params(self, algorithm: str) -> AlgoParams:
         """The constants of ``algorithm``.
@@ -242,8 +254,9 @@ class Profile:
         """The JSON document :meth:`save` writes."""
         doc = asdict(self)
         algos = {a: doc.pop(a) for a in ALGORITHMS}
-        if doc["links"] is None:
-            del doc["links"]  # a loopback profile stays readable by older inalab versions
+        for key in ("links", "workers"):
+            if doc[key] is None:
+                del doc[key]  # such a profile stays readable by older inalab versions
         return {"schema": PROFILE_SCHEMA, "algorithms": algos, **doc}
 
     @classmethod
@@ -273,6 +286,8 @@ class Profile:
         values = {k: doc[k] for k in scalars if k in doc}
         if values.get("links") is not None:
             values["links"] = MeasuredLinks.from_dict(values["links"], where)
+        if isinstance(values.get("workers"), list):
+            values["workers"] = tuple(values["workers"])
         try:
             return cls(ina, ring, tree, **values)
         except (ProfileError, TypeError) as exc:
@@ -347,7 +362,8 @@ every output that shows it says which numbers it used. Calibrate (``inalab calib
 for anything else: on another machine these are only an order of magnitude.
 
 ``default_profile.json`` is ``inalab calibrate --workers 4 -e 16M`` (4K..16M, x4, 3 timed
-calls, float32, 2048 lanes, 32 slots) unchanged but for its ``source``: on a 2-core AMD
+calls, float32, 2048 lanes, 32 slots) unchanged but for its ``source`` and its
+``workers`` (which calibrate did not record yet; the source says 4): on a 2-core AMD
 EPYC VM (Debian 12, Python 3.11) on 2026-11-24, while a CI run shared the machine.
 That load makes times vary: three runs in a row fitted the ring's beta at 21.0, 8.0 and
 10.6 ns/byte; this is the median run (the median of all three algorithms' betas too).

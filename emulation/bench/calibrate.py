@@ -5,7 +5,9 @@ at a few sizes and worker counts, turns each size's time (the slowest rank's mea
 call) into a :class:`~dynamiccl.fit.Measurement`, fits alpha and beta per algorithm
 (:func:`~dynamiccl.fit.fit_profile`) and saves the profile as JSON for ``inalab decide
 --profile`` and ``inalab bench --algos ...,auto --profile``. It prints the fit against
-every measured point, so a poor fit is seen rather than trusted.
+every measured point, so a poor fit is seen rather than trusted, and warns when the
+fit's mean error is above :data:`POOR_FIT_MEAN_ERROR`. The profile records the worker
+counts it was measured with (``inalab decide`` warns for others).
 
 On loopback (``inalab calibrate``) the profile holds the software's costs on this
 machine, and dynamiccl's model adds what a topology file says about links (bandwidth,
@@ -54,11 +56,13 @@ if TYPE_CHECKING:
     from emulation.topology import Topology
 
 __all__ = [
+    "POOR_FIT_MEAN_ERROR",
     "CalibrationError",
     "add_arguments",
     "calibrate",
     "fit_report",
     "measure",
+    "poor_fit_warning",
     "run",
     "worker_counts",
 ]
@@ -67,6 +71,13 @@ PROG = "inalab calibrate"
 
 CANDIDATES = ALGORITHMS
 """What calibration measures by default: every algorithm dynamiccl chooses from."""
+
+
+POOR_FIT_MEAN_ERROR = 0.20
+"""Mean |relative error| of the fit above which calibrate warns. The model chooses the
+algorithm with the lowest predicted time, and on one machine the algorithms are often
+within 20% of each other (on loopback the tree wins small messages and the ring large
+ones, by little): a fit further off than that on average ranks them by its error."""
 
 
 class CalibrationError(RuntimeError):
@@ -178,6 +189,9 @@ def calibrate(
         return 1
     report = fit_report(profile, points)
     print(_format(profile, report))
+    warning = poor_fit_warning(report)
+    if warning is not None:
+        print(f"{PROG}: warning: {warning}", file=sys.stderr)
     profile.save(args.output)
     print(f"# profile: {args.output}")
     if args.json is not None:
@@ -266,7 +280,8 @@ def _fit(
     from dynamiccl.model import DEFAULT_PROFILE
 
     # The packet size and window are the run's: the model counts packets and losses by them.
-    base = replace(DEFAULT_PROFILE, packet_bytes=4 * args.lanes, window=args.slots, links=links)
+    base = replace(DEFAULT_PROFILE, packet_bytes=4 * args.lanes, window=args.slots, links=links,
+                   workers=tuple(sorted(set(workers))))  # fmt: skip
     date = datetime.now(UTC).date().isoformat()
     counts = ",".join(str(n) for n in workers)
     source = f"inalab calibrate on {where}, {date}, workers {counts}, lanes {args.lanes}"
@@ -293,6 +308,29 @@ def fit_report(profile: Profile, points: Sequence[Measurement]) -> list[dict[str
             }
         )
     return out
+
+
+def poor_fit_warning(report: Sequence[dict[str, Any]]) -> str | None:
+    """What to say when the fit's mean |error| is above :data:`POOR_FIT_MEAN_ERROR`
+    (None: it is not): how far off, the worst point, and what to do.
+
+    Args:
+        report: :func:`fit_report`'s points (at least one).
+    """
+    errors = [abs(r["relative_error"]) for r in report]
+    mean = sum(errors) / len(errors)
+    if mean <= POOR_FIT_MEAN_ERROR:
+        return None
+    worst = max(report, key=lambda r: abs(r["relative_error"]))
+    return (
+        f"a poor fit: mean |error| {mean:.1%}, above {POOR_FIT_MEAN_ERROR:.0%} (worst:"
+        f" {worst['algorithm']} at {format_size(worst['size_bytes'])} with"
+        f" {worst['workers']} workers, {worst['relative_error']:+.1%}), so decisions between"
+        " algorithms closer than that are guesses. Measure again on an otherwise idle"
+        " machine (the ranks share its cores) with more timed calls (-n 10 -w 2); if the"
+        " error stays, fit only the sizes you will run (-b/-e): the model (a cost per step"
+        " plus one per byte) misses this machine somewhere in between"
+    )
 
 
 def _format(profile: Profile, report: Sequence[dict[str, Any]]) -> str:

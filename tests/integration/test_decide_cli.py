@@ -198,7 +198,6 @@ def test_export_tuner_writes_merged_rules(tmp_path: Path) -> None:
     ("argv", "message"),
     [
         (["--size", "4X", "--workers", "2"], "invalid size '4X'"),
-        (["--size", "4K"], "give --workers"),
         (["--workers", "2"], "give --size, --export-tuner"),
         (["--size", "4K", "--workers", "0"], "outside"),
         (

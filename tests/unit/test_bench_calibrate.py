@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import re
 from collections.abc import Sequence
 from dataclasses import replace
 from pathlib import Path
@@ -82,3 +83,50 @@ def test_a_loopback_profile_records_no_links(tmp_path: Path, measured: None) -> 
     assert calibrate_module.calibrate(args, (4,), tmp_path, None, "127.0.0.1") == 0
     assert Profile.load(args.output).links is None
     assert "links" not in json.loads(args.output.read_text())
+
+
+def test_the_profile_records_the_worker_counts_it_was_fitted_at(
+    tmp_path: Path, measured: None, capsys: pytest.CaptureFixture[str]
+) -> None:
+    args = _args(tmp_path)
+    assert calibrate_module.calibrate(args, (8, 2), tmp_path, None, "127.0.0.1") == 0
+    assert Profile.load(args.output).workers == (2, 8)
+    assert capsys.readouterr().err == ""  # the fake measures the model: a perfect fit
+
+
+def _point(algo: str, size: int, error: float) -> dict[str, Any]:
+    return {"algorithm": algo, "size_bytes": size, "workers": 4, "seconds": 1.0,
+            "fitted_seconds": 1.0 + error, "relative_error": error}  # fmt: skip
+
+
+def test_a_fit_at_the_threshold_is_not_poor() -> None:
+    limit = calibrate_module.POOR_FIT_MEAN_ERROR
+    at = [_point("ring", 4096, limit), _point("ring", 65536, -limit)]
+    assert calibrate_module.poor_fit_warning(at) is None
+
+
+def test_a_poor_fit_is_warned_about_with_its_worst_point_and_what_to_do(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # Times the model cannot fit: every other size 60% slower than its prediction.
+    def uneven(configs: Sequence[Any], run_dir: Path, fabric: Any = None) -> list[Measurement]:
+        return [
+            Measurement(a, n, c.workers,
+                        estimate(a, n, c.workers, DEFAULT_PROFILE).seconds * (1.6 if i % 2 else 1))
+            for c in configs
+            for a in c.algos
+            for i, n in enumerate(c.sizes)
+        ]  # fmt: skip
+
+    monkeypatch.setattr(calibrate_module, "measure", uneven)
+    args = _args(tmp_path)
+    assert calibrate_module.calibrate(args, (4,), tmp_path, None, "127.0.0.1") == 0
+    out, err = capsys.readouterr()
+    mean = re.search(r"# mean \|error\| (\d+\.\d)%, max (\d+\.\d)%", out)
+    assert mean is not None and float(mean.group(1)) > 20
+    assert err.startswith(
+        f"inalab calibrate: warning: a poor fit: mean |error| {mean.group(1)}%, above 20% (worst:"
+    )
+    assert "%), so decisions between algorithms closer than that are guesses." in err
+    assert "(-n 10 -w 2)" in err and "(-b/-e)" in err and err.count("\n") == 1
+    assert Profile.load(args.output).workers == (4,)  # written all the same

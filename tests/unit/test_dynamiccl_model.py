@@ -206,7 +206,18 @@ def test_profile_round_trips(tmp_path: Path) -> None:
         "beta": DEFAULT_PROFILE.ring.beta,
     }
     assert "links" not in doc  # a loopback profile: older readers refuse unknown keys
+    assert doc["workers"] == [4]
     assert Profile.load(path) == DEFAULT_PROFILE
+
+
+def test_the_worker_counts_round_trip_and_none_is_left_out(tmp_path: Path) -> None:
+    path = tmp_path / "profile.json"
+    replace(FLAT, workers=(2, 4, 8)).save(path)
+    assert json.loads(path.read_text())["workers"] == [2, 4, 8]
+    assert Profile.load(path).workers == (2, 4, 8)
+    FLAT.save(path)  # not recorded: older readers refuse unknown keys
+    assert "workers" not in json.loads(path.read_text())
+    assert Profile.load(path).workers is None
 
 
 LINKS = MeasuredLinks(topology="star4", job=1, bw_mbit=100.0, delay_ms=2.0, loss=0.01)
@@ -264,6 +275,12 @@ def _good() -> dict[str, object]:
         (lambda d: d.update(links={**_links_doc(), "loss": 1.0}), r"links.loss must be in"),
         (lambda d: d.update(links={**_links_doc(), "delay_ms": -1}), "delay_ms must be"),
         (lambda d: d.update(links={**_links_doc(), "job": "one"}), "links.job must be"),
+        (lambda d: d.update(workers=[]), "workers must be ascending positive integers"),
+        (lambda d: d.update(workers=[8, 4]), r"workers must be .*\(8, 4\)"),
+        (lambda d: d.update(workers=[4, 4]), "workers must be ascending"),
+        (lambda d: d.update(workers=[0]), "workers must be ascending positive"),
+        (lambda d: d.update(workers=["4"]), "workers must be"),
+        (lambda d: d.update(workers=4), "workers must be"),
     ],
 )
 def test_bad_profiles_say_what_is_wrong(tmp_path: Path, edit: object, message: str) -> None:
@@ -295,6 +312,7 @@ def test_default_profile_says_it_is_built_in_and_where_it_was_measured() -> None
     assert "2-core" in source and "workers 4" in source and "lanes 2048" in source
     assert re.search(r"\b20\d\d-\d\d-\d\d\b", source)  # the date it was measured
     assert DEFAULT_PROFILE.links is None  # loopback: no emulated links
+    assert DEFAULT_PROFILE.workers == (4,)  # as its source says
     assert DEFAULT_PROFILE.packet_bytes == 4 * 2048 and DEFAULT_PROFILE.window == 32
 
 
