@@ -13,7 +13,9 @@ and configures them through the controller, and writes ``RUN_DIR/manifest.json``
   dynamiccl's profile for this network;
 - ``up`` (default): keep the network up until Ctrl-C (or ``--seconds``), for your own
   controller (``inalab ctl --manifest RUN_DIR/manifest.json --name s1``) and workers;
-- ``--cli``: Mininet's CLI once the network is up (after the bench, if one runs).
+- ``--cli``: Mininet's CLI once the network is up (after the bench, if one runs);
+- ``check``: none of the above: validate the topology and print what would be built
+  (:mod:`emulation.check`; no root, no Mininet).
 
 Needs root (network namespaces) and Mininet's ``mnexec`` (``apt-get install mininet``).
 Everything this run created is removed on exit, whatever the exit.
@@ -121,6 +123,22 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     replay_arguments(replay, emulated=True)
     up = sub.add_parser("up", help="keep the network up until Ctrl-C (the default)")
     up.add_argument("--seconds", type=float, help="stop after this long instead")
+    sub.add_parser(
+        "check",
+        help="validate the topology and print what would be built (no root, no Mininet)",
+        description=CHECK_DESCRIPTION,
+    )
+
+
+CHECK_DESCRIPTION = """\
+Validate the topology with the options given before `check` and print what a run would
+build, building nothing (no root, no Mininet): hosts and their ranks, switches and their
+data planes (an `auto` switch as this machine would resolve it and why; without root,
+whether the eBPF data plane loads is decided at run time), links as they would be applied
+(after --bw, --delay, --jitter, --link-loss) and who applies their delay and loss, jobs
+with their aggregation trees and what dynamiccl is told of each. Exit status 0 if the
+topology can be emulated with these options, 1 with a one-line error if not. E.g.
+`inalab emulate topologies/leaf_spine_hier.yaml --bw 100 --delay 1ms check`."""
 
 
 def apply_overrides(
@@ -161,7 +179,12 @@ def default_lanes(topo: Topology) -> int:
 
 def run(args: argparse.Namespace) -> int:
     """Bring the network up, run the action, tear it down; 0 on success, 1 if a run
-    failed or gave wrong results, 2 on bad arguments or a machine that cannot emulate."""
+    failed or gave wrong results, 2 on bad arguments or a machine that cannot emulate
+    (``check``: 0 or 1, :func:`emulation.check.run_check`)."""
+    if args.action == "check":  # no root, no Mininet: nothing below is needed
+        from emulation.check import run_check
+
+        return run_check(args)
     from emulation.network import EmulationError
     from emulation.softswitch.process import SwitchStartError
     from emulation.topology import TopologyError, load_topology
