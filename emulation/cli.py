@@ -61,6 +61,10 @@ SUBCOMMANDS: dict[str, tuple[str, str]] = {
         "emulation.emulate",
         "a topology in Mininet (root): bench INA, CollNet and Gloo in its hosts, or keep it up",
     ),
+    "compare": (
+        "emulation.bench.compare",
+        "several bench JSON files in one table and plot, with speedups over a baseline",
+    ),
 }
 
 _STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)

@@ -54,6 +54,7 @@ __all__ = [
     "default_lanes",
     "describe_links",
     "describe_plan",
+    "emulation_metadata",
     "run",
 ]
 
@@ -384,12 +385,8 @@ def _bench(args: argparse.Namespace, em: Emulation, job: TopologyJob, run_dir: P
         return 2
     meta = {
         "emulation": {
-            "topology": em.topology.name,
-            "job": job.job_id,
-            "hosts": list(job.workers),
-            "links": [dataclasses.asdict(link) for link in em.topology.links],
+            **emulation_metadata(em.topology, job, run_dir),
             "hierarchical": fabric.hierarchical,
-            "manifest": str(run_dir / "manifest.json"),
         },
         "loss_applies_to": "switch drop simulator (INA only); link loss in emulation.links",
     }
@@ -401,6 +398,19 @@ def _bench(args: argparse.Namespace, em: Emulation, job: TopologyJob, run_dir: P
     except BenchError as exc:
         print(f"{PROG}: failed: {exc}", file=sys.stderr)
         return 1
+
+
+def emulation_metadata(topo: Topology, job: TopologyJob, run_dir: Path) -> dict[str, Any]:
+    """The ``emulation`` section of a bench's or replay's JSON metadata: the network the
+    ranks ran across, links as applied (``inalab compare`` tells configurations apart by
+    it)."""
+    return {
+        "topology": topo.name,
+        "job": job.job_id,
+        "hosts": list(job.workers),
+        "links": [dataclasses.asdict(link) for link in topo.links],
+        "manifest": str(run_dir / "manifest.json"),
+    }
 
 
 def _calibrate(args: argparse.Namespace, em: Emulation, job: TopologyJob, run_dir: Path) -> int:
@@ -428,13 +438,7 @@ def _replay(args: argparse.Namespace, em: Emulation, job: TopologyJob, run_dir: 
     if setup.scenario == "bandwidth-drop":
         rate = _host_link_rate(em.topology)
         bw = (rate, args.bw_after if args.bw_after is not None else rate / 10)
-    meta = {"emulation": {
-        "topology": em.topology.name,
-        "job": job.job_id,
-        "hosts": list(job.workers),
-        "links": [dataclasses.asdict(link) for link in em.topology.links],
-        "manifest": str(run_dir / "manifest.json"),
-    }}  # fmt: skip
+    meta = {"emulation": emulation_metadata(em.topology, job, run_dir)}
     summary = summarize_topology(em.topology, job.job_id, slots=setup.slots)
     try:
         return run_replay(args, setup, run_dir, fabric, summary, meta, bw)

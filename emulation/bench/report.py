@@ -29,11 +29,15 @@ __all__ = [
     "bus_factor",
     "format_oracle",
     "format_table",
+    "format_time",
     "make_document",
     "merge_ranks",
     "oracle_points",
     "oracle_summary",
+    "plot_bound_legend",
     "plot_figure",
+    "plot_line",
+    "save_figure",
     "write_json",
     "write_plot",
 ]
@@ -106,6 +110,44 @@ class Row:
     def busbw(self) -> float:
         return self.algbw * bus_factor(self.num_workers)
 
+    @classmethod
+    def from_json(cls, doc: Any, num_workers: int) -> Row:
+        """A row of a bench JSON document (:meth:`to_json`) back, without its ``cpu``: the
+        document keeps the shares, not the samples they came from (read ``cpu`` as it is).
+
+        Args:
+            doc: one entry of the document's ``rows``.
+            num_workers: the run's ranks (``metadata.workers``), which busbw depends on.
+
+        Raises:
+            ValueError: ``doc`` is not such a row (the message names the key).
+        """
+        if not isinstance(doc, Mapping):
+            raise ValueError(f"expected a row object, got {type(doc).__name__}")
+        try:
+            time_us = doc["time_us"]
+            chosen = doc.get("chosen")
+            return cls(
+                algo=_text(doc["algo"]),
+                nbytes=_whole(doc["size_bytes"]),
+                count=_whole(doc["count"]),
+                dtype=_text(doc["type"]),
+                num_workers=num_workers,
+                time_us_mean=_real(time_us["mean"]),
+                time_us_min=_real(time_us["min"]),
+                time_us_max=_real(time_us["max"]),
+                wrong=_whole(doc["wrong"]),
+                max_abs_err=_real(doc.get("max_abs_err", 0.0)),
+                retransmits=_whole(doc.get("retransmits", 0)),
+                fast_retransmits=_whole(doc.get("retransmits_fast", 0)),
+                host_drops=_whole(doc.get("host_drops", 0)),
+                chosen=None if chosen is None else _text(chosen),
+            )
+        except KeyError as exc:
+            raise ValueError(f"no {exc.args[0]!r}") from None
+        except TypeError as exc:
+            raise ValueError(str(exc)) from None
+
     def to_json(self) -> dict[str, Any]:
         return {
             "algo": self.algo,
@@ -128,6 +170,24 @@ class Row:
             **({"chosen": self.chosen} if self.chosen is not None else {}),
             **({"cpu": self.cpu.to_json()} if self.cpu is not None else {}),
         }
+
+
+def _text(value: Any) -> str:
+    if not isinstance(value, str):
+        raise TypeError(f"expected text, got {value!r}")
+    return value
+
+
+def _whole(value: Any) -> int:
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise TypeError(f"expected an integer, got {value!r}")
+    return value
+
+
+def _real(value: Any) -> float:
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        raise TypeError(f"expected a number, got {value!r}")
+    return float(value)
 
 
 def merge_ranks(
@@ -207,7 +267,8 @@ def busy_note(rows: Iterable[Row]) -> str | None:
     )
 
 
-def _fmt_time(us: float) -> str:
+def format_time(us: float) -> str:
+    """A time in us for a table column, 9 wide (``inalab compare``'s too)."""
     # nccl-tests drops decimals as times grow, keeping the column width.
     if us >= 10000:
         return f"{us:9.0f}"
@@ -289,7 +350,7 @@ def format_table(algo: str, rows: Iterable[Row], description: str = "") -> str:
 
 def _table_line(r: Row, chosen: bool, cpu: bool, retx: bool = True) -> str:
     return (
-        f"{r.nbytes:12d}  {r.count:12d}  {r.dtype:>8}  {REDOP:>6}  {_fmt_time(r.time_us_max)}"
+        f"{r.nbytes:12d}  {r.count:12d}  {r.dtype:>8}  {REDOP:>6}  {format_time(r.time_us_max)}"
         f"  {r.algbw:7.4f}  {r.busbw:7.4f}  {r.wrong:6d}"
         + (f"  {r.retransmits:7d}" if retx else "")
         + (f"  {r.chosen or '':>7}" if chosen else "")
@@ -302,6 +363,7 @@ RETX_NOTE = (
     " recovered by the hosts, at once when later packets were answered first (fast;"
     " the JSON's retransmits_fast) or by their timers"
 )
+
 
 # ----------------------------------------------------------------- dynamiccl vs oracle
 @dataclass(frozen=True)
@@ -401,9 +463,9 @@ def format_oracle(points: Sequence[OraclePoint], summary: Mapping[str, Any]) -> 
         cols.format("(B)", *(["(us)"] * len(algos)), "", "", "(us)", ""),
     ]
     for p in points:
-        times = "".join(f"  {_fmt_time(p.times_us[a]):>10}" for a in algos)
+        times = "".join(f"  {format_time(p.times_us[a]):>10}" for a in algos)
         lines.append(
-            f"{p.nbytes:12d}{times}  {p.oracle:>7}  {p.chosen:>7}  {_fmt_time(p.auto_us):>10}"
+            f"{p.nbytes:12d}{times}  {p.oracle:>7}  {p.chosen:>7}  {format_time(p.auto_us):>10}"
             f"  {p.regret:7.1%}"
         )
     w = summary["workload_us"]
@@ -446,9 +508,14 @@ def write_plot(path: Path, rows: Iterable[Row], title: str = "") -> None:
 
     Uses the Agg canvas directly, so no display and no pyplot global state.
     """
+    save_figure(plot_figure(rows, title), path)
+
+
+def save_figure(fig: Any, path: Path) -> None:
+    """Write a matplotlib ``Figure`` as PNG through the Agg canvas (no display, no pyplot
+    state): the bench's plot and ``inalab compare``'s."""
     from matplotlib.backends.backend_agg import FigureCanvasAgg
 
-    fig = plot_figure(rows, title)
     FigureCanvasAgg(fig)
     fig.savefig(str(path), format="png", dpi=100)
 
@@ -470,8 +537,7 @@ def plot_figure(rows: Iterable[Row], title: str = "") -> Any:
                 for r in algo_rows)  # fmt: skip
     for ax, ylabel in ((ax_t, "time per call (us), slowest rank"), (ax_bw, "algbw (GB/s)")):
         if bound:
-            ax.plot([], [], ls="none", marker="o", mfc="none", mec="gray",
-                    label=f"hollow: CPU-bound (>{BOUND_FRACTION:.0%} busy)")  # fmt: skip
+            plot_bound_legend(ax)
         ax.set_xscale("log", base=2)
         ax.set_xlabel("size (bytes)")
         ax.set_ylabel(ylabel)
@@ -484,13 +550,26 @@ def plot_figure(rows: Iterable[Row], title: str = "") -> Any:
     return fig
 
 
+def plot_bound_legend(ax: Any) -> None:
+    """The legend entry that says what a hollow marker is (:func:`plot_line`)."""
+    ax.plot([], [], ls="none", marker="o", mfc="none", mec="gray",
+            label=f"hollow: CPU-bound (>{BOUND_FRACTION:.0%} busy)")  # fmt: skip
+
+
 def _plot_algo(ax: Any, algo: str, rows: Sequence[Row], y: Any) -> None:
     """One algorithm's line; filled markers, hollow where the row was CPU-bound."""
-    (line,) = ax.plot([r.nbytes for r in rows], [y(r) for r in rows], label=algo)
+    plot_line(ax, algo, [(r.nbytes, y(r), r.cpu is not None and r.cpu.bound) for r in rows])
+
+
+def plot_line(ax: Any, label: str, points: Sequence[tuple[float, float, bool]]) -> None:
+    """One line on matplotlib axes ``ax`` through ``points`` (x, y, CPU-bound), with
+    filled markers, hollow where the point was CPU-bound (the bench's and ``inalab
+    compare``'s plots)."""
+    (line,) = ax.plot([p[0] for p in points], [p[1] for p in points], label=label)
     color = line.get_color()
     for bound in (False, True):
-        at = [r for r in rows if (r.cpu is not None and r.cpu.bound) == bound]
+        at = [p for p in points if p[2] == bound]
         face = "none" if bound else color
         # An explicit color keeps the axes' color cycle for the next algorithm's line.
-        ax.plot([r.nbytes for r in at], [y(r) for r in at], ls="none", marker="o",
+        ax.plot([p[0] for p in at], [p[1] for p in at], ls="none", marker="o",
                 color=color, mfc=face, mec=color)  # fmt: skip
