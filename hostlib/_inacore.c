@@ -191,7 +191,9 @@ static int8_t block_exponent(const float *x, int64_t n) {
     return (int8_t)e;
 }
 
-/* rint(x * 2**shift) as big-endian int32 lanes, as hostlib.quantize.quantize_into. */
+/* rint(x * 2**shift) as big-endian int32 lanes, as hostlib.quantize.quantize_into
+   (vectorized as lanes_to_be: the same IEEE operations per lane, so the same bits). */
+LANES_CLONES __attribute__((optimize("O3")))
 static void quantize_be(const float *x, int64_t n, int lanes, int shift, uint8_t *dst) {
     if (shift >= F32_SHIFT_MIN && shift <= F32_SHIFT_MAX) {
         float scale = ldexpf(1.0f, shift);
@@ -209,6 +211,7 @@ static void quantize_be(const float *x, int64_t n, int lanes, int shift, uint8_t
 }
 
 /* float32 values of big-endian int32 sums, as hostlib.quantize.dequantize_into. */
+LANES_CLONES __attribute__((optimize("O3")))
 static void dequantize_be(const uint8_t *src, int64_t n, int shift, float *out) {
     if (-shift >= F32_SHIFT_MIN && -shift <= F32_SHIFT_MAX) {
         float scale = ldexpf(1.0f, -shift);
@@ -269,7 +272,7 @@ static void build(InaCore *c, int64_t index) {
         quantize_be(x, n, c->lanes, shift, payload);
     } else {
         const int32_t *x = (const int32_t *)c->data.buf + block * c->lanes;
-        for (int64_t i = 0; i < n; i++) put32(payload + 4 * i, (uint32_t)x[i]);
+        lanes_to_be(payload, x, n);
         memset(payload + 4 * n, 0, (size_t)(c->lanes - n) * 4);
     }
 }
@@ -358,7 +361,7 @@ static int64_t take(InaCore *c, const uint8_t *d, size_t len, double now) {
             dequantize_be(d + HEADER_SIZE, n, shift, (float *)c->out.buf + block * c->lanes);
         } else {
             int32_t *o = (int32_t *)c->out.buf + block * c->lanes;
-            for (int64_t i = 0; i < n; i++) o[i] = (int32_t)get32(d + HEADER_SIZE + 4 * i);
+            lanes_from_be(o, d + HEADER_SIZE, n);
         }
     }
     if (c->is_float && index < c->nblocks) c->global_exp[index] = exp;

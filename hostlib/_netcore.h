@@ -9,6 +9,7 @@
 
 #include <math.h>
 #include <stdint.h>
+#include <string.h>
 #include <time.h>
 
 static inline void put16(uint8_t *p, unsigned v) { p[0] = (uint8_t)(v >> 8); p[1] = (uint8_t)v; }
@@ -21,6 +22,33 @@ static inline unsigned get16(const uint8_t *p) { return ((unsigned)p[0] << 8) | 
 
 static inline uint32_t get32(const uint8_t *p) {
     return ((uint32_t)p[0] << 24) | ((uint32_t)p[1] << 16) | ((uint32_t)p[2] << 8) | p[3];
+}
+
+/* Lanes between host order and the wire's big-endian order, the per-packet copy of
+   every INA packet sent and result taken. Built for AVX2 and for the baseline, chosen
+   at load time (GCC's function multiversioning), so the loop is vectorized (one byte
+   shuffle per 8 lanes) where the CPU can, and the module still loads on any x86-64. */
+#if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__)
+#define LANES_CLONES __attribute__((target_clones("avx2", "default")))
+#else
+#define LANES_CLONES
+#endif
+
+LANES_CLONES __attribute__((optimize("O3"), unused))
+static void lanes_to_be(uint8_t *dst, const int32_t *src, int64_t n) {
+    for (int64_t i = 0; i < n; i++) {
+        uint32_t v = __builtin_bswap32((uint32_t)src[i]);
+        memcpy(dst + 4 * i, &v, 4);
+    }
+}
+
+LANES_CLONES __attribute__((optimize("O3"), unused))
+static void lanes_from_be(int32_t *dst, const uint8_t *src, int64_t n) {
+    for (int64_t i = 0; i < n; i++) {
+        uint32_t v;
+        memcpy(&v, src + 4 * i, 4);
+        dst[i] = (int32_t)__builtin_bswap32(v);
+    }
 }
 
 /* CLOCK_MONOTONIC, the clock time.perf_counter reads on Linux. */
