@@ -65,7 +65,7 @@ what limits how fast its bytes move (what large messages pay):
             round trip.
 Without --topology or --summary there is no wire: every time is the calibrated machine's.
 The built-in profile was measured on one machine (its line says which);
-"inalab calibrate --workers N -o profile.json" measures yours for --profile."""
+`inalab calibrate --workers 4 -o profile.json` measures yours for --profile."""
 """``--help``'s epilog: what the per-algorithm bound means, in a user's words."""
 
 

@@ -31,9 +31,13 @@ inalab emulates in-network aggregation (INA): allreduce summed inside a switch, 
 SwitchML and ATP do on Tofino, here in a software switch (a Python pipeline or an eBPF
 program in the kernel) or in P4 on bmv2, on loopback or in an emulated network (Mininet,
 shaped links), and compares it with ring, tree and Gloo allreduce in nccl-tests style
-tables, JSON and plots. Start with `inalab bench` (loopback, no root); `sudo inalab
-emulate topologies/star4.yaml bench` runs the same across emulated links, and `inalab
-emulate TOPOLOGY run -- COMMAND` runs your own program in the emulated hosts."""
+tables, JSON and plots. Start with `inalab bench` (loopback, no root). In an emulated
+network (root: sudo resets PATH, so give the virtual environment's inalab, from the
+repository root), `sudo .venv/bin/inalab emulate topologies/star4.yaml bench` runs the
+same across its links, `sudo .venv/bin/inalab emulate topologies/star4.yaml run -- python
+examples/ddp_digits.py` runs a program of yours once per rank in its hosts, and `inalab
+emulate topologies/star4.yaml check` (no root) shows what it would build. `inalab compare
+a.json b.json` puts bench runs (--json) side by side."""
 
 SUBCOMMANDS: dict[str, tuple[str, str]] = {
     "switch": (

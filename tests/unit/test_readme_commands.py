@@ -1,15 +1,18 @@
-"""Every ``inalab`` command line in the README's code blocks is one the installed command
-accepts, as written after the README's set-up: its flags parse, its files exist, root
-lines use the virtual environment's ``inalab`` (``sudo`` resets ``PATH``).
+"""Every ``inalab`` command line in the README's code blocks, and every command an
+``inalab ... --help`` text shows, is one the installed command accepts, as written after
+the README's set-up: its flags parse, its files exist, root lines use the virtual
+environment's ``inalab`` (``sudo`` resets ``PATH``).
 
 Running them is other tests' job (the marked examples, the CLI tests); this keeps the
-README from drifting when a flag is renamed or a topology moves.
+README and the help texts from drifting when a flag is renamed or a topology moves.
 """
 
 from __future__ import annotations
 
+import argparse
 import re
 import shlex
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -36,33 +39,94 @@ def _command_lines() -> list[str]:
 
 COMMANDS = _command_lines()
 
+_INALAB = r"(sudo )?(\S*/)?inalab "
+
+
+def _parsers(
+    parser: argparse.ArgumentParser, words: tuple[str, ...] = ("inalab",)
+) -> Iterator[tuple[str, argparse.ArgumentParser]]:
+    """``inalab``'s parser and every subcommand's and action's below it, by command."""
+    yield " ".join(words), parser
+    for action in parser._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            for name, sub in action.choices.items():
+                yield from _parsers(sub, (*words, name))
+
+
+HELP_TEXTS = {command: parser.format_help() for command, parser in _parsers(build_parser())}
+"""``--help`` of inalab, every subcommand and every ``inalab emulate`` action, as printed."""
+
+
+def _help_commands() -> list[tuple[str, str]]:
+    """(help text's command, a command it shows): every span in backquotes or double
+    quotes that runs inalab, with the help's line wrapping undone."""
+    found = []
+    for command, text in HELP_TEXTS.items():
+        flat = " ".join(text.split())
+        for match in re.finditer(r"`([^`]+)`|\"([^\"]+)\"", flat):
+            span = match.group(1) or match.group(2)
+            if re.match(_INALAB, span):
+                found.append((command, span))
+    return found
+
+
+HELP_COMMANDS = _help_commands()
+
 
 def test_the_readme_has_command_lines() -> None:
     assert len(COMMANDS) >= 20
 
 
+def test_the_help_texts_show_commands() -> None:
+    shown = {command for command, _ in HELP_COMMANDS}
+    assert {"inalab", "inalab compare", "inalab emulate check", "inalab decide"} <= shown
+
+
+@pytest.mark.parametrize("command", sorted(HELP_TEXTS))
+def test_no_help_text_runs_a_bare_inalab_under_sudo(command: str) -> None:
+    flat = " ".join(HELP_TEXTS[command].split())
+    assert not re.search(r"sudo (?!\.venv/bin/inalab )(\S*/)?inalab\b", flat), (
+        f"{command} --help: sudo resets PATH: write sudo .venv/bin/inalab"
+    )
+
+
 @pytest.mark.parametrize("line", COMMANDS)
 def test_a_readme_command_parses_as_written(line: str) -> None:
+    _check_command(line, README.read_text())
+
+
+@pytest.mark.parametrize(("command", "line"), HELP_COMMANDS)
+def test_a_help_texts_command_parses_as_written(command: str, line: str) -> None:
+    _check_command(line, "", where=f"{command} --help")
+
+
+def _check_command(line: str, readme: str, where: str = "README") -> None:
+    """``line`` runs as written: sudo only with the virtual environment's inalab, root
+    actions only under sudo, its flags parse, its topology files and scripts exist (a
+    script may be one the README's own ``cat > SCRIPT`` makes)."""
+    shown = f"{where}: {line}"
     words = shlex.split(line, comments=True)
     if words[-1] == "&":  # started in the background
         words.pop()
-    if words[0] == "sudo":
+    sudo = words[0] == "sudo"
+    if sudo:
         # sudo resets PATH: the set-up's inalab is .venv/bin/inalab, not a bare name.
-        assert words[1] == ".venv/bin/inalab", f"{line}: use sudo .venv/bin/inalab"
+        assert words[1] == ".venv/bin/inalab", f"{shown}: use sudo .venv/bin/inalab"
         words = words[1:]
     else:
-        assert words[0] == "inalab", line
-        assert words[1:2] != ["emulate"], f"{line}: inalab emulate needs root (sudo)"
+        assert words[0] == "inalab", shown
     argv = words[1:]
     args = build_parser().parse_args(argv)  # SystemExit (usage error) fails the test
+    if not sudo and argv[:1] == ["emulate"]:
+        assert args.action == "check", f"{shown}: inalab emulate needs root (sudo) but to check"
     for value in vars(args).values():
         if isinstance(value, Path) and value.suffix in (".yaml", ".json") and "topolog" in str(
             value
         ):
-            assert (REPO / value).exists(), f"{line}: no {value}"
+            assert (REPO / value).exists(), f"{shown}: no {value}"
     program = getattr(args, "program", None)  # emulate ... run -- COMMAND
     if program:
         scripts = [w for w in program if w.endswith(".py")]
         for script in scripts:
-            made_by_readme = f"cat > {script}" in README.read_text()
-            assert made_by_readme or (REPO / script).exists(), f"{line}: no {script}"
+            made_by_readme = f"cat > {script}" in readme
+            assert made_by_readme or (REPO / script).exists(), f"{shown}: no {script}"
