@@ -93,7 +93,9 @@ CPU_NOTE = (
     f" when above {BUSY_OTHER_CORES}. bound: a rank or switch process above"
     f" {BOUND_FRACTION:.0%} of a core or the bench's processes above {BOUND_FRACTION:.0%}"
     " of all cores (bound_by says which, 'bench' for the latter): the time then measures"
-    " this machine's CPU, not the network or the algorithm"
+    " this machine's CPU, not the network or the algorithm. worker_cpu_s_per_gbit (beside"
+    " cpu): the mean rank's CPU seconds per Gbit it sent (INA sends the size once; ring,"
+    " tree and Gloo 2(n-1)/n of it), the kernel's work in its context included"
 )
 
 ProcKey = tuple[str, int]

@@ -110,6 +110,23 @@ class Row:
     def busbw(self) -> float:
         return self.algbw * bus_factor(self.num_workers)
 
+    @property
+    def worker_cpu_s_per_gbit(self) -> float | None:
+        """The mean rank's CPU seconds per Gbit it sent: its CPU share of the timed calls
+        times their time, over what it sends per call (INA: the size once; ring, tree and
+        Gloo: ``2(n-1)/n`` of it). ``None``: CPU not measured, or an algorithm whose ranks
+        send unequal amounts (collnet, auto). Includes what the kernel did in the rank's
+        context: on emulated links that is much of the switch's and the links' work."""
+        algo = self.chosen or self.algo
+        factor = {"ina": 1.0, "ring": None, "tree": None, "gloo": None}.get(algo, 0.0)
+        if self.cpu is None or factor == 0.0 or self.nbytes == 0:
+            return None
+        known = [w for w in self.cpu.workers if w is not None]
+        if not known:
+            return None
+        sent_gbit = self.nbytes * 8 / 1e9 * (factor or bus_factor(self.num_workers))
+        return round(sum(known) / len(known) * self.time_us_max / 1e6 / sent_gbit, 4)
+
     @classmethod
     def from_json(cls, doc: Any, num_workers: int) -> Row:
         """A row of a bench JSON document (:meth:`to_json`) back, without its ``cpu``: the
@@ -169,6 +186,11 @@ class Row:
             "host_drops": self.host_drops,
             **({"chosen": self.chosen} if self.chosen is not None else {}),
             **({"cpu": self.cpu.to_json()} if self.cpu is not None else {}),
+            **(
+                {"worker_cpu_s_per_gbit": self.worker_cpu_s_per_gbit}
+                if self.worker_cpu_s_per_gbit is not None
+                else {}
+            ),
         }
 
 

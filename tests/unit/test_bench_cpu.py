@@ -23,6 +23,7 @@ from emulation.bench.cpu import (
     read_process_ticks,
     worker_cpu,
 )
+from emulation.bench.report import Row
 from emulation.bench.workers import SizeResult
 
 HZ = 100
@@ -298,3 +299,27 @@ def test_sampler_on_this_machine() -> None:
     assert cpu.machine is not None and 0.0 <= cpu.machine <= 1.0
     assert cpu.softirq is not None and 0.0 <= cpu.softirq <= cpu.machine
     assert cpu.switch is not None and cpu.switch[0][0] == "me" and cpu.switch[0][1] >= 0.0
+
+
+@pytest.mark.parametrize(
+    ("algo", "chosen", "sent_factor"),
+    [("ina", None, 1.0), ("ring", None, 1.5), ("gloo", None, 1.5), ("auto", "ina", 1.0)],
+)
+def test_worker_cpu_per_gbit_sent(algo: str, chosen: str | None, sent_factor: float) -> None:
+    # 4 ranks at 0.3 and 0.5 of a core for 0.5 s calls of 125 MB (1 Gbit of data).
+    row = Row(algo, 125_000_000, 31_250_000, "int32", 4, 5e5, 5e5, 5e5, 0, chosen=chosen,
+              cpu=RowCpu((0.3, 0.5, 0.3, 0.5), 0.0, 1.0))  # fmt: skip
+    want = 0.4 * 0.5 / sent_factor
+    assert row.worker_cpu_s_per_gbit == pytest.approx(want, abs=1e-4)
+    assert row.to_json()["worker_cpu_s_per_gbit"] == pytest.approx(want, abs=1e-4)
+
+
+def test_no_cpu_per_gbit_where_ranks_send_unequal_amounts_or_cpu_was_not_measured() -> None:
+    cpu = RowCpu((0.3, 0.5), 0.0, 1.0)
+    assert (
+        Row("collnet", 1000, 250, "int32", 2, 10.0, 10.0, 10.0, 0, cpu=cpu)
+        .to_json()
+        .get("worker_cpu_s_per_gbit")
+        is None
+    )
+    assert Row("ina", 1000, 250, "int32", 2, 10.0, 10.0, 10.0, 0).worker_cpu_s_per_gbit is None
