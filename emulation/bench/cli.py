@@ -31,6 +31,7 @@ from emulation.bench.config import (
     DEFAULT_BENCH_LANES,
     DEFAULT_BENCH_SLOTS,
     DEFAULT_EMULATED_SLOTS,
+    DEFAULT_EMULATED_WINDOW,
     ELEMENT_BYTES,
     BenchConfig,
     align_down,
@@ -116,6 +117,14 @@ def add_arguments(parser: argparse.ArgumentParser, emulated: bool = False) -> No
         type=int_in(1, MAX_SLOT + 1),
         default=slots,
         help=f"INA job slots, the outstanding window (default {slots})",
+    )
+    window_default = "64" if emulated else "--slots"
+    add(
+        "--window",
+        type=int_in(1, 1 << 20),
+        default=DEFAULT_EMULATED_WINDOW if emulated else None,
+        help="ring and tree: packets in flight per peer (default "
+        f"{window_default}: a peer's acks queue behind its own data)",
     )
     add(
         "--profile",
@@ -240,6 +249,7 @@ def config_from_args(
             warmup=args.warmup_iters,
             lanes=args.lanes,
             slots=args.slots,
+            window=args.window,
             loss=args.loss,
             seed=args.seed,
             timeout=args.timeout,
@@ -431,7 +441,7 @@ def _describe(algo: str, cfg: BenchConfig, where: str, hosts: int) -> str:
         shape = "reduce-scatter + all-gather" if algo == "ring" else "binary tree reduce + bcast"
         return (
             f"hostlib {algo} ({shape}) over UDP on {where}, lanes={cfg.lanes},"
-            f" window={cfg.slots}, n={cfg.workers}"
+            f" window={cfg.p2p_window}, n={cfg.workers}"
         )
     if algo == "auto":
         return f"dynamiccl picks ina, ring or tree per size (the 'chosen' column), n={cfg.workers}"
@@ -476,6 +486,7 @@ def _metadata(args: argparse.Namespace, cfg: BenchConfig, run_dir: Path) -> dict
         "workers": cfg.workers,
         "lanes": cfg.lanes,
         "slots": cfg.slots,
+        "window": cfg.p2p_window,
         "ranks_per_host": cfg.ranks_per_host,
         "loss": cfg.loss,
         "loss_applies_to": "switch ingress and each egress replica (INA only)",

@@ -50,6 +50,14 @@ longer queue turns into RTT variance and spurious retransmissions (measured, sta
 16 MiB: at 100 Mbit/s 1.47 s with 8 slots, 2.79 s with 32; at 1 Gbit/s 0.77 s with 8,
 1.02 s with 32, where the switch is the bottleneck)."""
 
+DEFAULT_EMULATED_WINDOW = 64
+"""The ring's and tree's window (packets in flight per peer) in ``inalab emulate ...
+bench``. Unlike INA's results, a peer's acks share its link with its own data, so an ack
+waits behind up to a window of the peer's packets and only about half the window keeps
+the sender's link busy; 8 KiB packets at 1 Gbit/s need more than INA's 8 (measured,
+star4, 64 MiB int32, 3 calls: 1.2-1.5 s with 8, 1.03-1.06 s with 32, 0.89-0.95 s with 64,
+0.90-0.92 s with 128; Gloo 0.85-0.89 s)."""
+
 ALGORITHMS = ("ina", "collnet", "ring", "tree", "auto", "gloo")
 """Allreduce implementations the bench knows, in the order they run: flat INA (every rank
 a worker of the switch's job), CollNet (the ranks of a host reduce through shared memory
@@ -114,6 +122,7 @@ class BenchConfig:
         warmup: untimed calls per size before the timed ones.
         lanes: int32 lanes per INA packet (switch and hosts agree).
         slots: the INA job's slots per set (its outstanding window).
+        window: the ring's and tree's packets in flight per peer (``None``: ``slots``).
         loss: drop probability at switch ingress and, per replica, at egress.
         seed: seeds inputs and the switch's drop simulator.
         timeout: seconds a host waits without progress before failing the run.
@@ -134,11 +143,17 @@ class BenchConfig:
     warmup: int = 2
     lanes: int = DEFAULT_BENCH_LANES
     slots: int = DEFAULT_BENCH_SLOTS
+    window: int | None = None
     loss: float = 0.0
     seed: int = 0
     timeout: float = 10.0
     pcap_count: int = 0
     ranks_per_host: int = 1
+
+    @property
+    def p2p_window(self) -> int:
+        """The ring's and tree's window: ``window``, else the INA slots."""
+        return self.window if self.window is not None else self.slots
 
     def __post_init__(self) -> None:
         problems = []
@@ -158,6 +173,8 @@ class BenchConfig:
             problems.append(f"lanes {self.lanes} outside 1..{MAX_LANES}")
         if self.slots < 1:
             problems.append(f"slots {self.slots} must be positive")
+        if self.window is not None and self.window < 1:
+            problems.append(f"window {self.window} must be positive")
         if not 0.0 <= self.loss < 1.0:
             problems.append(f"loss {self.loss} outside [0, 1)")
         if self.ranks_per_host < 1 or self.workers % self.ranks_per_host:

@@ -234,6 +234,7 @@ def _plans(
             seed=cfg.seed,
             lanes=cfg.lanes,
             slots=cfg.slots,
+            window=cfg.p2p_window,
             timeout=cfg.timeout,
             gloo_init=gloo_init,
             log_path=str(run_dir / f"{algo}-rank{r}.log"),

@@ -113,6 +113,12 @@ class WorkerPlan:
     """collnet: hosts in the job (the INA job's workers are their head ranks)."""
     max_local: int = 1
     """collnet: the most ranks any one host has (for the float32 error bound)."""
+    window: int | None = None
+    """ring and tree: packets in flight per peer (``None``: ``slots``)."""
+
+    @property
+    def p2p_window(self) -> int:
+        return self.window if self.window is not None else self.slots
 
 
 @dataclass(frozen=True)
@@ -266,7 +272,7 @@ def _join_ina(plan: WorkerPlan, conn: Connection, num_workers: int) -> Any:
 
 def _join_peers(plan: WorkerPlan, conn: Connection, kind: str) -> Any:
     """This rank's ring or tree session, on a socket of its own, with INA's packet size
-    (``lanes``) and window (``slots``) by default."""
+    (``lanes``) and the plan's ring window."""
     from hostlib import PeerSpec, RetryPolicy, RingAllreduce, TreeAllreduce
     from hostlib.transport.udp import UdpTransport
 
@@ -275,7 +281,7 @@ def _join_peers(plan: WorkerPlan, conn: Connection, kind: str) -> Any:
     try:
         conn.send(("addr", tuple(transport.local_addr)))
         addrs = tuple((str(a[0]), int(a[1])) for a in expect(conn, "peers")[1])
-        spec = PeerSpec(plan.rank, addrs, lanes=plan.lanes, window=plan.slots)
+        spec = PeerSpec(plan.rank, addrs, lanes=plan.lanes, window=plan.p2p_window)
         return make(spec, transport, RetryPolicy(deadline=plan.timeout))
     except BaseException:
         transport.close()
@@ -297,7 +303,7 @@ class _HostAllreduce:
     the sessions the plan's algorithm needs (INA through the switch; CollNet's host group
     with INA between the head ranks; ring and tree on sockets of their own), each call an
     :class:`~hostlib.actions.Action` of the chosen algorithm with the plan's lanes and
-    window (``slots``)."""
+    window (INA's ``slots``, the ring's and tree's ``p2p_window``)."""
 
     def __init__(self, plan: WorkerPlan, conn: Connection, group: Any = None) -> None:
         from hostlib.collnet import CollNetAllreduce, ina_inter
@@ -337,7 +343,9 @@ class _HostAllreduce:
     def prepare(self, x: np.ndarray) -> Callable[[], np.ndarray]:
         from hostlib.actions import Action
 
-        action = Action(self.chosen, self._plan.lanes, self._plan.slots)
+        plan = self._plan
+        window = plan.slots if self.chosen in ("ina", "collnet") else plan.p2p_window
+        action = Action(self.chosen, plan.lanes, window)
         allreduce = self.comm.allreduce
         # One result buffer for all calls, as nccl-tests' recvbuff and Gloo's tensor:
         # a new array per call would time the kernel zeroing its pages.
