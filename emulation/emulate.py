@@ -32,7 +32,7 @@ import sys
 import tempfile
 import time
 from collections.abc import Iterator, Sequence
-from contextlib import contextmanager
+from contextlib import ExitStack, contextmanager
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -207,19 +207,31 @@ def run(args: argparse.Namespace) -> int:
     except (TopologyError, _Refused) as exc:
         print(f"{PROG}: error: {exc}", file=sys.stderr)
         return 2
+    from emulation.registry import EmulationBusy, register
+
+    made = args.run_dir is None
     run_dir = args.run_dir or Path(tempfile.mkdtemp(prefix="inalab-emulate-"))
-    try:
-        run_dir.mkdir(parents=True, exist_ok=True)
-    except OSError as exc:
-        print(f"{PROG}: error: run directory {run_dir}: {exc.strerror}", file=sys.stderr)
-        return 2
-    try:
-        return _run(args, topo, job, run_dir, tools)
-    except (EmulationError, SwitchStartError) as exc:
-        print(f"{PROG}: failed: {exc}", file=sys.stderr)
-        return 1
-    finally:
-        print(f"# run dir: {run_dir}")
+    names = [h.name for h in topo.hosts] + [s.name for s in topo.switches]
+    with ExitStack() as held:
+        try:  # before anything is built: a second run with these names stops here
+            held.enter_context(register(names, run_dir, str(args.topology)))
+        except EmulationBusy as exc:
+            if made:
+                run_dir.rmdir()  # the empty directory mkdtemp made just now
+            print(f"{PROG}: error: {exc}", file=sys.stderr)
+            return 2
+        try:
+            run_dir.mkdir(parents=True, exist_ok=True)
+        except OSError as exc:
+            print(f"{PROG}: error: run directory {run_dir}: {exc.strerror}", file=sys.stderr)
+            return 2
+        try:
+            return _run(args, topo, job, run_dir, tools)
+        except (EmulationError, SwitchStartError) as exc:
+            print(f"{PROG}: failed: {exc}", file=sys.stderr)
+            return 1
+        finally:
+            print(f"# run dir: {run_dir}")
 
 
 class _Refused(Exception):
