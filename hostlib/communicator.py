@@ -187,6 +187,13 @@ class Communicator:
         return sum(s.fast_retransmissions for s in self._sessions())
 
     @property
+    def late_answers(self) -> int:
+        """Packets that reached this rank a second time (INA: results of answered
+        packets; ring and tree: DATA it had): summed over ranks, the retransmissions whose
+        first copy was late, not lost, and duplicates made on the way."""
+        return sum(s.late_answers for s in self._sessions())
+
+    @property
     def host_drops(self) -> int:
         """Datagrams the kernel dropped for this rank's sockets (receive buffer full)."""
         total = 0

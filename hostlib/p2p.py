@@ -739,6 +739,13 @@ class PeerCollective:
         return self.endpoint.stats.retransmitted
 
     @property
+    def late_answers(self) -> int:
+        """DATA that arrived here again after it had arrived: a peer's retransmission
+        whose first copy (or its ack) was only late, or a datagram duplicated on the way.
+        Summed over every rank, the retransmissions that were not needed."""
+        return self.endpoint.stats.duplicates
+
+    @property
     def fast_retransmissions(self) -> int:
         """Of :attr:`retransmissions`, those sent because later packets to the same
         peer were acknowledged first (the rest waited for a timer)."""

@@ -61,6 +61,10 @@ class InaSession:
         self.fast_retransmissions = 0
         """Of :attr:`retransmissions`, those sent because results of later packets
         arrived first (the rest waited for a timer)."""
+        self.late_answers = 0
+        """Results that arrived for packets already answered: the switch's answer to a
+        retransmission whose first answer was only late (a spurious retransmission), or a
+        result duplicated on the way."""
         self.next_seq = 1
         self._buf = bytearray(_RECV_BYTES)
         self._broken: str | None = None
@@ -155,6 +159,7 @@ class InaSession:
         self.next_seq = engine.next_seq
         self.retransmissions += engine.stats.retransmitted
         self.fast_retransmissions += engine.stats.fast_retransmitted
+        self.late_answers += engine.stats.stale
         return engine.result()
 
     def _drive(self, engine: InaAllreduce | NativeInaAllreduce) -> None:

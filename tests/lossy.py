@@ -169,6 +169,7 @@ class RankReport:
     retransmitted: int = 0
     fast_retransmitted: int = 0
     late_answered: int = 0
+    late_answers: int = 0
     seconds: float = 0.0
 
 
@@ -223,6 +224,7 @@ def _rank_main(
         report.retransmitted = stats.retransmitted
         report.fast_retransmitted = getattr(stats, "fast_retransmitted", 0)  # older hostlib
         report.late_answered = getattr(stats, "late_answered", 0)
+    report.late_answers = session.late_answers
     report.counts = transport.counts
     if report.error is not None:
         barrier.abort()  # the others stop waiting at once

@@ -98,6 +98,10 @@ class Row:
     """``auto``: the algorithm dynamiccl chose and ran at this size."""
     cpu: RowCpu | None = None
     """CPU use during the timed calls (``None``: not measured)."""
+    late_answers: int = 0
+    """Packets that reached a rank a second time, summed over ranks: retransmissions
+    whose first copy was late rather than lost (timers that fired too early), and
+    duplicates made on the way."""
 
     @property
     def algbw(self) -> float:
@@ -158,6 +162,7 @@ class Row:
                 retransmits=_whole(doc.get("retransmits", 0)),
                 fast_retransmits=_whole(doc.get("retransmits_fast", 0)),
                 host_drops=_whole(doc.get("host_drops", 0)),
+                late_answers=_whole(doc.get("late_answers", 0)),
                 chosen=None if chosen is None else _text(chosen),
             )
         except KeyError as exc:
@@ -184,6 +189,7 @@ class Row:
             "retransmits": self.retransmits,
             "retransmits_fast": self.fast_retransmits,
             "host_drops": self.host_drops,
+            "late_answers": self.late_answers,
             **({"chosen": self.chosen} if self.chosen is not None else {}),
             **({"cpu": self.cpu.to_json()} if self.cpu is not None else {}),
             **(
@@ -248,6 +254,7 @@ def merge_ranks(
                 retransmits=sum(getattr(r, "retransmits", 0) for r in at),
                 fast_retransmits=sum(getattr(r, "fast_retransmits", 0) for r in at),
                 host_drops=sum(getattr(r, "host_drops", 0) for r in at),
+                late_answers=sum(getattr(r, "late_answers", 0) for r in at),
                 chosen=(getattr(at[0], "ran", "") or None) if algo == "auto" else None,
                 cpu=worker_cpu(at),
             )
@@ -358,6 +365,13 @@ def format_table(algo: str, rows: Iterable[Row], description: str = "") -> str:
             f"# host drops: the ranks' kernels dropped {drops} datagrams for full socket"
             " receive buffers (JSON host_drops per row): retransmissions the hosts caused"
         )
+    late = sum(r.late_answers for r in rows)
+    if retx and late:
+        lines.append(
+            f"# late answers: {late} packets reached a rank twice (JSON late_answers per"
+            " row): retransmitted while the first copy was only late (a timer fired before"
+            " a stalled peer, switch or CPU answered), not lost"
+        )
     lines += [
         f"# Out of bounds values : {wrong} {'OK' if wrong == 0 else 'FAILED'}",
         f"# Avg bus bandwidth    : {avg:.4f}",
@@ -383,7 +397,10 @@ def _table_line(r: Row, chosen: bool, cpu: bool, retx: bool = True) -> str:
 RETX_NOTE = (
     "# retx = packets the ranks sent again (all ranks, warm-up calls included): loss"
     " recovered by the hosts, at once when later packets were answered first (fast;"
-    " the JSON's retransmits_fast) or by their timers"
+    " the JSON's retransmits_fast) or by their timers. The JSON says what each was for:"
+    " host_drops (a rank's kernel dropped a datagram: its socket buffer was full),"
+    " late_answers (a packet reached a rank twice: the first copy was late, not lost, so"
+    " a timer fired too early), the switches' drop counters and the links' loss"
 )
 
 

@@ -148,6 +148,9 @@ class SizeResult:
     """Of ``retransmits``, those sent because later packets were answered first."""
     host_drops: int = 0
     """Datagrams this rank's kernel dropped for its sockets (receive buffer full)."""
+    late_answers: int = 0
+    """Packets that reached this rank a second time: summed over ranks, retransmissions
+    whose first copy was late rather than lost (``Communicator.late_answers``)."""
 
 
 # ----------------------------------------------------------------- inputs and checks
@@ -248,6 +251,11 @@ class _Allreduce(Protocol):
     def host_drops(self) -> int:
         """Datagrams the kernel dropped for this rank's sockets so far (receive buffer
         full; 0 where unknown or TCP)."""
+        ...
+
+    @property
+    def late_answers(self) -> int:
+        """Packets that reached this rank a second time so far (0 for TCP)."""
         ...
 
 
@@ -364,6 +372,10 @@ class _HostAllreduce:
     def host_drops(self) -> int:
         return self.comm.host_drops
 
+    @property
+    def late_answers(self) -> int:
+        return self.comm.late_answers
+
     def close(self) -> None:
         try:
             if self._collnet is not None:
@@ -423,6 +435,10 @@ class _GlooAllreduce:
     @property
     def host_drops(self) -> int:
         return 0  # TCP retransmits what the host drops
+
+    @property
+    def late_answers(self) -> int:
+        return 0
 
     def close(self) -> None:
         if self._dist.is_initialized():
@@ -485,6 +501,7 @@ def _run_size(
         ran = coll.chosen
     call = coll.prepare(x)
     resent, fast, drops = coll.retransmits, coll.fast_retransmits, coll.host_drops
+    late = coll.late_answers
     for _ in range(plan.warmup):
         call()
     y, (elapsed, cpu_s, t_start, t_end) = _timed(call, plan.iters, x)
@@ -497,6 +514,7 @@ def _run_size(
     return SizeResult(
         nbytes, count, mean_us, wrong, max_err, coll.retransmits - resent, ran,
         cpu_s, t_start, t_end, coll.fast_retransmits - fast, coll.host_drops - drops,
+        coll.late_answers - late,
     )  # fmt: skip
 
 

@@ -86,6 +86,8 @@ def test_loss_duplication_and_reordering(operation: str) -> None:
     _check(operation, inputs, reports)
     # Most losses in a window are found by later acks, not by the timer.
     assert sum(r.fast_retransmitted for r in reports) > 0
+    # Duplicated DATA reached ranks twice: counted as late answers, not as losses.
+    assert sum(r.late_answers for r in reports) > 0
 
 
 @pytest.mark.slow
@@ -125,6 +127,7 @@ def test_ina_through_a_lossy_switch_and_hosts_that_duplicate_and_reorder() -> No
     reports, counters = _ina_run(12, 30 * 64 + 5, faults, drop=0.03, seed=6, pause=0.01)
     assert counters["retransmits_answered"] > 0 and counters["duplicates_ignored"] > 0
     assert sum(r.fast_retransmitted for r in reports) > 0
+    assert sum(r.late_answers for r in reports) > 0  # results duplicated on the way
 
 
 @pytest.mark.slow

@@ -257,6 +257,7 @@ def test_json_document_schema(tmp_path: Path) -> None:
         "retransmits",
             "retransmits_fast",
             "host_drops",
+            "late_answers",
     }
     assert set(row["time_us"]) == {"mean", "min", "max"}
     assert row["time_us"]["max"] == 1000.0
@@ -534,6 +535,14 @@ def test_host_drops_get_a_footnote_and_a_json_field() -> None:
     assert "dropped 7 datagrams for full socket receive buffers" in table
     assert dropped.to_json()["host_drops"] == 7
     assert "host drops" not in format_table("gloo", [dropped])  # TCP's are its own
+
+
+def test_late_answers_get_a_footnote_and_a_json_field() -> None:
+    quiet, late = _row(), dataclasses.replace(_row(nbytes=2_000_000), late_answers=5)
+    assert "late answers" not in format_table("ina", [quiet])
+    assert "late answers: 5 packets reached a rank twice" in format_table("ina", [quiet, late])
+    assert late.to_json()["late_answers"] == 5
+    assert Row.from_json(late.to_json(), late.num_workers).late_answers == 5
 
 
 def test_other_load_is_flagged_apart_from_cpu_bound() -> None:
