@@ -10,7 +10,15 @@ import argparse
 import re
 from collections.abc import Callable
 
-__all__ = ["delay", "int_in", "parse_delay_ms", "positive_float", "probability", "size"]
+__all__ = [
+    "delay",
+    "int_in",
+    "parse_delay_ms",
+    "positive_float",
+    "probability",
+    "rates",
+    "size",
+]
 
 _DELAY = re.compile(r"^\s*([0-9]*\.?[0-9]+(?:[eE][-+]?[0-9]+)?)\s*(us|ms|s)?\s*$")
 _DELAY_MS = {"us": 1e-3, "ms": 1.0, "s": 1e3, None: 1.0}  # a bare number is ms
@@ -78,6 +86,27 @@ def positive_float(text: str) -> float:
     if not value > 0:
         raise argparse.ArgumentTypeError(f"{value} must be positive")
     return value
+
+
+def rates(text: str) -> tuple[float, ...]:
+    """Parse link rates in Mbit/s: one number > 0 (``100``) or a comma list of distinct
+    ones (``100,200,500,1000``), in the order given."""
+    items = text.split(",")
+    values = []
+    for item in items:
+        try:
+            value = float(item)
+        except ValueError:
+            raise argparse.ArgumentTypeError(
+                f"invalid rate {item.strip()!r} in {text!r}: give Mbit/s as numbers, comma"
+                " separated (e.g. 100,200,500,1000)"
+            ) from None
+        if not value > 0 or value == float("inf"):
+            raise argparse.ArgumentTypeError(f"rate {item.strip()} Mbit/s must be positive")
+        if value in values:
+            raise argparse.ArgumentTypeError(f"rate {value:g} Mbit/s given twice in {text!r}")
+        values.append(value)
+    return tuple(values)
 
 
 def size(text: str) -> int:

@@ -36,7 +36,7 @@ from contextlib import ExitStack, contextmanager
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from emulation.argtypes import delay, int_in, positive_float, probability
+from emulation.argtypes import delay, int_in, positive_float, probability, rates
 
 if TYPE_CHECKING:
     from emulation.bench.config import BenchConfig
@@ -72,7 +72,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     add = parser.add_argument
     add("topology", type=Path, help="topology file (topologies/*.yaml or a topology.json)")
     add("--run-dir", type=Path, help="logs, pcaps, manifest.json (default: a new temp dir)")
-    add("--bw", type=positive_float, metavar="MBIT", help="set every link's bandwidth")
+    add("--bw", type=rates, action=_Rates, metavar="MBIT[,MBIT...]",
+        help="set every link's bandwidth; several rates (bench only) run the bench at each in "
+        "one network, re-shaping the links between them: the link-rate sweep")  # fmt: skip
     add("--delay", type=delay, metavar="DELAY", help="set every link's one-way delay")
     add("--jitter", type=delay, metavar="DELAY",
         help="set every link's delay jitter (needs a kernel with netem)")  # fmt: skip
@@ -96,6 +98,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     sub = parser.add_subparsers(dest="action", metavar="ACTION", prog=f"{parser.prog} TOPOLOGY")
     bench = sub.add_parser("bench", help="allreduce sweep in the hosts (inalab bench's flags)")
     bench_arguments(bench, emulated=True)
+    parser.set_defaults(bw_sweep=())
+    bench.add_argument("--bw", type=rates, action=_Rates, default=argparse.SUPPRESS,
+                       metavar="MBIT[,MBIT...]",
+                       help="emulate's --bw, here too: several rates run the link-rate sweep "
+                       "(the bench at each rate, one network; time and speedup over Gloo "
+                       "against the rate, with the crossover)")  # fmt: skip
     from emulation.bench.calibrate import add_arguments as calibrate_arguments
 
     cal = sub.add_parser(
@@ -129,6 +137,22 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="validate the topology and print what would be built (no root, no Mininet)",
         description=CHECK_DESCRIPTION,
     )
+
+
+class _Rates(argparse.Action):
+    """``--bw``: the first rate is the one the network is built at (``bw``, a number as
+    every other caller of :func:`apply_overrides` expects); all of them, if several, the
+    bench's link-rate sweep (``bw_sweep``; empty: no sweep)."""
+
+    def __call__(
+        self,
+        parser: argparse.ArgumentParser,
+        namespace: argparse.Namespace,
+        values: Any,
+        option_string: str | None = None,
+    ) -> None:
+        namespace.bw = values[0]
+        namespace.bw_sweep = values if len(values) > 1 else ()
 
 
 CHECK_DESCRIPTION = """\
@@ -182,6 +206,11 @@ def run(args: argparse.Namespace) -> int:
     """Bring the network up, run the action, tear it down; 0 on success, 1 if a run
     failed or gave wrong results, 2 on bad arguments or a machine that cannot emulate
     (``check``: 0 or 1, :func:`emulation.check.run_check`)."""
+    try:
+        _check_rates(args)
+    except _Refused as exc:
+        print(f"{PROG}: error: {exc}", file=sys.stderr)
+        return 2
     if args.action == "check":  # no root, no Mininet: nothing below is needed
         from emulation.check import run_check
 
@@ -236,6 +265,18 @@ def run(args: argparse.Namespace) -> int:
 
 class _Refused(Exception):
     """This machine or these flags cannot run the emulation."""
+
+
+def _check_rates(args: argparse.Namespace) -> None:
+    """Refuse a link-rate sweep (several ``--bw`` rates) for any action but ``bench``.
+
+    Raises:
+        _Refused: several rates for an action other than ``bench``.
+    """
+    if args.bw_sweep and args.action != "bench":
+        given = ",".join(f"{r:g}" for r in args.bw_sweep)
+        raise _Refused(f"--bw {given}: several rates are the bench's link-rate sweep; give"
+                       " one rate to the other actions")  # fmt: skip
 
 
 def _check_bench_flags(args: argparse.Namespace) -> None:
@@ -406,10 +447,83 @@ def _bench(args: argparse.Namespace, em: Emulation, job: TopologyJob, run_dir: P
 
     summary = summarize_topology(em.topology, job.job_id, slots=cfg.slots)
     try:
+        if args.bw_sweep:
+            return _bench_rates(args, cfg, em, fabric, meta, run_dir)
         return run_bench(args, cfg, run_dir, fabric, meta, summary)
     except BenchError as exc:
         print(f"{PROG}: failed: {exc}", file=sys.stderr)
         return 1
+
+
+def _bench_rates(
+    args: argparse.Namespace,
+    cfg: BenchConfig,
+    em: Emulation,
+    fabric: EmulatedFabric,
+    meta: dict[str, Any],
+    run_dir: Path,
+) -> int:
+    """The bench at each rate of ``args.bw_sweep`` in this one network (every link's HTB
+    class changed in place between rates), each rate's JSON in ``RUN_DIR/bench-RATEmbit.json``;
+    then the sweep's tables, and ``--json``/``--plot`` of all of it
+    (:mod:`emulation.bench.ratesweep`). A stop signal ends the sweep after reporting the
+    rates that finished.
+
+    Raises:
+        BenchError: a rate's bench failed (the earlier rates' JSON files stay).
+        EmulationError: tc could not change a link's rate.
+    """
+    import json
+
+    from emulation.bench.cli import run_bench
+    from emulation.bench.ratesweep import merge_documents
+    from emulation.topology_summary import summarize_topology
+
+    job = fabric.job
+    netem = None if em.plan is None else em.plan.netem
+    docs: list[tuple[float, dict[str, Any]]] = []
+    status, stopped = 0, None
+    for rate in args.bw_sweep:
+        em.set_link_rate(rate)
+        topo = apply_overrides(em.topology, bw=rate)
+        fabric.links = describe_links(topo, netem)
+        print(f"# link rate {rate:g} Mbit/s: every link's HTB class changed in place", flush=True)
+        out = run_dir / f"bench-{rate:g}mbit.json"
+        one = argparse.Namespace(**{**vars(args), "json": out, "plot": None})
+        at = {**meta, "emulation": {**meta["emulation"], **emulation_metadata(topo, job, run_dir)}}
+        summary = summarize_topology(topo, job.job_id, slots=cfg.slots)
+        try:
+            status = max(status, run_bench(one, cfg, run_dir, fabric, at, summary))
+        except KeyboardInterrupt as exc:  # run_bench wrote what finished; report it too
+            stopped = exc
+        if out.exists():
+            docs.append((rate, json.loads(out.read_text())))
+        if stopped is not None or status == 2:
+            break
+    if docs:
+        _report_rates(args, cfg, fabric, merge_documents(docs))
+    if stopped is not None:
+        raise stopped
+    return status
+
+
+def _report_rates(
+    args: argparse.Namespace, cfg: BenchConfig, fabric: EmulatedFabric, doc: dict[str, Any]
+) -> None:
+    """Print the link-rate sweep's tables; write its JSON and plot where asked."""
+    from emulation.bench.ratesweep import format_rate_sweep, write_rate_plot
+    from emulation.bench.report import write_json
+
+    where = f"{fabric.description}, job {fabric.job.job_id}, {cfg.workers} ranks, {cfg.dtype}"
+    print(format_rate_sweep(doc["rows"], where), flush=True)
+    if args.json is not None:
+        write_json(args.json, doc)
+        print(f"# json: {args.json} (one row per rate, size and algorithm; bw_mbit in each)")
+    if args.plot is not None:
+        rates = ", ".join(f"{r:g}" for r in doc["metadata"]["link_rates_mbit"])
+        write_rate_plot(args.plot, doc["rows"], f"allreduce {cfg.dtype} against the link rate"
+                        f" ({rates} Mbit/s)\n{where}")  # fmt: skip
+        print(f"# plot: {args.plot}")
 
 
 def emulation_metadata(topo: Topology, job: TopologyJob, run_dir: Path) -> dict[str, Any]:
