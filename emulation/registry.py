@@ -6,7 +6,9 @@ collide half-way through the build (``RTNETLINK answers: File exists``) and the 
 one's interfaces are at risk. Each ``inalab emulate`` therefore registers the names it
 will use, with its PID, the PID's start time and its run directory, in
 :data:`REGISTRY_DIR` before it creates anything, and a second run that shares a name
-is refused in one line naming the first run's directory and PID. A record whose
+is refused in one line naming the first run's directory and PID; so is a run whose
+switches' interfaces exist without a live run holding them (a Mininet network not
+started by ``inalab emulate``, or one that was killed before it cleaned up). A record whose
 process is gone (or whose PID now belongs to another process: the start time
 differs) is stale and is removed by the next run. Each run removes only its own record.
 """
@@ -21,10 +23,20 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
-__all__ = ["REGISTRY_DIR", "EmulationBusy", "LiveRun", "live_runs", "register"]
+__all__ = [
+    "REGISTRY_DIR",
+    "EmulationBusy",
+    "LiveRun",
+    "existing_interfaces",
+    "live_runs",
+    "register",
+]
 
 REGISTRY_DIR = Path("/run/inalab/emulations")
 """Under /run: root's tmpfs, emptied at boot, so no record outlives a reboot."""
+
+SYSFS_NET = Path("/sys/class/net")
+"""This network namespace's interfaces, one entry each."""
 
 
 class EmulationBusy(Exception):
@@ -74,7 +86,11 @@ def live_runs(directory: Path = REGISTRY_DIR) -> list[LiveRun]:
 
 @contextmanager
 def register(
-    names: Iterable[str], run_dir: Path, topology: str, directory: Path = REGISTRY_DIR
+    names: Iterable[str],
+    run_dir: Path,
+    topology: str,
+    directory: Path = REGISTRY_DIR,
+    sysfs: Path = SYSFS_NET,
 ) -> Iterator[LiveRun]:
     """Hold ``names`` for this process while the block runs; remove the record after.
 
@@ -83,10 +99,12 @@ def register(
         run_dir: this run's directory (shown to a run that is refused).
         topology: the topology file or name (shown likewise).
         directory: where records are kept (tests use their own).
+        sysfs: where this namespace's interfaces are listed (tests use their own).
 
     Raises:
-        EmulationBusy: a live run holds one of the names; the message is one line that
-            names its run directory and how to stop it.
+        EmulationBusy: a live run holds one of the names (the message is one line that
+            names its run directory and how to stop it), or interfaces named after them
+            exist without one (another Mininet network, or one not cleaned up).
     """
     directory.mkdir(parents=True, exist_ok=True)
     pid = os.getpid()
@@ -97,7 +115,7 @@ def register(
     with open(directory / ".lock", "a") as lock:  # one checker at a time
         fcntl.flock(lock, fcntl.LOCK_EX)
         try:
-            _refuse_if_taken(me, directory)
+            _refuse_if_taken(me, directory, sysfs)
             tmp = path.with_suffix(".tmp")
             tmp.write_text(json.dumps(me.__dict__) + "\n")
             tmp.replace(path)
@@ -109,7 +127,7 @@ def register(
         path.unlink(missing_ok=True)
 
 
-def _refuse_if_taken(me: LiveRun, directory: Path) -> None:
+def _refuse_if_taken(me: LiveRun, directory: Path, sysfs: Path) -> None:
     for path in sorted(directory.glob("*.json")):
         other = _read(path)
         if other is None or not other.alive or other.pid == me.pid:
@@ -123,3 +141,23 @@ def _refuse_if_taken(me: LiveRun, directory: Path) -> None:
                 f" in {other.run_dir} (PID {other.pid}); stop it with Ctrl-C in its"
                 f" terminal or `sudo kill {other.pid}`, or rename the nodes"
             )
+    present = existing_interfaces(me.names, sysfs)
+    if present:
+        shown = ", ".join(present[:4]) + (", ..." if len(present) > 4 else "")
+        raise EmulationBusy(
+            f"interfaces {shown} exist already, and no live inalab emulate run holds"
+            " them: another Mininet network with these node names runs (stop it), or one"
+            f" was not cleaned up (`ip link del {present[0]}` for each)"
+        )
+
+
+def existing_interfaces(names: Iterable[str], sysfs: Path = SYSFS_NET) -> list[str]:
+    """Interfaces in this namespace that Mininet would name for one of ``names``
+    (``NAME-ethN``: a switch's ports live here; hosts' move to their namespaces)."""
+    wanted = set(names)
+    out = []
+    for name in os.listdir(sysfs):
+        node, sep, port = name.rpartition("-eth")
+        if sep and node in wanted and port.isdigit():
+            out.append(name)
+    return sorted(out)
