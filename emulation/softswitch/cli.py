@@ -24,7 +24,7 @@ from pathlib import Path
 
 from emulation.argtypes import int_in, probability
 from emulation.softswitch.frames import FrameSwitchServer
-from emulation.softswitch.links import parse_link
+from emulation.softswitch.links import ONLY_EBPF, parse_link
 from emulation.softswitch.p4runtime import ARBITRATIONS
 from emulation.softswitch.pcap import LINKTYPE_ETHERNET, LINKTYPE_RAW, PcapWriter
 from emulation.softswitch.pipeline import Addr, DropSimulator, Pipeline
@@ -124,7 +124,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         default="python",
         help="with --interface: python (this process handles every frame; links may "
         "delay) or ebpf (a TC classifier on each port does, in the kernel: needs root, "
-        "clang and libbpf; links may lose frames but not delay them) (default python)",
+        "clang and libbpf; links may lose, duplicate and reorder frames but not delay them) "
+        "(default python)",
     )
     a(
         "--forward-only",
@@ -165,9 +166,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         metavar="PORT:SPEC",
         help="with --interface: emulate the link on PORT (repeatable), SPEC a comma "
         "list of delay=D (250us, 2ms, 0.1s; a bare number is ms), loss=P (0 <= P < 1), "
-        "queue=N (frames the delay line holds, default 1000; tail drop beyond), and the "
-        "flag ingress (also frames arriving on PORT: a port facing a host); frames sent "
-        "out of PORT always go through it. Example: --link 1:delay=2ms,loss=0.01,ingress",
+        "queue=N (frames the delay line holds, default 1000; tail drop beyond), dup=P and "
+        "reorder=P (a frame sent twice, held back behind later frames; --datapath ebpf "
+        "only), and the flag ingress (also frames arriving on PORT: a port facing a host); "
+        "frames sent out of PORT always go through it. Example: --link "
+        "1:delay=2ms,loss=0.01,ingress",
     )
     a(
         "--link-stats",
@@ -175,8 +178,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         metavar="PATH",
         help='with --interface: write the links\' counts as JSON {"ports": {"1": '
         '{"egress": {"offered", "lost", "queue_dropped", "delivered", "in_flight"}, '
-        '"ingress": {...}}}} here, at start, at most once a second while they change, '
-        "and on exit",
+        '"ingress": {...}}}} here (eBPF: also "duplicated", "reordered"), at start, at '
+        "most once a second while they change, and on exit",
     )
     a(
         "--seed",
@@ -281,6 +284,8 @@ def _ports_error(args: argparse.Namespace, ports: dict[int, str]) -> str | None:
         if delayed := sorted(p for p, spec in args.link if spec.delay):
             return (f"--link {delayed[0]}: the eBPF data plane cannot delay frames (no "
                     "netem here); use --datapath python for links with delay")
+    elif faulty := sorted(p for p, spec in args.link if spec.dup or spec.reorder):
+        return f"--link {faulty[0]}: {ONLY_EBPF}"
     if not ports:
         for given, name in ((args.forward_only, "--forward-only"), (args.link, "--link"),
                             (args.link_stats, "--link-stats")):  # fmt: skip

@@ -11,6 +11,11 @@ Each direction is a :class:`LinkDirection`, netem's order of events: a seeded Be
 loss first, then a delay line whose length is capped by the queue (tail drop beyond it).
 The delay of a direction is constant, so the line is a FIFO whose head is due first.
 This module is pure logic: no sockets, an injected clock; the switch supplies both.
+
+A spec may also ask for duplication and reordering (``dup``, ``reorder``): only the eBPF
+data plane applies those (``ina.bpf.c``; it reorders on egress, in the lanes of the
+port's shaper: ``ebpf/lanes.py``), so :class:`LinkEmulator`, the Python data plane's,
+refuses them.
 """
 
 from __future__ import annotations
@@ -33,6 +38,7 @@ __all__ = [
     "DEFAULT_QUEUE",
     "DIRECTIONS",
     "LINK_STATS_INTERVAL",
+    "ONLY_EBPF",
     "LinkCounters",
     "LinkDirection",
     "LinkEmulator",
@@ -56,6 +62,9 @@ LINK_STATS_INTERVAL = 1.0
 
 log = logging.getLogger(__name__)
 
+ONLY_EBPF = "only the eBPF data plane duplicates or reorders frames (use --datapath ebpf)"
+"""Why a link with ``dup`` or ``reorder`` cannot run on the Python data plane."""
+
 
 @dataclass(frozen=True)
 class LinkSpec:
@@ -64,6 +73,11 @@ class LinkSpec:
     Attributes:
         delay: one-way delay in seconds (>= 0).
         loss: probability a frame is lost, ``0 <= loss < 1``.
+        dup: probability a frame the link keeps is sent twice, ``0 <= dup < 1`` (the
+            eBPF data plane only).
+        reorder: probability a frame the link sends out of the port is held back
+            behind the frames queued after it, ``0 <= reorder < 1`` (the eBPF data plane
+            only, on egress only: nothing queues on ingress).
         queue: frames the delay line holds (>= 1); more are tail-dropped. Without delay
             no frame waits, so the queue never fills.
         ingress: emulate frames arriving on the port too (the port faces a host).
@@ -76,14 +90,21 @@ class LinkSpec:
     loss: float = 0.0
     queue: int = DEFAULT_QUEUE
     ingress: bool = False
+    dup: float = 0.0
+    reorder: float = 0.0
 
     def __post_init__(self) -> None:
         if not self.delay >= 0.0:  # also rejects NaN
             raise ValueError(f"delay {self.delay} s is negative")
-        if not 0.0 <= self.loss < 1.0:
-            raise ValueError(f"loss {self.loss} outside [0, 1)")
+        for name in _PROBABILITIES:
+            if not 0.0 <= getattr(self, name) < 1.0:
+                raise ValueError(f"{name} {getattr(self, name)} outside [0, 1)")
         if isinstance(self.queue, bool) or not isinstance(self.queue, int) or self.queue < 1:
             raise ValueError(f"queue {self.queue!r} is not an integer >= 1")
+
+
+_PROBABILITIES = ("loss", "dup", "reorder")
+"""The keys of a spec that are a probability per frame."""
 
 
 def parse_delay(text: str) -> float:
@@ -96,7 +117,8 @@ def parse_delay(text: str) -> float:
 
 
 def parse_link(text: str) -> tuple[int, LinkSpec]:
-    """Parse ``--link PORT:delay=2ms,loss=0.01,queue=100,ingress`` (argparse ``type=``).
+    """Parse ``--link PORT:delay=2ms,loss=0.01,queue=100,ingress`` (argparse ``type=``;
+    also ``dup=P`` and ``reorder=P``).
 
     Every key is optional (``1:ingress`` counts frames both ways and changes nothing);
     a key given twice is an error.
@@ -133,21 +155,22 @@ def _link_value(key: str, eq: str, value: str) -> Any:
         raise ValueError(f"{key!r} needs a value ({key}=...)")
     if key == "delay":
         return parse_delay(value)
-    if key == "loss":
+    if key in _PROBABILITIES:
         try:
             return float(value)
         except ValueError:
-            raise ValueError(f"loss {value!r} is not a number") from None
+            raise ValueError(f"{key} {value!r} is not a number") from None
     if key == "queue":
         if not value.isdigit():
             raise ValueError(f"queue {value!r} is not an integer >= 1")
         return int(value)
-    raise ValueError(f"unknown key {key!r} (delay, loss, queue, ingress)")
+    raise ValueError(f"unknown key {key!r} (delay, loss, queue, ingress, dup, reorder)")
 
 
 def format_link(port: int, spec: LinkSpec) -> str:
     """The ``--link`` text of ``spec`` on ``port`` (:func:`parse_link` reads it back)."""
     text = f"{port}:delay={spec.delay!r}s,loss={spec.loss!r},queue={spec.queue}"
+    text += "".join(f",{k}={getattr(spec, k)!r}" for k in ("dup", "reorder") if getattr(spec, k))
     return text + (",ingress" if spec.ingress else "")
 
 
@@ -249,6 +272,9 @@ class LinkEmulator:
         seed: the seed every direction's random stream derives from, with the port and
             direction, so each has its own reproducible stream.
         clock: seconds, monotonic, shared by all directions.
+
+    Raises:
+        ValueError: a spec asks for duplication or reordering (the eBPF data plane's).
     """
 
     def __init__(
@@ -257,6 +283,9 @@ class LinkEmulator:
         seed: int = 0,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
+        for port, spec in sorted(specs.items()):
+            if spec.dup or spec.reorder:
+                raise ValueError(f"port {port}: {ONLY_EBPF}")
         self.specs = dict(specs)
         self.clock = clock
         self.egress: dict[int, LinkDirection] = {}

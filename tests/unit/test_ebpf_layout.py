@@ -94,6 +94,8 @@ def test_probability_thresholds_cover_never_to_always() -> None:
 
 
 def test_link_counter_indices_are_dense() -> None:
+    n = len(layout.LINK_COUNTS)
     seen = {layout.link_index(p, d, c) for p in range(layout.MAX_PORTS) for d in (0, 1)
-            for c in range(3)}  # fmt: skip
-    assert seen == set(range(layout.MAX_PORTS * 2 * 3))
+            for c in range(n)}  # fmt: skip
+    assert seen == set(range(layout.MAX_PORTS * 2 * n))
+    assert f"#define LINK_NUM_COUNTS {n}" in layout.render_header(64)

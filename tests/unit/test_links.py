@@ -1,16 +1,19 @@
-"""The soft switch's link emulation as pure logic: loss, delay line, queue, ``--link``."""
+"""The soft switch's link emulation as pure logic: loss, delay line, queue, ``--link``
+(duplication and reordering: parsed here, refused by the Python data plane)."""
 
 from __future__ import annotations
 
 import argparse
 import math
 import random
+import re
 
 import pytest
 
 from emulation.softswitch.cli import add_arguments, run
 from emulation.softswitch.links import (
     DEFAULT_QUEUE,
+    ONLY_EBPF,
     LinkDirection,
     LinkEmulator,
     LinkSpec,
@@ -127,6 +130,12 @@ def test_emulator_releases_due_frames_of_every_direction() -> None:
     assert emu.next_due() is None
 
 
+def test_the_python_emulator_refuses_duplication_and_reordering() -> None:
+    for spec in (LinkSpec(dup=0.1), LinkSpec(reorder=0.1)):
+        with pytest.raises(ValueError, match=f"port 4: {re.escape(ONLY_EBPF)}"):
+            LinkEmulator({1: LinkSpec(loss=0.1), 4: spec})
+
+
 def test_stats_and_flat_counters() -> None:
     emu = LinkEmulator({1: LinkSpec(ingress=True), 2: LinkSpec(loss=0.5)})
     emu.egress[1].offer(b"x")
@@ -158,11 +167,13 @@ def test_parse_link_reads_every_key() -> None:
     assert spec == LinkSpec(delay=0.002, loss=0.01, queue=100, ingress=True)
     assert parse_link("1:") == (1, LinkSpec())
     assert parse_link("1:loss=0.1")[1].queue == DEFAULT_QUEUE
+    assert parse_link("2:dup=0.05,reorder=0.1,ingress") == (
+        2, LinkSpec(dup=0.05, reorder=0.1, ingress=True))  # fmt: skip
 
 
 @pytest.mark.parametrize(
     "spec", [LinkSpec(), LinkSpec(delay=0.0201, loss=0.125, queue=7, ingress=True),
-             LinkSpec(delay=3e-6)],
+             LinkSpec(delay=3e-6), LinkSpec(loss=0.05, dup=0.05, reorder=0.1, ingress=True)],
 )  # fmt: skip
 def test_format_link_round_trips(spec: LinkSpec) -> None:
     assert parse_link(format_link(5, spec)) == (5, spec)
@@ -186,6 +197,8 @@ def test_format_link_round_trips(spec: LinkSpec) -> None:
         ("1:loss", "needs a value"),
         ("1:colour=red", "unknown key 'colour'"),
         ("1:loss=0.1,loss=0.2", "given twice"),
+        ("1:dup=1", r"dup 1.0 outside \[0, 1\)"),
+        ("1:reorder=often", "reorder 'often' is not a number"),
     ],
 )
 def test_parse_link_errors(text: str, message: str) -> None:
@@ -221,6 +234,7 @@ def test_link_option_errors_reach_argparse() -> None:
         (["--link-stats", "s.json"], "--link-stats needs --interface"),
         (["-i", "1@lo", "--link", "2:loss=0.1"], "port 2 is not an --interface port"),
         (["-i", "1@lo", "--link", "1:loss=0.1", "--link", "1:ingress"], "a port is given twice"),
+        (["-i", "1@lo", "--link", "1:reorder=0.1"], f"--link 1: {ONLY_EBPF}"),
     ],
 )
 def test_link_options_that_do_not_fit_the_ports(

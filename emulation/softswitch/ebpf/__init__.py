@@ -4,7 +4,8 @@ A room of its own behind the soft switch's :class:`~emulation.softswitch.pipelin
 Pipeline` table API (STYLE.md): ``ina.bpf.c`` is the program, ``layout.py`` the constants
 and map structs it shares with Python (generated into its header from
 ``hostlib/protocol.py``), ``build.py`` compiles it with clang (cached by source hash),
-``libbpf.py`` loads it and reaches its maps through ctypes, ``dataplane.py`` is
+``libbpf.py`` loads it and reaches its maps through ctypes, ``lanes.py`` the HTB
+lanes its links hold frames back in (reordering), ``dataplane.py`` is
 :class:`EbpfDataplane` (the control plane's view, every table write mirrored into the
 maps) and ``server.py`` the switch on ports (``inalab switch --datapath ebpf``).
 

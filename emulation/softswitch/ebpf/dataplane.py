@@ -26,6 +26,7 @@ import numpy as np
 
 from emulation.softswitch.ebpf import layout
 from emulation.softswitch.ebpf.build import build_program
+from emulation.softswitch.ebpf.lanes import has_lanes
 from emulation.softswitch.ebpf.layout import (
     COUNTERS,
     DIRECTIONS,
@@ -135,11 +136,14 @@ class EbpfDataplane(Pipeline):
 
     # ----------------------------------------------------------------- ports
     def attach(self, interfaces: Mapping[int, str], links: Mapping[int, LinkSpec]) -> None:
-        """Put the program on each port's interface, with the port's link loss.
+        """Put the program on each port's interface, with the port's link loss,
+        duplication and reordering.
 
         Raises:
-            ValueError: a port outside 0..511, or a link with a delay (the kernel cannot
-                delay in TC without netem: the Python data plane has a delay line).
+            ValueError: a port outside 0..511, a link with a delay (the kernel cannot
+                delay in TC without netem: the Python data plane has a delay line), or a
+                link that reorders on a port without its lanes (:mod:`~emulation.
+                softswitch.ebpf.lanes`).
             OSError: an interface does not exist, or attaching failed (not root).
         """
         for port, spec in links.items():
@@ -147,6 +151,12 @@ class EbpfDataplane(Pipeline):
                 raise ValueError(
                     f"port {port}: the eBPF data plane cannot delay frames (no netem): "
                     "use the Python data plane (--datapath python) for a link with delay"
+                )
+            if spec.reorder and port in interfaces and not has_lanes(interfaces[port]):
+                raise ValueError(
+                    f"port {port}: reordering holds frames back in the lanes of the link's "
+                    f"shaper, and {interfaces[port]} has none: HTB classes 5:3 and 5:4 under "
+                    "5:1 (inalab emulate makes them: emulation.softswitch.ebpf.lanes)"
                 )
         prog = self.object.program_fd(_PROGRAM)
         for port, name in sorted(interfaces.items()):
@@ -157,9 +167,9 @@ class EbpfDataplane(Pipeline):
         self._links = dict(links)
 
     def set_port(self, port: int, ifindex: int, link: LinkSpec | None = None) -> None:
-        """Make interface ``ifindex`` the switch's port ``port`` (with its link's loss) in
-        the program's maps, without attaching anything (:meth:`attach` does both; a test
-        run hands frames to the program directly).
+        """Make interface ``ifindex`` the switch's port ``port`` (with its link's loss,
+        duplication and reordering) in the program's maps, without attaching anything
+        (:meth:`attach` does both; a test run hands frames to the program directly).
 
         Raises:
             ValueError: a port outside 0..511.
@@ -168,9 +178,11 @@ class EbpfDataplane(Pipeline):
             raise ValueError(f"port {port} outside 0..{MAX_PORTS - 1}")
         entry = layout.InaPort(ifindex=ifindex)
         if link is not None:
-            entry.link = 1 | (2 if link.ingress else 0)
-            entry.loss_eg = probability_threshold(link.loss)
-            entry.loss_in = probability_threshold(link.loss) if link.ingress else 0
+            entry.link = 1 | (2 if link.ingress else 0) | (4 if link.reorder else 0)
+            for field, p in (("loss", link.loss), ("dup", link.dup)):
+                setattr(entry, f"{field}_eg", probability_threshold(p))
+                setattr(entry, f"{field}_in", probability_threshold(p) if link.ingress else 0)
+            entry.reorder_eg = probability_threshold(link.reorder)
         self._maps["ports"].update(_U32(port), entry)
         self._maps["ifports"].update(_U32(ifindex), _U32(port))
 
@@ -412,8 +424,10 @@ class EbpfDataplane(Pipeline):
         self._maps["stats"].update(_U32(COUNTERS.index(name)), cells)
 
     def link_stats(self) -> dict[str, Any]:
-        """``links.LinkEmulator.stats``'s shape for the ports with a link: nothing waits in
-        a delay line here (``queue_dropped``, ``in_flight``: 0)."""
+        """``links.LinkEmulator.stats``'s shape for the ports with a link, plus
+        ``duplicated`` (extra copies sent) and ``reordered`` (frames held back behind later
+        ones) of the frames ``delivered``: nothing waits in a delay line here
+        (``queue_dropped``, ``in_flight``: 0)."""
         ports: dict[str, Any] = {}
         for port, spec in sorted(self._links.items()):
             entry = {}

@@ -13,9 +13,19 @@
  * - anything else: the forwarder table by destination MAC (a port, a flood group but
  *   the ingress port, or drop).
  * Frames leave through bpf_redirect to the egress port's device, so the port's egress
- * qdisc (HTB: the link's bandwidth) still shapes them. A port's emulated link loses
- * frames on egress, and with its ingress flag on ingress too (links.py's semantics,
- * without the delay line: a kernel without netem cannot delay in TC).
+ * qdisc (HTB: the link's bandwidth) still shapes them. A port's emulated link loses and
+ * duplicates frames on egress, and with its ingress flag on ingress too (links.py's
+ * semantics, without the delay line: a kernel without netem cannot delay in TC); a frame
+ * the link keeps gets a copy with the link's dup probability (on egress a second
+ * bpf_clone_redirect; on ingress a copy put at the back of the port's receive queue,
+ * bpf_clone_redirect with BPF_F_INGRESS, marked so that the link is not applied to it
+ * again). On egress it is held back with the link's reorder probability: TC has no timer
+ * to hold a frame with, so the port's shaper does. Such a port's HTB class has two lanes
+ * (lanes.py: the emulation makes them) and every frame out of it is put in one by its
+ * skb->priority: held back frames in the low-priority one, which sends only while the
+ * other has nothing to send, so every frame queued meanwhile overtakes them. As with
+ * netem's reordering, only frames that are there can overtake: on an idle link a held
+ * back frame keeps its place. On ingress nothing queues, so nothing is reordered there.
  *
  * Constants and every struct shared with Python come from ina_gen.h, generated at
  * compile time by layout.py from hostlib/protocol.py. Counters are per CPU.
@@ -150,7 +160,7 @@ static __always_inline void count(__u32 index)
 
 static __always_inline void count_link(__u32 port, __u32 dir, __u32 what)
 {
-    __u32 index = (port * 2 + dir) * 3 + what;
+    __u32 index = (port * 2 + dir) * LINK_NUM_COUNTS + what;
     __u64 *c = bpf_map_lookup_elem(&links, &index);
     if (c)
         *c += 1;
@@ -168,19 +178,9 @@ static __always_inline int drop(__u32 reason)
     return TC_ACT_SHOT;
 }
 
-/* The port's egress link: 1 if the frame may leave, 0 if the link loses it. */
-static __always_inline int egress_link(__u32 port, struct ina_port *p)
-{
-    if (!(p->link & 1))
-        return 1;
-    count_link(port, DIR_EGRESS, LINK_OFFERED);
-    if (chance(p->loss_eg)) {
-        count_link(port, DIR_EGRESS, LINK_LOST);
-        return 0;
-    }
-    count_link(port, DIR_EGRESS, LINK_DELIVERED);
-    return 1;
-}
+/* The mark of an ingress duplicate, put back into its port's receive queue by this
+ * program: the same namespace keeps it, and no frame leaves a port with it. */
+#define MARK_IN_DUP 0x494e4450u /* "INDP" */
 
 /* The interface of switch port `port`, 0 if it has none; `p` its entry. */
 static __always_inline __u32 port_ifindex(__u32 port, struct ina_port **p)
@@ -188,6 +188,41 @@ static __always_inline __u32 port_ifindex(__u32 port, struct ina_port **p)
     struct ina_port *entry = bpf_map_lookup_elem(&ports, &port);
     *p = entry;
     return entry ? entry->ifindex : 0;
+}
+
+/* The frame out of port `port` (interface `ifindex`, entry `p`) through the port's
+ * egress link: lost, or sent in its lane (held back or in order, where the port has
+ * lanes) after a copy of it (duplicated). `last`: the frame itself goes, and the verdict
+ * to return comes back; else a copy goes, the frame stays, and 0 comes back. */
+static __always_inline int send_out(struct __sk_buff *skb, __u32 port, __u32 ifindex,
+                                    struct ina_port *p, int last)
+{
+    skb->mark = 0;
+    if (p->link & 1) {
+        count_link(port, DIR_EGRESS, LINK_OFFERED);
+        if (chance(p->loss_eg)) {
+            count_link(port, DIR_EGRESS, LINK_LOST);
+            return last ? TC_ACT_SHOT : 0;
+        }
+        count_link(port, DIR_EGRESS, LINK_DELIVERED);
+        if (p->link & 4) { /* the port has lanes: every frame goes in one */
+            skb->priority = INA_LANE_IN_ORDER;
+            if (chance(p->reorder_eg)) {
+                count_link(port, DIR_EGRESS, LINK_REORDERED);
+                skb->priority = INA_LANE_HELD;
+            }
+        }
+        if (chance(p->dup_eg)) {
+            count_link(port, DIR_EGRESS, LINK_DUPLICATED);
+            count(C_FRAMES_OUT);
+            bpf_clone_redirect(skb, ifindex, 0);
+        }
+    }
+    count(C_FRAMES_OUT);
+    if (last)
+        return bpf_redirect(ifindex, 0);
+    bpf_clone_redirect(skb, ifindex, 0);
+    return 0;
 }
 
 static __always_inline __u16 ip_checksum(struct iphdr *ip)
@@ -251,15 +286,9 @@ static __always_inline int emit_one(struct __sk_buff *skb, const struct origin *
     __u32 ifindex = port_ifindex(port, &p);
     if (!ifindex || !p)
         return last ? TC_ACT_SHOT : 0;
-    if (!egress_link(port, p))
-        return last ? TC_ACT_SHOT : 0;
     if (rewrite(skb, mac, o->own_mac, o->own_ip, ip, udp_port) < 0)
         return last ? TC_ACT_SHOT : 0;
-    count(C_FRAMES_OUT);
-    if (last)
-        return bpf_redirect(ifindex, 0);
-    bpf_clone_redirect(skb, ifindex, 0);
-    return 0;
+    return send_out(skb, port, ifindex, p, last);
 }
 
 /* The packet (its INA header and payload already the result) to every replica of the
@@ -596,10 +625,9 @@ static __always_inline int flood(struct __sk_buff *skb, __u32 mgid, __u32 in_por
             continue; /* forwarder.p4: no flooded copy back out of its ingress port */
         struct ina_port *p;
         __u32 ifindex = port_ifindex(port, &p);
-        if (!ifindex || !p || !egress_link(port, p))
+        if (!ifindex || !p)
             continue;
-        count(C_FRAMES_OUT);
-        bpf_clone_redirect(skb, ifindex, 0);
+        send_out(skb, port, ifindex, p, 0);
     }
     return TC_ACT_SHOT;
 }
@@ -622,10 +650,7 @@ static __always_inline int forward_frame(struct __sk_buff *skb, __u32 in_port,
         if (!ifindex || !p)
             return drop(C_NOT_FORWARDED);
         count(C_FORWARDED);
-        if (!egress_link(value, p))
-            return TC_ACT_SHOT;
-        count(C_FRAMES_OUT);
-        return bpf_redirect(ifindex, 0);
+        return send_out(skb, value, ifindex, p, 1);
     }
     if (kind == FWD_FLOOD) {
         count(C_FORWARDED);
@@ -663,13 +688,22 @@ int ina_port(struct __sk_buff *skb)
     if (!c || !p)
         return TC_ACT_SHOT;
     count(C_FRAMES_IN);
-    if (p->link & 2) {
+    int copy = skb->mark == MARK_IN_DUP; /* its link has passed it */
+    if (copy)
+        skb->mark = 0;
+    if ((p->link & 2) && !copy) {
         count_link(in_port, DIR_INGRESS, LINK_OFFERED);
         if (chance(p->loss_in)) {
             count_link(in_port, DIR_INGRESS, LINK_LOST);
             return TC_ACT_SHOT;
         }
         count_link(in_port, DIR_INGRESS, LINK_DELIVERED);
+        if (chance(p->dup_in)) { /* at the back of the queue: after what came in meanwhile */
+            count_link(in_port, DIR_INGRESS, LINK_DUPLICATED);
+            skb->mark = MARK_IN_DUP;
+            bpf_clone_redirect(skb, skb->ifindex, BPF_F_INGRESS);
+            skb->mark = 0;
+        }
     }
     /* The headers linear, whatever the device gave (a short frame pulls what it has). */
     __u32 head = skb->len < INA_OFF ? skb->len : INA_OFF;

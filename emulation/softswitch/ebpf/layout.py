@@ -21,6 +21,7 @@ import socket
 from collections.abc import Sequence
 from typing import Any
 
+from emulation.softswitch.ebpf.lanes import LANE_HELD, LANE_IN_ORDER
 from hostlib.protocol import (
     EXPONENT_MIN,
     FLAG_RESEND,
@@ -86,8 +87,10 @@ soft switch on ports (``frames.py``) reports them."""
 DIRECTIONS = ("egress", "ingress")
 """A port's two directions, index 0 and 1 (``links.DIRECTIONS``'s order)."""
 
-LINK_COUNTS = ("offered", "lost", "delivered")
-"""Per port and direction, what the link loss in the program counts (no delay line in
+LINK_COUNTS = ("offered", "lost", "delivered", "duplicated", "reordered")
+"""Per port and direction, what the link emulation in the program counts: frames offered,
+lost, delivered (``offered = lost + delivered``), and of those delivered, how many got an
+extra copy and how many were put in the held-back lane (egress only; no delay line in
 the kernel: ``queue_dropped`` and ``in_flight`` are always 0)."""
 
 
@@ -212,13 +215,17 @@ class InaFwd(ctypes.Structure):
 
 
 class InaPort(ctypes.Structure):
-    """``ports[port]``: the port's interface (0: no such port) and its link's loss."""
+    """``ports[port]``: the port's interface (0: no such port) and its link's loss and
+    duplication, each way, and reordering on egress (``lanes.py``)."""
 
     _fields_ = [
         ("ifindex", u32),
-        ("link", u32),  # bit 0: count egress, bit 1: emulate and count ingress
+        ("link", u32),  # bit 0: count egress, 1: emulate and count ingress, 2: lanes
         ("loss_eg", u64),  # probability_threshold
         ("loss_in", u64),
+        ("dup_eg", u64),
+        ("dup_in", u64),
+        ("reorder_eg", u64),
     ]
 
 
@@ -323,6 +330,9 @@ def render_header(lanes: int) -> str:
         "INA_MAX_REPLICAS": MAX_REPLICAS,
         "INA_NUM_COUNTERS": len(COUNTERS),
         "INA_NUM_LINK_COUNTERS": MAX_PORTS * len(DIRECTIONS) * len(LINK_COUNTS),
+        "LINK_NUM_COUNTS": len(LINK_COUNTS),
+        "INA_LANE_IN_ORDER": LANE_IN_ORDER,
+        "INA_LANE_HELD": LANE_HELD,
         "FWD_DROP": FwdKind.DROP,
         "FWD_PORT": FwdKind.PORT,
         "FWD_FLOOD": FwdKind.FLOOD,

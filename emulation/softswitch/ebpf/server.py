@@ -34,7 +34,8 @@ class EbpfSwitchServer(SwitchServer):
         interfaces: switch port number -> network interface.
         p4runtime_addr: gRPC ``(host, port)``; port 0 picks one.
         p4info, device_id, poll_interval, arbitration: as for :class:`SwitchServer`.
-        links: switch port -> its emulated link (loss only: no delay in the kernel).
+        links: switch port -> its emulated link (loss, duplication, reordering: no
+            delay in the kernel).
         link_stats: where :meth:`write_link_stats` writes the links' counts.
 
     Raises:
