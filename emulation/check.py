@@ -94,7 +94,8 @@ def check_report(args: argparse.Namespace, machine: Machine) -> str:
     from emulation.topology import load_topology
 
     topo = load_topology(args.topology)
-    topo = apply_overrides(topo, args.bw, args.delay, args.link_loss, None, args.jitter)
+    topo = apply_overrides(topo, args.bw, args.delay, args.link_loss, None, args.jitter,
+                           args.link_dup, args.link_reorder)  # fmt: skip
     jobs = _chosen_jobs(topo, args.job)
     _check_bmv2(topo, args.switch_slots)  # in the run's order: bmv2, then the links
     plan = _plan(topo, args.datapath, args.pcap, machine)
@@ -237,7 +238,9 @@ def _values(link: Link) -> str:
     rate = "unshaped" if link.bw is None else f"{link.bw:g} Mbit/s"
     jitter = f" +/- {link.jitter:g} ms" if link.jitter else ""
     queue = "" if link.queue is None else f", queue {link.queue} packets"
-    return f"{rate}, {link.delay:g} ms{jitter} one way, loss {link.loss:g} each way{queue}"
+    faults = f"loss {link.loss:g}" + (f", dup {link.dup:g}" if link.dup else "")
+    faults += f", reorder {link.reorder:g}" if link.reorder else ""
+    return f"{rate}, {link.delay:g} ms{jitter} one way, {faults} each way{queue}"
 
 
 def _jobs(topo: Topology, jobs: tuple[TopologyJob, ...], job_id: int | None) -> list[str]:

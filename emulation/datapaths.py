@@ -1,14 +1,21 @@
 """Who emulates each link, and which data plane each soft switch runs: pure decisions.
 
-A topology's links may ask for bandwidth, delay, jitter and loss. Bandwidth is always
-HTB (Mininet's ``TCLink``). The rest:
+A topology's links may ask for bandwidth, delay, jitter, loss, duplication and
+reordering. Bandwidth is always HTB (Mininet's ``TCLink``). Delay, jitter and loss:
 
 - where the kernel has netem (most distributions), netem on the link's interfaces, as
   Mininet users expect: every switch then forwards plain wires;
 - where it has not (this project's CI machine), the soft switch's ports: loss in either
   data plane, delay only in the Python one (its delay line; a TC program cannot hold a
-  frame back), jitter nowhere, so a link with jitter is refused rather than run
+  frame for a time), jitter nowhere, so a link with jitter is refused rather than run
   without it.
+
+Duplication and reordering are the eBPF data plane's ports' on any kernel (netem's
+reordering needs a delay and means something else; one mechanism keeps one meaning), so
+a soft switch with such a link runs eBPF or the topology is refused. Reordering holds
+frames back in the lanes of the link's shaper on the switch's egress
+(:mod:`emulation.softswitch.ebpf.lanes`): the link needs a rate, and where netem
+emulates its delay or loss in that shaper's class it cannot be reordered too.
 
 Each soft switch runs the eBPF data plane (:mod:`emulation.softswitch.ebpf`) or the Python
 one: ``datapath: auto`` (the default) picks eBPF where this machine can run it, no pcap
@@ -67,9 +74,10 @@ def netem_available(release: str | None = None, root: Path = Path("/")) -> bool:
     return any(modules.glob("kernel/net/sched/sch_netem.ko*"))
 
 
-def link_specs(topo: Topology) -> dict[str, dict[int, str]]:
-    """Per soft switch: ``--link`` specs (``delay=..ms,loss=..[,ingress]``) per port,
-    for a kernel without netem.
+def link_specs(topo: Topology, netem: bool = False) -> dict[str, dict[int, str]]:
+    """Per soft switch: ``--link`` specs (``delay=..ms,loss=..[,dup=..][,reorder=..]
+    [,ingress]``) per port: everything without netem, only duplication and reordering
+    with it.
 
     Each direction of a link is emulated once: on egress by the switch it leaves, and
     for a host's link (no switch of ours at the host's end) on ingress at the switch
@@ -78,9 +86,12 @@ def link_specs(topo: Topology) -> dict[str, dict[int, str]]:
     """
     out: dict[str, dict[int, str]] = {}
     for link in topo.links:
-        if not (link.delay or link.loss):
+        delay, loss = (0.0, 0.0) if netem else (link.delay, link.loss)
+        if not (delay or loss or link.dup or link.reorder):
             continue
-        spec = f"delay={link.delay:g}ms,loss={link.loss:g}"
+        spec = f"delay={delay:g}ms,loss={loss:g}"
+        faults = (("dup", link.dup), ("reorder", link.reorder))
+        spec += "".join(f",{k}={v:g}" for k, v in faults if v)
         soft = _soft_ends(topo, link)
         for name, port in soft:
             both = len(soft) == 1
@@ -117,9 +128,14 @@ def plan_links(
 
     Raises:
         ValueError: what was asked for cannot be: jitter without netem, delay or loss on a
-            link with no soft switch at either end without netem, or an ``ebpf`` switch
-            that cannot run it here, records a pcap, or has a link with delay.
+            link with no soft switch at either end without netem, duplication or
+            reordering on such a link, reordering on a link without a rate or with
+            netem's delay or loss, or an ``ebpf`` switch that cannot run it here,
+            records a pcap, or has a link with delay; a switch with a link that
+            duplicates or reorders frames that cannot run ``ebpf``.
     """
+    for link in topo.links:
+        _check_faults(topo, link, netem)
     if not netem:
         for link in topo.links:
             if link.jitter:
@@ -132,7 +148,7 @@ def plan_links(
                     f"link {link.a}-{link.b} asks for delay or loss, which without netem only "
                     "the soft switch applies: put a soft switch at one end"
                 )
-    specs = {} if netem else link_specs(topo)
+    specs = link_specs(topo, netem)
     datapaths = {
         s.name: _choose(s, override or s.datapath, specs.get(s.name, {}), ebpf_reason, pcap)
         for s in topo.switches
@@ -141,12 +157,31 @@ def plan_links(
     return LinkPlan(netem, datapaths, specs)
 
 
+def _check_faults(topo: Topology, link: Link, netem: bool) -> None:
+    """Refuse duplication or reordering ``link`` cannot have (see :func:`plan_links`)."""
+    where = f"link {link.a}-{link.b} asks for"
+    if (link.dup or link.reorder) and not _soft_ends(topo, link):
+        raise ValueError(
+            f"{where} duplication or reordering, which only the soft switch's eBPF data "
+            "plane applies: put a soft switch at one end"
+        )
+    if link.reorder and link.bw is None:
+        raise ValueError(
+            f"{where} reordering, which holds frames back in the lanes of the link's "
+            "shaper: give it a rate (bw)"
+        )
+    if link.reorder and netem and (link.delay or link.jitter or link.loss):
+        raise ValueError(
+            f"{where} reordering and netem's delay, jitter or loss, which netem applies in "
+            "the shaper's class that the reordering lanes take over"
+        )
+
+
 def _choose(
     switch: Switch, wanted: str, specs: dict[int, str], ebpf_reason: str | None, pcap: bool
 ) -> DatapathChoice:
     delayed = sorted(p for p, spec in specs.items() if not spec.startswith("delay=0ms"))
-    if wanted == "python":
-        return DatapathChoice("python", "asked for")
+    faulty = sorted(p for p, spec in specs.items() if ",dup=" in spec or ",reorder=" in spec)
     why_not = None
     if ebpf_reason is not None:
         why_not = ebpf_reason
@@ -157,6 +192,17 @@ def _choose(
             f"port {delayed[0]}'s link has a delay and this kernel has no netem: only the "
             "Python data plane's delay line can hold frames back"
         )
+    if faulty:
+        if wanted == "python":
+            why_not = "the Python data plane was asked for"
+        if why_not is not None:
+            raise ValueError(
+                f"switch {switch.name}: port {faulty[0]}'s link duplicates or reorders "
+                f"frames, which only the eBPF data plane does: {why_not}"
+            )
+        return DatapathChoice("ebpf", f"port {faulty[0]}'s link duplicates or reorders frames")
+    if wanted == "python":
+        return DatapathChoice("python", "asked for")
     if wanted == "ebpf":
         if why_not is not None:
             raise ValueError(f"switch {switch.name}: datapath ebpf: {why_not}")

@@ -80,6 +80,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="set every link's delay jitter (needs a kernel with netem)")  # fmt: skip
     add("--link-loss", type=probability(allow_one=False), metavar="P",
         help="set every link's loss probability (each way)")  # fmt: skip
+    add("--link-dup", type=probability(allow_one=False), metavar="P",
+        help="set every link's probability of sending a packet twice (each way; by the "
+        "eBPF switch's ports)")  # fmt: skip
+    add("--link-reorder", type=probability(allow_one=False), metavar="P",
+        help="set every link's probability of holding a packet back behind the packets "
+        "queued after it (by the eBPF switch's ports, on their way out: toward the host "
+        "on a host's link; the link needs a rate)")  # fmt: skip
     add("--switch-slots", type=int_in(1, 1 << 15), default=1024,
         help="each switch's slot pool per set (default 1024)")  # fmt: skip
     add("--pcap", action="store_true", help="switches record their ports into RUN_DIR/NAME.pcap")
@@ -173,10 +180,16 @@ def apply_overrides(
     loss: float | None = None,
     lanes: int | None = None,
     jitter: float | None = None,
+    dup: float | None = None,
+    reorder: float | None = None,
 ) -> Topology:
-    """``topo`` with every link's bw/delay/loss/jitter and every soft switch's lanes
-    replaced where given (a pure function: the topology object stays data)."""
+    """``topo`` with every link's bw/delay/loss/jitter/dup/reorder and every soft switch's
+    lanes replaced where given (a pure function: the topology object stays data)."""
     changes: dict[str, Any] = {}
+    if dup is not None:
+        changes["dup"] = dup
+    if reorder is not None:
+        changes["reorder"] = reorder
     if jitter is not None:
         changes["jitter"] = jitter
     if bw is not None:
@@ -224,7 +237,8 @@ def run(args: argparse.Namespace) -> int:
         if getattr(args, "lanes", False) is None:  # bench or calibrate without --lanes
             args.lanes = default_lanes(topo)
         lanes = getattr(args, "lanes", None)
-        topo = apply_overrides(topo, args.bw, args.delay, args.link_loss, lanes, args.jitter)
+        topo = apply_overrides(topo, args.bw, args.delay, args.link_loss, lanes, args.jitter,
+                               args.link_dup, args.link_reorder)  # fmt: skip
         job = _job(topo, args.job) if args.action in _JOB_ACTIONS else None
         if args.action == "bench":  # a bad flag is refused before any network exists
             _check_bench_flags(args)
@@ -645,24 +659,29 @@ def _report_links(em: Emulation, run_dir: Path) -> None:
 
 
 def describe_links(topo: Topology, netem: bool | None) -> str:
-    """The links as applied (after ``--bw``/``--delay``/``--link-loss``), for a table's
-    header and a plot's title: ``4 links: 100 Mbit/s, 1 ms, loss 0.01; ...``, and who
-    emulates them (``netem``: True netem, False the soft switches' ports, None unknown)."""
-    groups: dict[tuple[float | None, float, float, float], int] = {}
+    """The links as applied (after ``--bw``/``--delay``/``--link-loss``/``--link-dup``/
+    ``--link-reorder``), for a table's header and a plot's title: ``4 links: 100 Mbit/s,
+    1 ms, loss 0.01; ...`` (dup and reorder where set), and who emulates them
+    (``netem``: True netem, False the soft switches' ports, None unknown)."""
+    groups: dict[tuple[float | None, float, float, float, float, float], int] = {}
     for link in topo.links:
-        key = (link.bw, link.delay, link.loss, link.jitter)
+        key = (link.bw, link.delay, link.loss, link.jitter, link.dup, link.reorder)
         groups[key] = groups.get(key, 0) + 1
     parts = []
-    for (bw, delay_ms, loss, jitter), count in groups.items():
+    for (bw, delay_ms, loss, jitter, dup, reorder), count in groups.items():
         rate = "unshaped" if bw is None else f"{bw:g} Mbit/s"
         spread = f" +/- {jitter:g} ms" if jitter else ""
         which = "every link" if count == len(topo.links) else f"{count} links"
-        parts.append(f"{which} {rate}, {delay_ms:g} ms{spread} one way, loss {loss:g} each way")
+        faults = f"loss {loss:g}" + (f", dup {dup:g}" if dup else "")
+        faults += f", reorder {reorder:g}" if reorder else ""
+        parts.append(f"{which} {rate}, {delay_ms:g} ms{spread} one way, {faults} each way")
     text = "; ".join(parts) or "none"
     if any(link.bw is not None for link in topo.links):
         text += "; rate by HTB"
     if any(link.delay or link.loss or link.jitter for link in topo.links) and netem is not None:
         text += ", delay and loss by " + ("netem" if netem else "the soft switches' ports")
+    if any(link.dup or link.reorder for link in topo.links):
+        text += ", duplication and reordering by the eBPF switches' ports"
     return text
 
 

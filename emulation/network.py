@@ -17,7 +17,9 @@ Once started, :meth:`Emulation.configure` drives every switch through the contro
 Links: ``bw`` is HTB (Mininet's TCLink) and ``queue`` a pfifo under HTB's class;
 ``delay``, ``jitter`` and ``loss`` are netem's where the kernel has it, else the soft
 switches' ports apply delay and loss (:mod:`emulation.datapaths` decides, and picks
-each soft switch's data plane: the eBPF program on its ports or the Python pipeline).
+each soft switch's data plane: the eBPF program on its ports or the Python pipeline);
+``dup`` and ``reorder`` are the eBPF program's, the latter in two lanes of the switch
+end's HTB class made here.
 The MTU is raised to :data:`JUMBO_MTU` when the widest INA packet needs it. After
 start, ``run_dir/manifest.json`` names every switch's P4Runtime endpoint, INA address,
 data plane, log and pcap, and every host's address and namespace.
@@ -31,6 +33,7 @@ from __future__ import annotations
 
 import json
 import logging
+import shlex
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -492,6 +495,22 @@ def _shape_extras(net: Any, topo: Topology, mtu: int | None) -> None:
                 _check(out, intf.name)
 
 
+def _reorder_lanes(net: Any, topo: Topology, plan: LinkPlan) -> None:
+    """On each soft switch's end of a link that reorders frames, the lanes of its shaper
+    that the eBPF program holds frames back in (:mod:`emulation.softswitch.ebpf.lanes`);
+    they go with the interface."""
+    from emulation.softswitch.ebpf.lanes import lane_commands
+
+    for link in topo.links:
+        if not link.reorder:
+            continue
+        pair = net.linksBetween(net.get(link.a), net.get(link.b))[0]
+        for intf in (pair.intf1, pair.intf2):
+            if intf.node.name in plan.datapaths:  # a soft switch's end
+                for argv in lane_commands(intf.name, link.queue):
+                    _check(intf.cmd(shlex.join(argv)), intf.name)
+
+
 HTB_QUANTUM = 60000
 """Bytes a shaped link's HTB class sends per round: above a jumbo frame (9014 B), below
 the 200000 past which tc warns that the quantum (by default rate / 10) is too big."""
@@ -607,6 +626,7 @@ def emulate(
                 ) from exc
         net.build()
         _shape_extras(net, topo, _mtu_for(topo))
+        _reorder_lanes(net, topo, plan)
         net.start()
         started = True
         for s in topo.switches:

@@ -13,8 +13,8 @@ Conventions, so a file can stay short:
 - a host without ``ip`` gets 10.0.0.N/24 and without ``mac`` 00:00:00:00:HH:LL (N in
   hex), N its position among the hosts (from 1);
 - a link's ``bw`` is in Mbit/s, ``delay`` and ``jitter`` in ms (a number, or text such
-  as ``"250us"`` or ``"2ms"``), ``loss`` a probability per packet; ``defaults`` give
-  values to links that do not set them.
+  as ``"250us"`` or ``"2ms"``), ``loss``, ``dup`` and ``reorder`` a probability per
+  packet; ``defaults`` give values to links that do not set them.
 """
 
 from __future__ import annotations
@@ -112,6 +112,9 @@ class Link:
         loss: probability a packet is lost, each way.
         queue: the shaper's queue in packets, or None for the default.
         jitter: the delay's variation in ms (netem's jitter; only where netem exists).
+        dup: probability a packet is sent twice, each way (the eBPF switch's).
+        reorder: probability a packet is held back behind the packets queued after it,
+            on a soft switch's way out (the eBPF switch's; needs ``bw``).
     """
 
     a: str
@@ -123,6 +126,8 @@ class Link:
     loss: float = 0.0
     queue: int | None = None
     jitter: float = 0.0
+    dup: float = 0.0
+    reorder: float = 0.0
 
 
 @dataclass(frozen=True)
@@ -472,8 +477,8 @@ def _name(value: Any, at: _At) -> str:
     return value
 
 
-_LINK_KEYS = {"a", "b", "ports", "bw", "delay", "loss", "queue", "jitter"}
-_LINK_VALUES = ("bw", "delay", "loss", "queue", "jitter")
+_LINK_KEYS = {"a", "b", "ports", "bw", "delay", "loss", "queue", "jitter", "dup", "reorder"}
+_LINK_VALUES = ("bw", "delay", "loss", "queue", "jitter", "dup", "reorder")
 
 
 def parse_topology(doc: Any, name: str = "topology", source: str = "<topology>") -> Topology:
@@ -632,6 +637,9 @@ def _links(
                 loss=_number(merged.get("loss", 0.0), src["loss"], 0.0, 1.0, open_hi=True),
                 queue=None if queue is None else _int(queue, src["queue"], 1, 1_000_000),
                 jitter=_delay(merged.get("jitter", 0.0), src["jitter"]),
+                dup=_number(merged.get("dup", 0.0), src["dup"], 0.0, 1.0, open_hi=True),
+                reorder=_number(merged.get("reorder", 0.0), src["reorder"], 0.0, 1.0,
+                                open_hi=True),
             )
         )  # fmt: skip
     return out

@@ -7,7 +7,7 @@ from typing import Any
 
 import pytest
 
-from emulation.datapaths import link_specs, netem_available, plan_links
+from emulation.datapaths import DatapathChoice, link_specs, netem_available, plan_links
 from emulation.topology import Topology, parse_topology
 
 NO_EBPF = "the eBPF data plane needs clang"
@@ -87,3 +87,62 @@ def test_netem_probe_finds_the_module_loaded_or_on_disk(tmp_path: Path) -> None:
     assert netem_available("6.1.0", tmp_path) and not netem_available("6.2.0", tmp_path)
     (tmp_path / "sys/module/sch_netem").mkdir(parents=True)
     assert netem_available("6.2.0", tmp_path)
+
+
+def test_duplication_and_reordering_go_to_the_ebpf_ports_on_any_kernel() -> None:
+    faults = {"bw": 100, "loss": 0.05, "dup": 0.05, "reorder": 0.1}
+    plan = plan_links(_topo(faults), netem=False, ebpf_reason=None)
+    assert plan.specs == {"s1": {1: "delay=0ms,loss=0.05,dup=0.05,reorder=0.1,ingress"}}
+    why = "port 1's link duplicates or reorders frames"
+    assert plan.datapaths["s1"] == DatapathChoice("ebpf", why)
+    with_netem = plan_links(_topo({**faults, "loss": 0}), netem=True, ebpf_reason=None)
+    assert with_netem.specs == {"s1": {1: "delay=0ms,loss=0,dup=0.05,reorder=0.1,ingress"}}
+    assert with_netem.datapaths["s1"].datapath == "ebpf"
+    only_dup = plan_links(_topo({"dup": 0.2}), netem=False, ebpf_reason=None, override="auto")
+    assert only_dup.specs == {"s1": {1: "delay=0ms,loss=0,dup=0.2,ingress"}}
+
+
+@pytest.mark.parametrize(
+    ("link", "switch", "kwargs", "why"),
+    [
+        ({"reorder": 0.1, "bw": 10}, {}, {"override": "python"}, "the Python data plane was"),
+        ({"dup": 0.1}, {"datapath": "python"}, {}, "the Python data plane was asked for"),
+        ({"dup": 0.1}, {}, {"ebpf_reason": NO_EBPF}, NO_EBPF),
+        ({"dup": 0.1}, {}, {"pcap": True}, "--pcap records frames"),
+        ({"reorder": 0.1, "bw": 10, "delay": "1ms"}, {}, {}, "port 1's link has a delay"),
+    ],
+)
+def test_a_switch_that_cannot_run_ebpf_cannot_duplicate_or_reorder(
+    link: dict[str, Any], switch: dict[str, Any], kwargs: dict[str, Any], why: str
+) -> None:
+    kwargs = {"netem": False, "ebpf_reason": None, **kwargs}
+    prefix = (
+        "switch s1: port 1's link duplicates or reorders frames, which only the eBPF data "
+        "plane does: "
+    )
+    with pytest.raises(ValueError) as caught:
+        plan_links(_topo(link, **switch), **kwargs)
+    message = str(caught.value)
+    assert message.startswith(prefix) and message[len(prefix) :].startswith(why)
+
+
+def test_duplication_or_reordering_with_no_soft_switch_is_refused() -> None:
+    bmv2_only = parse_topology({
+        "switches": {"s1": {"kind": "bmv2"}}, "hosts": {"h1": {}},
+        "links": [{"a": "h1", "b": "s1", "bw": 10, "reorder": 0.1}],
+    })  # fmt: skip
+    for netem in (False, True):
+        with pytest.raises(ValueError, match="link h1-s1 asks for duplication or reordering"):
+            plan_links(bmv2_only, netem=netem, ebpf_reason=None)
+
+
+def test_reordering_needs_the_shaper_and_no_netem_in_its_class() -> None:
+    with pytest.raises(ValueError, match=r"link h1-s1 asks for reordering, .* give it a rate"):
+        plan_links(_topo({"reorder": 0.1}), netem=False, ebpf_reason=None)
+    lossy = _topo({"bw": 10, "reorder": 0.1, "loss": 0.01})
+    with pytest.raises(ValueError, match="reordering and netem's delay, jitter or loss"):
+        plan_links(lossy, netem=True, ebpf_reason=None)
+    assert plan_links(lossy, netem=False, ebpf_reason=None).specs["s1"][1].endswith(
+        ",reorder=0.1,ingress")
+    # Duplication alone needs neither.
+    assert plan_links(_topo({"dup": 0.1, "loss": 0.01}), netem=True, ebpf_reason=None).specs

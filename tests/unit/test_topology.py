@@ -101,12 +101,13 @@ def test_aggregation_tree_mixes_hosts_and_switches_at_one_level() -> None:
 
 
 def test_defaults_ports_and_addresses() -> None:
-    t = parse_topology(small(defaults={"bw": 1000, "loss": 0.01}))
+    t = parse_topology(small(defaults={"bw": 1000, "loss": 0.01, "reorder": 0.1}))
     assert t.host("h1").ip == "10.0.0.1/24" and t.host("h1").mac == "00:00:00:00:00:01"
     assert t.host("h2").address == "192.168.1.7" and t.host("h2").mac == "02:aa:00:00:00:01"
     assert t.ports("s1") == {1: "h1", 2: "s2"} and t.ports("s2") == {1: "h2", 2: "s1"}
     h2 = t.links[1]
     assert (h2.bw, h2.delay, h2.loss) == (100.0, 0.25, 0.01)  # own bw, default loss
+    assert (h2.dup, h2.reorder) == (0.0, 0.1)
     assert t.links[0].bw == 1000.0
     assert t.attachment("h2") == ("s2", 1, h2)
     assert t.switch("s2").kind == "bmv2" and t.jobs[0].workers == ("h2", "h1")
@@ -151,6 +152,8 @@ def test_tutorials_json_ports_delay_and_bandwidth() -> None:
         ({"links": [{"a": "h1"}]}, "links[0]: a link names both ends"),
         ({"links": [{"a": "h1", "b": "s1", "bw": 0}]}, "links[0].bw: expected at least"),
         ({"links": [{"a": "h1", "b": "s1", "loss": 1.0}]}, "links[0].loss"),
+        ({"links": [{"a": "h1", "b": "s1", "dup": 1.0}]}, "links[0].dup"),
+        ({"links": [{"a": "h1", "b": "s1", "reorder": -0.1}]}, "links[0].reorder"),
         ({"links": [{"a": "h1", "b": "s1", "delay": "fast"}]}, "links[0].delay"),
         ({"links": [{"a": "h1", "b": "s1", "ports": [1, 1]}]}, "h1 is a host"),
         ({"links": [["h1", "s1-p1"], ["h2", "s2"], ["s1-p1", "s2"]]}, "port 1 of s1 is used twice"),
