@@ -60,6 +60,7 @@ Loopback runs have no ``emulation`` section: their network is ``loopback``."""
 SHOWN_DIFFERENCES: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("lanes", ("lanes",)),
     ("slots", ("slots",)),
+    ("ring/tree window", ("window",)),
     ("iters", ("sweep", "iters")),
     ("warmup", ("sweep", "warmup_iters")),
     ("host", ("hostname",)),
@@ -255,7 +256,15 @@ def _value(meta: Mapping[str, Any], keys: tuple[str, ...]) -> Any:
         value = value.get(key) if isinstance(value, Mapping) else None
     if keys == ("emulation", "topology") and value is None:
         return "loopback"
+    if keys == ("emulation", "links") and isinstance(value, list):
+        # Runs from before links could duplicate and reorder did neither.
+        value = [{**LINK_DEFAULTS, **link} if isinstance(link, Mapping) else link
+                 for link in value]  # fmt: skip
     return value
+
+
+LINK_DEFAULTS = {"dup": 0.0, "reorder": 0.0}
+"""Link fields a bench run of an older inalab did not record, at the value they had."""
 
 
 def _shown(value: Any) -> str:
@@ -266,13 +275,16 @@ def _shown(value: Any) -> str:
 
 def _links_summary(links: list[Any]) -> str:
     kinds = {
-        (link.get("bw"), link.get("delay"), link.get("loss"))
+        (link.get("bw"), link.get("delay"), link.get("loss"), link.get("dup", 0.0),
+         link.get("reorder", 0.0))
         for link in links
         if isinstance(link, Mapping)
-    }
+    }  # fmt: skip
     return "; ".join(
         f"{'unshaped' if bw is None else f'{bw:g} Mbit/s'}, {delay:g} ms, loss {loss:g}"
-        for bw, delay, loss in sorted(kinds, key=str)
+        + (f", dup {dup:g}" if dup else "")
+        + (f", reorder {reorder:g}" if reorder else "")
+        for bw, delay, loss, dup, reorder in sorted(kinds, key=str)
         if isinstance(delay, int | float) and isinstance(loss, int | float)
     )
 

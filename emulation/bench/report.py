@@ -369,8 +369,8 @@ def format_table(algo: str, rows: Iterable[Row], description: str = "") -> str:
     if retx and late:
         lines.append(
             f"# late answers: {late} packets reached a rank twice (JSON late_answers per"
-            " row): retransmitted while the first copy was only late (a timer fired before"
-            " a stalled peer, switch or CPU answered), not lost"
+            " row): copies a link duplicated, or retransmissions of packets that were only"
+            " late (a timer fired before a stalled peer, switch or CPU answered), not lost"
         )
     lines += [
         f"# Out of bounds values : {wrong} {'OK' if wrong == 0 else 'FAILED'}",

@@ -330,3 +330,22 @@ def test_the_plot_has_every_series_and_every_speedup(
     status, out, _ = _compare(*two, "--plot", png, capsys=capsys)
     assert status == 0 and f"# plot: {png}" in out
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_links_recorded_before_dup_and_reorder_compare_as_none_of_either(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    new = _bench_file(tmp_path / "new.json", A_TIMES, topology="star4.yaml", bw=1000.0)
+    old = tmp_path / "old.json"
+    doc = json.loads(new.read_text())
+    for link in doc["metadata"]["emulation"]["links"]:
+        link.pop("dup", None), link.pop("reorder", None)  # as an older inalab wrote them
+    old.write_text(json.dumps(doc))
+    status, _, _ = _compare(new, old, capsys=capsys)
+    assert status == 0
+    for link in doc["metadata"]["emulation"]["links"]:
+        link["dup"] = 0.05
+    faulty = tmp_path / "faulty.json"
+    faulty.write_text(json.dumps(doc))
+    status, _, err = _compare(new, faulty, capsys=capsys)
+    assert status == 2 and "loss 0, dup 0.05 vs" in err
