@@ -45,7 +45,12 @@ def test_gso_sends_give_the_same_results(
     x = rng.integers(-1000, 1000, size=(4, 256 * 40 + 13)).astype(dtype)
     with_gso = _run(make, x, monkeypatch, "1")
     without = _run(make, x, monkeypatch, "0")
-    assert all(r[3] > 0 for r in with_gso), "every rank sent runs of datagrams as one send"
+    # A rank that holds a window of its own data at the start sends it as one run: every
+    # ring rank, and the tree's leaves. The tree's inner ranks forward what arrives, and
+    # on a busy machine it may arrive one datagram at a time, so they may have no runs.
+    n = len(x)
+    first = range(n) if make is RingAllreduce else [r for r in range(n) if 2 * r + 1 >= n]
+    assert all(with_gso[r][3] > 0 for r in first), "their first window left as one send"
     assert all(r[3] == 0 for r in without)
     for a, b in zip(with_gso, without, strict=True):
         for got, want in zip(a[:3], b[:3], strict=True):
