@@ -78,8 +78,10 @@ COUNTERS = STRICT_COUNTERS | {
 
 SOFT_SLOTS = 64
 """Slot pool of the soft switch a vector runs on: jobs in vectors take a handful."""
-DEFAULT_RECV_TIMEOUT = 2.0
-"""Seconds an ``expect`` waits for each packet (a generous bound, not a latency)."""
+DEFAULT_RECV_TIMEOUT = 10.0
+"""Seconds an ``expect`` waits for each packet: a bound for a lost packet, not a latency
+(an arriving packet ends the wait). bmv2's port, ingress and egress threads on a machine
+busy with a compile or another emulation took longer than 2 s (issue #21)."""
 INT32 = (-(2**31), 2**31 - 1)
 
 
