@@ -213,6 +213,11 @@ def read_bench_run(path: Path, label: str | None = None) -> BenchRun:
         raise CompareError(f"{path}: no metadata object")
     if meta.get("mode") == "switch-only":
         raise CompareError(f"{path}: a switch-only run (packets/s, no sizes): nothing to compare")
+    if "link_rates_mbit" in meta:  # emulate's --bw A,B,... bench: a size has a row per rate
+        raise CompareError(
+            f"{path}: a link-rate sweep (one row per rate): compare its per-rate files,"
+            " RUN_DIR/bench-RATEmbit.json"
+        )
     workers = meta.get("workers")
     if isinstance(workers, bool) or not isinstance(workers, int) or workers < 1:
         raise CompareError(f"{path}: metadata.workers: expected a positive integer")

@@ -54,10 +54,25 @@ class RatePoint:
     """The row was CPU-bound (``cpu.bound`` in the JSON)."""
 
 
+PER_RATE = (
+    "wall_s",
+    "links",
+    "switch_counters",
+    "switch_log",
+    "udp_kernel_counters_delta",
+    "busy_cores_before",
+    "stopped_by",
+)
+"""Metadata each rate's bench has of its own: kept per rate, not at the top."""
+
+
 def merge_documents(docs: Sequence[tuple[float, Mapping[str, Any]]]) -> dict[str, Any]:
     """One bench document from ``(rate, document)`` pairs in sweep order: the first
     one's metadata with ``link_rates_mbit`` (the rates) and ``per_rate`` (each rate's
-    ``wall_s`` and links as applied), its notes, and every row with its ``bw_mbit``.
+    :data:`PER_RATE` metadata and sections other than rows, e.g. auto's ``dynamiccl``),
+    its notes, and every row with its ``bw_mbit``. ``metadata.emulation`` loses its
+    ``links``: each rate's are ``per_rate``'s ``emulation_links`` (``inalab compare``
+    refuses a sweep's document: a size has a row per rate).
 
     Raises:
         RateSweepError: ``docs`` is empty.
@@ -65,16 +80,25 @@ def merge_documents(docs: Sequence[tuple[float, Mapping[str, Any]]]) -> dict[str
     if not docs:
         raise RateSweepError("no rate finished: nothing to report")
     first = docs[0][1]
-    meta = dict(first.get("metadata", {}))
-    meta["link_rates_mbit"] = [rate for rate, _ in docs]
+    rates = [rate for rate, _ in docs]
+    meta = {k: v for k, v in first.get("metadata", {}).items() if k not in PER_RATE}
+    meta["link_rates_mbit"] = rates
+    if isinstance(meta.get("emulation"), Mapping):  # its links are each rate's
+        meta["emulation"] = {k: v for k, v in meta["emulation"].items() if k != "links"}
     meta["per_rate"] = []
     for rate, doc in docs:
         at = doc.get("metadata", {})
+        sections = {
+            k: v for k, v in doc.items() if k not in ("schema", "metadata", "notes", "rows")
+        }
+        emulation = at.get("emulation")
+        if isinstance(emulation, Mapping) and "links" in emulation:
+            sections["emulation_links"] = emulation["links"]
         meta["per_rate"].append(
-            {"bw_mbit": rate, "wall_s": at.get("wall_s"), "links": at.get("links")}
+            {"bw_mbit": rate, **{k: at[k] for k in PER_RATE if k in at}, **sections}
         )
     rows = [{"bw_mbit": rate, **row} for rate, doc in docs for row in doc.get("rows", [])]
-    out = {key: value for key, value in first.items() if key not in ("metadata", "rows")}
+    out = {key: first[key] for key in ("schema", "notes") if key in first}
     return {**out, "metadata": meta, "rows": rows}
 
 

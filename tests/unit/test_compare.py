@@ -27,6 +27,7 @@ from emulation.bench.compare import (
     series_of,
 )
 from emulation.bench.cpu import RowCpu
+from emulation.bench.ratesweep import merge_documents
 from emulation.bench.report import Row, make_document, write_json
 from emulation.cli import build_parser, main
 from emulation.emulate import apply_overrides, emulation_metadata
@@ -282,6 +283,8 @@ def test_bad_inputs_are_one_line_and_exit_2(
     broken.write_text(json.dumps(doc))
     empty = tmp_path / "empty.json"
     empty.write_text(json.dumps({**doc, "rows": []}))
+    sweep = tmp_path / "sweep.json"
+    sweep.write_text(json.dumps(merge_documents([(100.0, json.loads(a.read_text()))])))
     cases = [
         (
             (a, tmp_path / "missing.json"),
@@ -292,6 +295,7 @@ def test_bad_inputs_are_one_line_and_exit_2(
         ((a, switch_only), f"{switch_only}: a switch-only run (packets/s, no sizes)"),
         ((a, broken), f"{broken}: rows[1]: no 'time_us'"),
         ((a, empty), f"{empty}: no rows"),
+        ((a, sweep), f"{sweep}: a link-rate sweep (one row per rate): compare its per-rate"),
         ((a, a), f"{a} is given twice"),
         ((*two, "--baseline", "3"), "--baseline 3: there are files 1..2"),
         ((*two, "--baseline", "ring"), "--baseline ring: a, b ran no ring"),

@@ -43,8 +43,10 @@ def _docs(bound_at: float | None = None) -> list[tuple[float, dict[str, Any]]]:
     for rate, (ina, gloo) in TIMES.items():
         rows = [_row("ina", 4096, ina, bound=rate == bound_at), _row("gloo", 4096, gloo),
                 _row("ina", 1 << 20, ina / 4), _row("gloo", 1 << 20, gloo)]  # fmt: skip
-        meta = {"workers": 4, "wall_s": rate / 100, "links": f"every link {rate:g} Mbit/s"}
-        docs.append((rate, {"schema": "inalab-bench/1", "metadata": meta, "rows": rows}))
+        meta = {"workers": 4, "wall_s": rate / 100, "links": f"every link {rate:g} Mbit/s",
+                "emulation": {"links": [{"a": "h1", "b": "s1", "bw": rate}]}}  # fmt: skip
+        doc = {"schema": "inalab-bench/1", "metadata": meta, "rows": rows, "dynamiccl": rate}
+        docs.append((rate, doc))
     return docs
 
 
@@ -114,6 +116,15 @@ def test_the_merged_document_has_a_row_per_rate_size_and_algorithm() -> None:
     assert doc["schema"] == "inalab-bench/1"
     assert doc["metadata"]["link_rates_mbit"] == [100.0, 200.0, 500.0]
     assert [p["wall_s"] for p in doc["metadata"]["per_rate"]] == [1.0, 2.0, 5.0]
+    assert "wall_s" not in doc["metadata"] and doc["metadata"]["workers"] == 4
+    assert doc["metadata"]["per_rate"][2]["links"] == "every link 500 Mbit/s"
+    assert "links" not in doc["metadata"]  # each rate's, in per_rate
+    assert doc["metadata"]["emulation"] == {}  # links: each rate's, in per_rate
+    assert doc["metadata"]["per_rate"][1]["emulation_links"] == [
+        {"a": "h1", "b": "s1", "bw": 200.0}
+    ]
+    assert [p["dynamiccl"] for p in doc["metadata"]["per_rate"]] == [100.0, 200.0, 500.0]
+    assert "dynamiccl" not in doc
     keys = [(r["bw_mbit"], r["size_bytes"], r["algo"]) for r in doc["rows"]]
     assert len(keys) == len(set(keys)) == 3 * 2 * 2
     assert doc["rows"][0]["time_us"]["max"] == 2000.0
