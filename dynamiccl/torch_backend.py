@@ -1054,8 +1054,8 @@ class InaProcessGroup(dist.ProcessGroup):
 
     # ------------------------------------------------------------------ teardown
     def shutdown(self) -> None:
-        """Close the sessions; rank 0 removes the job once every rank has shut down
-        (waiting at most a few seconds for them)."""
+        """Close the sessions; rank 0 removes the job once every rank has shut down, or
+        after waiting a few seconds for them (a rank may be dead)."""
         if self._closed:
             return
         self._closed = True
@@ -1075,9 +1075,13 @@ class InaProcessGroup(dist.ProcessGroup):
             self._store.add(key, 1)
             if self.rank() == 0:
                 self._wait_for_count(key, self.size())
-                remove_job(self.options)
         except (RuntimeError, InaSetupError) as exc:  # c10d store errors are RuntimeErrors
-            log.warning("ina job %d left installed: %s", self.options.job_id, exc)
+            log.warning("ina job %d: not every rank shut down: %s", self.options.job_id, exc)
+        # Rank 0 removes the job even then: a rank that has not shut down by now is dead
+        # or stuck (issue #20: a rank killed), and nobody else would remove it; a late
+        # rank's packets are dropped by the switch as an unknown job's.
+        if self.rank() == 0:
+            remove_job(self.options)
 
     def abort(self) -> None:
         if not self._closed:
