@@ -333,9 +333,17 @@ def test_two_cpus_hammering_the_same_slots_get_exact_sums() -> None:
 
 def test_without_the_slot_lock_the_same_load_goes_wrong() -> None:
     # The control: the program built without its spin lock loses updates under the same
-    # load (a slot that never completes, or a wrong sum), so the test above can fail.
-    stats = _hammer(("INA_NO_LOCK",), rounds=300)
-    assert any(s["rounds"] < 300 or s["bad"] for s in stats), stats
+    # load (a slot that never completes, or a wrong sum), so the test above can fail. A
+    # lost update is a race, which one run of 300 rounds on two CPUs shows most times but
+    # not always (CI saw one clean run): up to five runs, and one that goes wrong is
+    # enough. Five clean runs mean the lock is not what the test above depends on.
+    seen = []
+    for _ in range(5):
+        stats = _hammer(("INA_NO_LOCK",), rounds=300)
+        if any(s["rounds"] < 300 or s["bad"] for s in stats):
+            return
+        seen.append(stats)
+    raise AssertionError(f"five lock-free runs all gave exact sums: {seen}")
 
 
 # ---------------------------------------------------------------------------- inalab ctl
