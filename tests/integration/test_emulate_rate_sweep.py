@@ -55,9 +55,12 @@ def test_the_sweep_runs_each_rate_in_one_network(tmp_path: Path) -> None:
     assert [p["links"].split(",")[0] for p in meta["per_rate"]] == [
         "every link 20 Mbit/s", "every link 200 Mbit/s"]  # fmt: skip
     # 64 KiB at 20 Mbit/s takes >= 26 ms a way; at 200, a tenth: the rate really changed.
+    # INA is bound by the link at both rates; Gloo's 64 KiB call has a fixed cost near
+    # the 200 Mbit/s transfer time (CI saw 18 ms there, 43 ms at 20), so it only has to
+    # be slower at 20.
     t = {(r["bw_mbit"], r["algo"]): r["time_us"]["max"] for r in doc["rows"]}
-    for algo in ("ina", "gloo"):
-        assert t[20.0, algo] > 26_000 and t[20.0, algo] > 3 * t[200.0, algo], t
+    assert t[20.0, "ina"] > 26_000 and t[20.0, "ina"] > 3 * t[200.0, "ina"], t
+    assert t[20.0, "gloo"] > 26_000 and t[20.0, "gloo"] > t[200.0, "gloo"], t
     for rate in ("20", "200"):
         per_rate = json.loads((run / f"bench-{rate}mbit.json").read_text())
         assert {r["algo"] for r in per_rate["rows"]} == {"ina", "gloo"}
