@@ -122,13 +122,18 @@ class Row:
         send unequal amounts (collnet, auto). Includes what the kernel did in the rank's
         context: on emulated links that is much of the switch's and the links' work."""
         algo = self.chosen or self.algo
-        factor = {"ina": 1.0, "ring": None, "tree": None, "gloo": None}.get(algo, 0.0)
-        if self.cpu is None or factor == 0.0 or self.nbytes == 0:
+        if algo == "ina":
+            sent_share = 1.0
+        elif algo in ("ring", "tree", "gloo"):
+            sent_share = bus_factor(self.num_workers)
+        else:
+            return None
+        if self.cpu is None or self.nbytes == 0:
             return None
         known = [w for w in self.cpu.workers if w is not None]
         if not known:
             return None
-        sent_gbit = self.nbytes * 8 / 1e9 * (factor or bus_factor(self.num_workers))
+        sent_gbit = self.nbytes * 8 / 1e9 * sent_share
         return round(sum(known) / len(known) * self.time_us_max / 1e6 / sent_gbit, 4)
 
     @classmethod
