@@ -136,6 +136,7 @@ __all__ = [
     "InaOptions",
     "InaProcessGroup",
     "InaSetupError",
+    "StaticChooser",
     "StoreExchange",
     "choose_for",
     "chooser_from_env",
@@ -225,6 +226,21 @@ class AlwaysIna:
 
     def choose(self, size_bytes: int) -> str:
         return "ina"
+
+
+@dataclass(frozen=True)
+class StaticChooser:
+    """A static configuration: one action per collective for every call (as ``inalab
+    replay``'s ``static`` strategies); a collective it does not name runs as
+    :class:`AlwaysIna` would run it."""
+
+    actions: Mapping[str, Action]
+
+    def choose_call(self, collective: str, size_bytes: int) -> str | Action:
+        return self.actions.get(collective, "ina")
+
+    def choose(self, size_bytes: int) -> str | Action:
+        return self.choose_call("allreduce", size_bytes)
 
 
 @dataclass(frozen=True)
@@ -816,9 +832,11 @@ class InaProcessGroup(dist.ProcessGroup):
         # Every action of every collective that runs on hostlib, mapped onto the wire in
         # hostlib's one place (the tree on the ring's socket).
         self.comm = Communicator(rank, world_size, ina=self.session, ring=self.peers)
-        bind = getattr(options.chooser, "bind", None)
-        if callable(bind):  # a learning chooser: its actions need the switch's lanes, slots
-            bind(spec.lanes, spec.slots)
+        self._chooser: Chooser = options.chooser
+        self._bound: list[Chooser] = []
+        self._bind(options.chooser)
+        self.last_action: Action | None = None
+        """The action the last call carried on hostlib ran (``None`` before any)."""
         self._closed = False
         self._warned: set[str] = set()
         self._coalesced: list[dist.Work] | None = None  # between start/end_coalescing
@@ -827,9 +845,36 @@ class InaProcessGroup(dist.ProcessGroup):
         return BACKEND_NAME
 
     # ------------------------------------------------------------------ choosing
+    @property
+    def chooser(self) -> Chooser:
+        """What decides each call now (``options.chooser`` until :meth:`use_chooser`)."""
+        return self._chooser
+
+    def use_chooser(self, chooser: Chooser) -> None:
+        """Let ``chooser`` decide from the next call on (e.g. strategies taking turns in
+        one job, as ``examples/train_mixed.py`` runs them).
+
+        Every rank must call it between the same two calls, with choosers that decide
+        alike: a choice must be the same on every rank. A learning chooser is bound to
+        the job's switch the first time it is used; the times it has not agreed on yet
+        wait for its next turn (its agreements still come at the same call on every
+        rank, since every rank counts the same calls)."""
+        self._bind(chooser)
+        self._chooser = chooser
+
+    def _bind(self, chooser: Chooser) -> None:
+        """A learning chooser's actions need the switch's lanes and the job's slots: give
+        them to it, once."""
+        bind = getattr(chooser, "bind", None)
+        if callable(bind) and not any(c is chooser for c in self._bound):
+            spec = self.session.spec
+            bind(spec.lanes, spec.slots)
+            self._bound.append(chooser)
+
     def _plan(self, collective: str, size_bytes: int) -> Action | None:
         """What runs this call (``None``: Gloo), from the chooser."""
-        choice = choose_for(self.options.chooser, collective, size_bytes)
+        self.last_action = None  # until the call runs on hostlib
+        choice = choose_for(self._chooser, collective, size_bytes)
         spec, peers = self.session.spec, self.peers.spec
         return resolve_action(
             choice,
@@ -842,10 +887,12 @@ class InaProcessGroup(dist.ProcessGroup):
         )
 
     def _observed(self, collective: str, size_bytes: int, action: Action, start: float) -> None:
-        """Tell a learning chooser (``dynamiccl.learning.AgreedLearner``) this call's time
-        if it ran as chosen; when an agreement is due (at the same call on every rank),
-        agree on the times with the other ranks."""
-        learner = self.options.chooser
+        """Record the call's action as :attr:`last_action`; tell a learning chooser
+        (``dynamiccl.learning.AgreedLearner``) the call's time if it ran as chosen; when
+        an agreement is due (at the same call on every rank), agree on the times with the
+        other ranks."""
+        self.last_action = action
+        learner = self._chooser
         if not isinstance(learner, AgreedLearner) or learner.agent is None:
             return
         if action not in learner.agent.actions.get(collective, ()):
@@ -1059,7 +1106,7 @@ class InaProcessGroup(dist.ProcessGroup):
         if self._closed:
             return
         self._closed = True
-        learner = self.options.chooser
+        learner = self._chooser
         if isinstance(learner, AgreedLearner) and self.rank() == 0:
             try:  # every rank's agent holds the same state: rank 0 writes it
                 learner.save()

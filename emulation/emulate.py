@@ -334,7 +334,7 @@ def _host_link_rate(topo: Topology) -> float:
     Raises:
         _Refused: a host link is unshaped, or they differ.
     """
-    rates = {link.bw for link in _host_links(topo)}
+    rates = {link.bw for link in topo.host_links()}
     if len(rates) != 1 or None in rates:
         shown = ", ".join("unshaped" if r is None else f"{r:g}" for r in sorted(rates, key=str))
         raise _Refused(f"--scenario bandwidth-drop needs every host link shaped at one rate"
@@ -342,11 +342,6 @@ def _host_link_rate(topo: Topology) -> float:
     (rate,) = rates
     assert rate is not None
     return rate
-
-
-def _host_links(topo: Topology) -> list[Any]:
-    hosts = {h.name for h in topo.hosts}
-    return [link for link in topo.links if link.a in hosts or link.b in hosts]
 
 
 def _bmv2_tools(topo: Topology, p4_tools: str | None) -> Bmv2Tools | None:
@@ -748,7 +743,7 @@ class EmulatedFabric:
         Raises:
             EmulationError: a host link is unshaped, or tc failed.
         """
-        self.em.set_link_rate(mbit, _host_links(self.em.topology))
+        self.em.set_link_rate(mbit, self.em.topology.host_links())
 
     @contextmanager
     def ina_switch(self, cfg: BenchConfig, run_dir: Path) -> Iterator[InaSwitch]:

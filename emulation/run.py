@@ -17,8 +17,11 @@ host (``mnexec`` into its network namespace, in a session of its own), with:
   already: ``INALAB_SWITCH``, ``INALAB_JOB``, ``INALAB_BIND``, ``INALAB_PORT``,
   ``INALAB_SWITCH_RANK``, ``INALAB_WORKERS``, ``INALAB_LANES``, ``INALAB_SLOTS``, and no
   ``INALAB_P4RUNTIME``;
+- ``INALAB_LINK_CONTROL``: where a rank asks for every host link's rate to change
+  mid-run (``emulation.linkcontrol.set_link_rate(mbit)``; needs ``--bw``);
 - ``INALAB_RUN_DIR`` (the run directory) and ``PYTHONUNBUFFERED=1`` unless set (so
-  output streams as it is printed); ``PATH`` led by the directory of the Python that
+  output streams as it is printed), ``OMP_NUM_THREADS=1`` unless set (torchrun's
+  default: the ranks share the machine's cores); ``PATH`` led by the directory of the Python that
   runs inalab (a virtual environment's ``bin`` under ``sudo .venv/bin/inalab``).
 
 Each rank's stdout and stderr are copied line by line to ours, prefixed ``[rank N]``, and
@@ -40,12 +43,15 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, TYPE_CHECKING, Any, TextIO
 
-from emulation.argtypes import positive_float
+from emulation.argtypes import int_in, positive_float
+from emulation.bench.config import DEFAULT_EMULATED_SLOTS
+from emulation.linkcontrol import ENV_LINK_CONTROL
+from emulation.linkcontrol import serve as serve_link_control
 
 if TYPE_CHECKING:
     from emulation.network import Emulation
@@ -79,6 +85,7 @@ _ENV_LANES = "INALAB_LANES"
 _ENV_SLOTS = "INALAB_SLOTS"
 
 _POLL_SECONDS = 0.1
+_LINK_SOCKET = "links.sock"
 
 
 class _Command(argparse.Action):
@@ -105,6 +112,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     # SUPPRESS: without it here, ``inalab emulate TOPOLOGY --job ID run`` keeps its ID.
     add("--job", type=int, default=argparse.SUPPRESS,
         help="the topology job whose ranks run COMMAND (default: its first)")  # fmt: skip
+    add("--lanes", type=int_in(1, 2048), default=None,
+        help="int32 lanes per packet of the soft switches (default 2048, or 64 when the "
+        "topology has a bmv2 switch: as bench's)")  # fmt: skip
+    add("--slots", type=int_in(1), default=DEFAULT_EMULATED_SLOTS,
+        help="INA packets each rank keeps in flight (INALAB_SLOTS; default "
+        f"{DEFAULT_EMULATED_SLOTS}, as the emulated bench's)")  # fmt: skip
     add("--grace", type=positive_float, default=DEFAULT_GRACE, metavar="SECONDS",
         help="between SIGTERM and SIGKILL when ranks are stopped (default "
         f"{DEFAULT_GRACE:g})")  # fmt: skip
@@ -160,6 +173,7 @@ def rank_environment(
     too (sudo resets ``PATH``)."""
     env = dict(base)
     env.setdefault("PYTHONUNBUFFERED", "1")
+    env.setdefault("OMP_NUM_THREADS", "1")  # torchrun's default: ranks share the cores
     here = os.path.dirname(sys.executable)
     path = [p for p in env.get("PATH", os.defpath).split(os.pathsep) if p and p != here]
     env["PATH"] = os.pathsep.join([here, *path])
@@ -225,11 +239,30 @@ def run_command(args: argparse.Namespace, em: Emulation, job: TopologyJob, run_d
               f"{', '.join(switches)}; MASTER_ADDR={master[0]} MASTER_PORT={master[1]}",
               flush=True)  # fmt: skip
         print(f"# rank logs: {run_dir}/rank-N.log, N = 0..{len(specs) - 1}", flush=True)
-        status = _run_ranks(args, em, job, specs, master, run_dir)
+        with serve_link_control(run_dir / _LINK_SOCKET, _link_rate_setter(em), _say) as sock:
+            status = _run_ranks(args, em, job, specs, master, run_dir, sock)
         _report_counters(em, switches, before)
         return status
     finally:
         _remove(em, job.job_id)
+
+
+def _say(line: str) -> None:
+    print(line, flush=True)
+
+
+def _link_rate_setter(em: Emulation) -> Callable[[float], None]:
+    """What a rank's link-rate request runs: every host link's rate, both ends."""
+    links = em.topology.host_links()
+
+    def set_rate(mbit: float) -> None:
+        unshaped = [f"{link.a}-{link.b}" for link in links if link.bw is None]
+        if unshaped:
+            raise ValueError(f"host links {', '.join(unshaped)} are unshaped: start the "
+                             "emulation with --bw to give them a rate to change")  # fmt: skip
+        em.set_link_rate(mbit, links)
+
+    return set_rate
 
 
 def _remove(em: Emulation, job_id: int) -> None:
@@ -368,14 +401,17 @@ def _run_ranks(
     specs: list[RankSpec],
     master: tuple[str, int],
     run_dir: Path,
+    link_control: Path,
 ) -> int:
     lock = threading.Lock()
     ranks: list[_Rank] = []
     try:
         for spec in specs:
             env = rank_environment(
-                os.environ, spec, len(specs), master, job.job_id, em.slot_count, run_dir
-            )
+                os.environ, spec, len(specs), master, job.job_id,
+                min(args.slots, em.slot_count), run_dir,
+            )  # fmt: skip
+            env[ENV_LINK_CONTROL] = str(link_control)
             log_path = run_dir / f"rank-{spec.rank}.log"
             ranks.append(_Rank(spec, em.host(spec.host), args.program, env, log_path, lock))
         return _wait(ranks, args.grace)

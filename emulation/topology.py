@@ -183,6 +183,11 @@ class Topology:
                 out[link.b_port] = link.a
         return dict(sorted(out.items()))
 
+    def host_links(self) -> list[Link]:
+        """The links with a host at one end (what ``--bw`` and a rate change shape)."""
+        hosts = {h.name for h in self.hosts}
+        return [link for link in self.links if link.a in hosts or link.b in hosts]
+
     def attachment(self, host: str) -> tuple[str, int, Link]:
         """The switch, port and link a host is attached to.
 

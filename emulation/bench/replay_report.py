@@ -625,13 +625,15 @@ def write_plot(
     summary: Summary,
     change_at: int | None = None,
     title: str = "",
+    references: Sequence[StrategyRun] = (),
 ) -> None:
     """Time per iteration against iteration for the agent, the model, the best static
-    configuration and the oracle, with a vertical line at the change, as PNG (the Agg
-    canvas: no display, no pyplot state)."""
+    configuration, the oracle and ``references`` (runs outside the comparison, e.g.
+    Gloo), with a vertical line at the change, as PNG (the Agg canvas: no display, no
+    pyplot state)."""
     from matplotlib.backends.backend_agg import FigureCanvasAgg
 
-    fig = plot_figure(runs, oracle, summary, change_at, title)
+    fig = plot_figure(runs, oracle, summary, change_at, title, references)
     FigureCanvasAgg(fig)
     fig.savefig(str(path), format="png", dpi=100)
 
@@ -642,6 +644,7 @@ def plot_figure(
     summary: Summary,
     change_at: int | None = None,
     title: str = "",
+    references: Sequence[StrategyRun] = (),
 ) -> Any:
     """The figure of :func:`write_plot` (not drawn)."""
     from matplotlib.figure import Figure
@@ -659,6 +662,7 @@ def plot_figure(
         lines.append((f"best static: {best.name}", best.iteration_seconds(), "--"))
     if oracle is not None:
         lines.append(("oracle (computed)", oracle.iteration_seconds(), ":"))
+    lines += [(f"{r.name} (reference)", r.iteration_seconds(), "-.") for r in references]
     for label, ys, style in lines:
         ax.plot(range(len(ys)), ys, style, marker="o", label=label)
     ax.axvspan(-0.5, WARMUP_ITERATIONS - 0.5, color="gray", alpha=0.15, label="warm-up")

@@ -29,6 +29,7 @@ pytestmark = [pytest.mark.root, pytest.mark.mininet, pytest.mark.slow]
 REPO = Path(__file__).resolve().parents[2]
 TOPOLOGIES = REPO / "topologies"
 EXAMPLE = REPO / "examples" / "ddp_digits.py"
+MIXED = REPO / "examples" / "train_mixed.py"
 
 ALLREDUCE = """\
 import json, os
@@ -87,10 +88,11 @@ def clean(tmp_path: Path) -> Iterator[None]:
     assert _ours(tmp_path) - before_pids == set()
 
 
-def _run(topology: str, run_dir: Path, *command: str, timeout: float = 300) -> Any:
+def _run(topology: str, run_dir: Path, *command: str, timeout: float = 300,
+         options: tuple[str, ...] = ()) -> Any:  # fmt: skip
     return subprocess.run(
         [sys.executable, "-m", "emulation.cli", "emulate", str(TOPOLOGIES / topology),
-         "--run-dir", str(run_dir), "run", "--grace", "1", "--", *command],
+         *options, "--run-dir", str(run_dir), "run", "--grace", "1", "--", *command],
         capture_output=True, text=True, timeout=timeout, cwd=REPO, check=False,
     )  # fmt: skip
 
@@ -146,6 +148,46 @@ def test_the_ddp_example_runs_one_rank_per_host(tmp_path: Path, clean: None) -> 
     assert manifest["jobs"][0]["installed_on"] == ["s1"]
 
 
+def test_the_mixed_training_example_learns_and_changes_the_links(
+    tmp_path: Path, clean: None
+) -> None:
+    doc_path, plot = tmp_path / "mixed.json", tmp_path / "mixed.png"
+    strategies = ("agent", "ina+ring", "ring+ina", "gloo")
+    proc = _run("star4.yaml", tmp_path / "run", "python", str(MIXED), "--iterations", "4",
+                "--bw-after", "100", "--change-at", "2", "--strategies", ",".join(strategies),
+                "--features", "256", "--hidden", "128", "--ffn", "512", "--blocks", "1",
+                "--json", str(doc_path), "--plot", str(plot), options=("--bw", "1000"))  # fmt: skip
+    _ok(proc)
+    # The link change came from rank 0, at iteration 2, through the emulator.
+    assert "# run: host links set to 100 Mbit/s (asked by a rank)" in proc.stdout
+    assert "[rank 0] # iteration 2: host links now 100 Mbit/s" in proc.stdout
+    assert "# * best static: static " in proc.stdout
+    doc = json.loads(doc_path.read_text())
+    assert set(doc["runs"]) == set(strategies)
+    calls = 4 * 1 + 2  # a block's 4 calls, the gradients' allreduce, the loss's
+    for name, run in doc["runs"].items():
+        assert [len(i) for i in run["iterations"]] == [calls] * 4, name
+        labels = {c["action"] for i in run["iterations"] for c in i}
+        if name == "gloo":
+            assert labels == {"gloo"}
+        else:
+            assert all(a.split("/")[0] in ("ina", "ring", "tree") for a in labels), labels
+    # Each static configuration ran what it names; the agent chose among hostlib's.
+    first = doc["runs"]["ina+ring"]["iterations"][0]
+    assert [c["action"].split("/")[0] for c in first] == ["ring"] * 4 + ["ina"] * 2
+    first = doc["runs"]["ring+ina"]["iterations"][0]  # all-gather, reduce-scatter, twice
+    assert [c["action"].split("/")[0] for c in first] == ["ring", "ina"] * 2 + ["ring"] * 2
+    assert [p["iterations"] for p in doc["oracle"]["phases"]] == [[0, 2], [2, 4]]
+    # One model trained alike by every strategy: float32 through the switch within its
+    # quantization's reach of Gloo's, and learning.
+    losses = doc["losses"]
+    for name in strategies:
+        assert losses[name][-1] < losses[name][0], losses
+        assert abs(losses[name][-1] - losses["gloo"][-1]) < 1e-3, losses
+    assert plot.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert _aggregated(proc.stdout)["s1"] > 0
+
+
 def test_a_torchrun_style_script_on_star4(tmp_path: Path, clean: None) -> None:
     script = tmp_path / "allreduce.py"
     script.write_text(ALLREDUCE)
@@ -158,9 +200,7 @@ def test_a_torchrun_style_script_on_star4(tmp_path: Path, clean: None) -> None:
     }
 
 
-def test_hierarchical_leaf_spine_with_a_torchrun_style_script(
-    tmp_path: Path, clean: None
-) -> None:
+def test_hierarchical_leaf_spine_with_a_torchrun_style_script(tmp_path: Path, clean: None) -> None:
     # Each rank sends to its leaf as the leaf's rank 0..3, quantized for all 8.
     script = tmp_path / "allreduce.py"
     script.write_text(ALLREDUCE)
