@@ -115,7 +115,7 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     p.add_argument("--blocks", type=int, default=4, help="tensor-parallel blocks (default 4)")
     p.add_argument("--batch", type=int, default=32, help="samples per rank (default 32)")
     p.add_argument("--classes", type=int, default=16, help="(default 16)")
-    p.add_argument("--lr", type=float, default=0.2, help="SGD's (default 0.2)")
+    p.add_argument("--lr", type=float, default=0.05, help="SGD's (default 0.05)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--agent-state", type=Path, help="continue learning from this saved agent")
     p.add_argument("--save-agent", type=Path, help="rank 0 saves the agent here at the end")
@@ -365,7 +365,8 @@ def report(
     merged: dict[str, StrategyRun] = {}
     for s in runs:
         kind = "agent" if s.name == "agent" else "static"
-        run = StrategyRun(s.name if kind == "agent" else f"static {s.name}", kind, complete=True)
+        label = s.name if s.name in ("agent", "gloo") else f"static {s.name}"
+        run = StrategyRun(label, kind, complete=True)
         for i, calls in enumerate(s.calls):
             slowest = [max(r[s.name][i][j][1] for r in every) for j in range(len(calls))]
             run.iterations.append(

@@ -1,0 +1,61 @@
+"""``examples/train_mixed.py``'s command lines: every one the READMEs show parses, and
+bad ones are refused before any rank starts (running it is test_emulate_run's job)."""
+
+from __future__ import annotations
+
+import importlib.util
+import re
+import shlex
+import sys
+from pathlib import Path
+from types import ModuleType
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[2]
+SCRIPT = REPO / "examples" / "train_mixed.py"
+
+
+def _example() -> ModuleType:
+    spec = importlib.util.spec_from_file_location("train_mixed", SCRIPT)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module  # its dataclasses look their module up there
+    spec.loader.exec_module(module)
+    return module
+
+
+def _shown() -> list[list[str]]:
+    """The arguments after ``examples/train_mixed.py`` in the READMEs' code lines."""
+    out = []
+    for readme in (REPO / "README.md", REPO / "examples" / "README.md"):
+        text = readme.read_text().replace("\\\n", " ")
+        for m in re.finditer(r"examples/train_mixed\.py([^\n`]*)", text):
+            out.append(shlex.split(m.group(1)))
+    return out
+
+
+def test_the_readmes_show_it_and_their_lines_parse() -> None:
+    shown = _shown()
+    assert len(shown) >= 2
+    example = _example()
+    for argv in shown:
+        args = example.parse_args(argv)
+        assert args.change_at == (args.iterations // 2 if args.bw_after else None)
+
+
+@pytest.mark.parametrize(
+    ("argv", "why"),
+    [
+        (["--strategies", "agent,ring"], "unknown ring"),
+        (["--change-at", "3"], "without --bw-after"),
+        (["--bw-after", "100", "--change-at", "20"], "outside 1..19"),
+        (["--iterations", "1"], "at least 2"),
+    ],
+)
+def test_bad_lines_are_refused(
+    argv: list[str], why: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    with pytest.raises(SystemExit) as exc:
+        _example().parse_args(argv)
+    assert exc.value.code == 2 and why in capsys.readouterr().err
