@@ -27,6 +27,7 @@ from emulation.argtypes import int_in, positive_float, probability, size
 from emulation.bench.config import (
     ALGORITHMS,
     AUTO_CHOICES,
+    COLLECTIVES,
     DEFAULT_ALGORITHMS,
     DEFAULT_BENCH_LANES,
     DEFAULT_BENCH_SLOTS,
@@ -35,6 +36,7 @@ from emulation.bench.config import (
     ELEMENT_BYTES,
     BenchConfig,
     align_down,
+    default_algorithms,
     format_size,
     size_sweep,
 )
@@ -85,9 +87,15 @@ def add_arguments(parser: argparse.ArgumentParser, emulated: bool = False) -> No
     add(
         "--algos",
         type=_algos,
-        default=DEFAULT_ALGORITHMS,
-        help=f"comma list of {','.join(ALGORITHMS)} (default {','.join(DEFAULT_ALGORITHMS)})",
+        default=None,
+        help=f"comma list of {','.join(ALGORITHMS)} (default {','.join(DEFAULT_ALGORITHMS)};"
+        " ring,gloo for all_gather)",
     )
+    add("--collective", choices=COLLECTIVES, default="allreduce",
+        help="what is timed, as nccl-tests' all_reduce_perf, reduce_scatter_perf and "
+        "all_gather_perf: a size is the whole vector, each rank's part 1/n of it; "
+        "reduce_scatter runs on ina, ring, gloo; all_gather on ring, gloo "
+        "(default allreduce)")  # fmt: skip
     if not emulated:
         add(
             "--ranks-per-host",
@@ -207,11 +215,18 @@ def check_inputs(args: argparse.Namespace) -> None:
             Profile.load(args.profile)
         except (OSError, ProfileError) as exc:
             raise UsageError(f"--profile: {exc}") from None
+    resolve_algos(args)
     if "gloo" in args.algos and importlib.util.find_spec("torch") is None:
         raise UsageError(
             "gloo needs PyTorch, which is not installed: pip install 'inalab[torch]' "
             "(torch==2.13.0), or leave gloo out of --algos"
         )
+
+
+def resolve_algos(args: argparse.Namespace) -> None:
+    """``--algos`` as given, else the collective's default (``default_algorithms``)."""
+    if args.algos is None:
+        args.algos = default_algorithms(args.collective)
 
 
 def config_from_args(
@@ -223,6 +238,7 @@ def config_from_args(
     Raises:
         UsageError: flags that parse one by one but not together.
     """
+    resolve_algos(args)
     elem = ELEMENT_BYTES[args.datatype]
     minbytes = align_down(args.minbytes, elem)
     maxbytes = align_down(args.maxbytes, elem)
@@ -257,6 +273,7 @@ def config_from_args(
             ranks_per_host=ranks_per_host
             if ranks_per_host is not None
             else (args.ranks_per_host if "collnet" in args.algos else 1),
+            collective=args.collective,
         )
     except ValueError as exc:
         raise UsageError(str(exc)) from None
@@ -349,7 +366,7 @@ def run_bench(
         write_json(args.json, make_document(meta, result.rows, extra))
         print(f"# json: {args.json}")
     if args.plot is not None:
-        title = (f"allreduce {cfg.dtype}, {cfg.workers} workers on {fabric.description}\n"
+        title = (f"{cfg.collective} {cfg.dtype}, {cfg.workers} workers on {fabric.description}\n"
                  f"{getattr(fabric, 'links', '')}; switch drop simulator {cfg.loss:g}")  # fmt: skip
         write_plot(args.plot, result.rows, title)
         print(f"# plot: {args.plot}")
@@ -414,7 +431,7 @@ LOOPBACK_NOTE = (
 def _banner(cfg: BenchConfig, where: str, loopback: bool = False, links: str = "") -> str:
     sizes = f"{format_size(cfg.sizes[0])}..{format_size(cfg.sizes[-1])}"
     return (
-        f"# inalab bench: allreduce sum, {cfg.workers} workers on {where}, {cfg.dtype},"
+        f"# inalab bench: {_what(cfg.collective)}, {cfg.workers} workers on {where}, {cfg.dtype},"
         f" sizes {sizes} ({len(cfg.sizes)}), iters {cfg.iters}, warmup {cfg.warmup},"
         f" seed {cfg.seed}\n" + (f"# links: {links}\n" if links else "")
         + (f"{LOOPBACK_NOTE}\n" if loopback else "") + "#"
@@ -438,7 +455,9 @@ def _describe(algo: str, cfg: BenchConfig, where: str, hosts: int) -> str:
             f" through the switch, {ina}, n={cfg.workers}"
         )
     if algo in ("ring", "tree"):
-        shape = "reduce-scatter + all-gather" if algo == "ring" else "binary tree reduce + bcast"
+        shape = ("binary tree reduce + bcast" if algo == "tree"
+                 else "reduce-scatter + all-gather" if cfg.collective == "allreduce"
+                 else cfg.collective.replace("_", "-"))  # fmt: skip
         return (
             f"hostlib {algo} ({shape}) over UDP on {where}, lanes={cfg.lanes},"
             f" window={cfg.p2p_window}, n={cfg.workers}"
@@ -448,7 +467,8 @@ def _describe(algo: str, cfg: BenchConfig, where: str, hosts: int) -> str:
     # torch's ProcessGroupGloo runs gloo::allreduce: segmented ring reduce-scatter + all-gather.
     torch_version = _version("torch")
     return (
-        f"torch.distributed gloo {torch_version}: ring allreduce, TCP on {where}, n={cfg.workers}"
+        f"torch.distributed gloo {torch_version}: ring {cfg.collective.replace('_', '-')},"
+        f" TCP on {where}, n={cfg.workers}"
     )
 
 
@@ -476,12 +496,16 @@ def _warn_if_busy() -> float | None:
     return None if busy is None else round(busy, 3)
 
 
+def _what(collective: str) -> str:
+    return collective if collective == "all_gather" else f"{collective} sum"
+
+
 def _metadata(args: argparse.Namespace, cfg: BenchConfig, run_dir: Path) -> dict[str, Any]:
     import numpy
 
     return {
-        "collective": "allreduce",
-        "redop": "sum",
+        "collective": cfg.collective,
+        "redop": "none" if cfg.collective == "all_gather" else "sum",
         "algos": list(cfg.algos),
         "workers": cfg.workers,
         "lanes": cfg.lanes,

@@ -17,6 +17,8 @@ from hostlib.units import format_size, parse_size  # re-exported: the bench's si
 __all__ = [
     "ALGORITHMS",
     "AUTO_CHOICES",
+    "COLLECTIVES",
+    "COLLECTIVE_ALGORITHMS",
     "DEFAULT_ALGORITHMS",
     "DEFAULT_BENCH_LANES",
     "DEFAULT_BENCH_SLOTS",
@@ -27,6 +29,7 @@ __all__ = [
     "SWITCH_ALGORITHMS",
     "BenchConfig",
     "align_down",
+    "default_algorithms",
     "format_size",
     "parse_size",
     "size_sweep",
@@ -75,6 +78,27 @@ SWITCH_ALGORITHMS = (*INA_ALGORITHMS, "auto")
 """The algorithms whose run installs a job on the switch."""
 
 DEFAULT_ALGORITHMS = ("ina", "gloo")
+
+COLLECTIVES = ("allreduce", "reduce_scatter", "all_gather")
+"""What the bench times (nccl-tests' all_reduce_perf, reduce_scatter_perf, all_gather_perf).
+A size is the whole vector: an allreduce's or a reduce-scatter's input, an all-gather's
+output (each rank contributes a ``1/n`` part), as nccl-tests counts it."""
+
+COLLECTIVE_ALGORITHMS = {
+    "allreduce": ALGORITHMS,
+    "reduce_scatter": ("ina", "ring", "gloo"),  # INA: an allreduce of which each keeps its part
+    "all_gather": ("ring", "gloo"),  # nothing to sum: no switch
+}
+"""The algorithms that run each collective."""
+
+
+def default_algorithms(collective: str) -> tuple[str, ...]:
+    """``--algos``'s default for ``collective``: INA and Gloo, or the ring and Gloo where
+    INA cannot run it."""
+    runs = COLLECTIVE_ALGORITHMS[collective]
+    return tuple(a for a in DEFAULT_ALGORITHMS if a in runs) if "ina" in runs else ("ring", "gloo")
+
+
 """What runs without ``--algos``: collnet is only meaningful with several ranks per host."""
 
 # AUTO_CHOICES (imported above) is what ``auto`` chooses from: dynamiccl's algorithms; its
@@ -130,6 +154,8 @@ class BenchConfig:
             directory (0: no capture).
         ranks_per_host: on loopback, consecutive ranks grouped into one emulated host
             (CollNet's local reduce); ``workers`` must be a multiple of it.
+        collective: one of :data:`COLLECTIVES`; reduce-scatter and all-gather sizes
+            hold a whole number of elements per rank.
 
     Raises:
         ValueError: any field out of range.
@@ -149,6 +175,7 @@ class BenchConfig:
     timeout: float = 10.0
     pcap_count: int = 0
     ranks_per_host: int = 1
+    collective: str = "allreduce"
 
     @property
     def p2p_window(self) -> int:
@@ -165,6 +192,23 @@ class BenchConfig:
             problems.append(f"sizes must be positive multiples of the {self.dtype} size")
         if not self.algos or any(a not in ALGORITHMS for a in self.algos):
             problems.append(f"algos {self.algos} not a non-empty subset of {ALGORITHMS}")
+        elif self.collective not in COLLECTIVES:
+            problems.append(f"collective {self.collective!r} not one of {', '.join(COLLECTIVES)}")
+        else:
+            runs = COLLECTIVE_ALGORITHMS[self.collective]
+            cannot = [a for a in self.algos if a not in runs]
+            if cannot:
+                problems.append(f"{', '.join(cannot)} cannot run {self.collective} (what does: "
+                                f"{', '.join(runs)})")  # fmt: skip
+            elif self.collective != "allreduce" and self.dtype in ELEMENT_BYTES:
+                parts = [s for s in self.sizes if s % (ELEMENT_BYTES[self.dtype] * self.workers)]
+                if parts:
+                    problems.append(
+                        f"{self.collective} sizes must hold a whole number of {self.dtype}"
+                        f" elements for each of the {self.workers} ranks: not {parts[0]} B"
+                        f" (sizes that are multiples of {ELEMENT_BYTES[self.dtype] * self.workers}"
+                        " B do, e.g. from -b)"
+                    )
         if not 1 <= self.workers <= MAX_WORKERS:
             problems.append(f"workers {self.workers} outside 1..{MAX_WORKERS}")
         if self.iters < 1 or self.warmup < 0:

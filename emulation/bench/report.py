@@ -60,15 +60,27 @@ BUSBW_NOTE = (
 )
 
 
-def bus_factor(num_workers: int) -> float:
-    """nccl-tests' allreduce bus-bandwidth factor ``2(n-1)/n``.
+def bus_factor(num_workers: int, collective: str = "allreduce") -> float:
+    """nccl-tests' bus-bandwidth factor: ``2(n-1)/n`` for allreduce, ``(n-1)/n`` for
+    reduce-scatter and all-gather (what each rank of a ring sends, per byte of the size).
 
     Raises:
-        ValueError: ``num_workers`` < 1.
+        ValueError: ``num_workers`` < 1, or an unknown collective.
     """
     if num_workers < 1:
         raise ValueError(f"num_workers {num_workers} must be positive")
-    return 2.0 * (num_workers - 1) / num_workers
+    if collective not in _BUS_FORMULA:
+        raise ValueError(f"unknown collective {collective!r}")
+    steps = 2.0 if collective == "allreduce" else 1.0
+    return steps * (num_workers - 1) / num_workers
+
+
+_BUS_FORMULA = {"allreduce": "2(n-1)/n", "reduce_scatter": "(n-1)/n", "all_gather": "(n-1)/n"}
+
+
+def redop(collective: str) -> str:
+    """The table's and JSON's ``redop``: ``sum``, or ``none`` for an all-gather."""
+    return "none" if collective == "all_gather" else REDOP
 
 
 @dataclass(frozen=True)
@@ -102,6 +114,8 @@ class Row:
     """Packets that reached a rank a second time, summed over ranks: retransmissions
     whose first copy was late rather than lost (timers that fired too early), and
     duplicates made on the way."""
+    collective: str = "allreduce"
+    """What was timed; ``nbytes`` is its whole vector (see ``bench.config.COLLECTIVES``)."""
 
     @property
     def algbw(self) -> float:
@@ -112,20 +126,22 @@ class Row:
 
     @property
     def busbw(self) -> float:
-        return self.algbw * bus_factor(self.num_workers)
+        return self.algbw * bus_factor(self.num_workers, self.collective)
 
     @property
     def worker_cpu_s_per_gbit(self) -> float | None:
         """The mean rank's CPU seconds per Gbit it sent: its CPU share of the timed calls
-        times their time, over what it sends per call (INA: the size once; ring, tree and
-        Gloo: ``2(n-1)/n`` of it). ``None``: CPU not measured, or an algorithm whose ranks
-        send unequal amounts (collnet, auto). Includes what the kernel did in the rank's
-        context: on emulated links that is much of the switch's and the links' work."""
+        times their time, over what it sends per call (INA: the size once, for an
+        allreduce and a reduce-scatter alike; ring, tree and Gloo: the bus factor of it,
+        ``2(n-1)/n`` for an allreduce, ``(n-1)/n`` for the others). ``None``: CPU not
+        measured, or an algorithm whose ranks send unequal amounts (collnet, auto).
+        Includes what the kernel did in the rank's context: on emulated links that is
+        much of the switch's and the links' work."""
         algo = self.chosen or self.algo
         if algo == "ina":
             sent_share = 1.0
         elif algo in ("ring", "tree", "gloo"):
-            sent_share = bus_factor(self.num_workers)
+            sent_share = bus_factor(self.num_workers, self.collective)
         else:
             return None
         if self.cpu is None or self.nbytes == 0:
@@ -169,6 +185,7 @@ class Row:
                 host_drops=_whole(doc.get("host_drops", 0)),
                 late_answers=_whole(doc.get("late_answers", 0)),
                 chosen=None if chosen is None else _text(chosen),
+                collective=_text(doc.get("collective", "allreduce")),
             )
         except KeyError as exc:
             raise ValueError(f"no {exc.args[0]!r}") from None
@@ -181,7 +198,8 @@ class Row:
             "size_bytes": self.nbytes,
             "count": self.count,
             "type": self.dtype,
-            "redop": REDOP,
+            "collective": self.collective,
+            "redop": redop(self.collective),
             "time_us": {
                 "mean": self.time_us_mean,
                 "min": self.time_us_min,
@@ -224,7 +242,11 @@ def _real(value: Any) -> float:
 
 
 def merge_ranks(
-    algo: str, dtype: str, per_rank: Sequence[Sequence[Any]], num_workers: int | None = None
+    algo: str,
+    dtype: str,
+    per_rank: Sequence[Sequence[Any]],
+    num_workers: int | None = None,
+    collective: str = "allreduce",
 ) -> list[Row]:
     """Merge each rank's per-size results (objects with ``nbytes``, ``count``, ``mean_us``,
     ``wrong``, ``max_abs_err`` and optionally ``retransmits``, ``ran`` and the CPU fields
@@ -262,6 +284,7 @@ def merge_ranks(
                 late_answers=sum(getattr(r, "late_answers", 0) for r in at),
                 chosen=(getattr(at[0], "ran", "") or None) if algo == "auto" else None,
                 cpu=worker_cpu(at),
+                collective=collective,
             )
         )
     return rows
@@ -335,6 +358,13 @@ def format_table(algo: str, rows: Iterable[Row], description: str = "") -> str:
     """An nccl-tests style table of one algorithm's rows, with a summary footer; with CPU
     columns when any row measured its CPU, and a note when any row was CPU-bound."""
     rows = list(rows)
+    collective = rows[0].collective if rows else "allreduce"
+    formula = _BUS_FORMULA[collective]
+    what = (
+        []
+        if collective == "allreduce"
+        else [f"# collective: {collective} (size: the whole vector; each rank's part is 1/n of it)"]
+    )
     chosen = any(r.chosen for r in rows)
     cpu = any(r.cpu is not None for r in rows)
     retx = algo != "gloo"  # hostlib's algorithms retransmit; Gloo's TCP does it unseen
@@ -351,10 +381,11 @@ def format_table(algo: str, rows: Iterable[Row], description: str = "") -> str:
         units += ["(%) ", "(%) ", "(%) "]
     lines = [
         f"# algorithm: {algo}" + (f" ({description})" if description else ""),
+        *what,
         "# time = slowest rank's mean per call; algbw = size/time;"
-        " busbw = algbw * 2(n-1)/n (nccl-tests).",
+        f" busbw = algbw * {formula} (nccl-tests).",
         "# note: INA's busbw can exceed the link rate, because each host sends and receives"
-        " S once rather than 2(n-1)/n * S; compare algbw.",
+        f" S once rather than {formula} * S; compare algbw.",
         *([RETX_NOTE] if retx else []),
         *([CPU_COLUMNS_NOTE] if cpu else []),
         "#",
@@ -391,7 +422,8 @@ def format_table(algo: str, rows: Iterable[Row], description: str = "") -> str:
 
 def _table_line(r: Row, chosen: bool, cpu: bool, retx: bool = True) -> str:
     return (
-        f"{r.nbytes:12d}  {r.count:12d}  {r.dtype:>8}  {REDOP:>6}  {format_time(r.time_us_max)}"
+        f"{r.nbytes:12d}  {r.count:12d}  {r.dtype:>8}  {redop(r.collective):>6}"
+        f"  {format_time(r.time_us_max)}"
         f"  {r.algbw:7.4f}  {r.busbw:7.4f}  {r.wrong:6d}"
         + (f"  {r.retransmits:7d}" if retx else "")
         + (f"  {r.chosen or '':>7}" if chosen else "")

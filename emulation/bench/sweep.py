@@ -169,13 +169,16 @@ def _run_algo(
     except KeyboardInterrupt as exc:  # a stop signal: keep the sizes every rank finished
         done = min(len(p) for p in partial)
         if done:
-            rows = merge_ranks(algo, cfg.dtype, [p[:done] for p in partial], cfg.workers)
+            rows = merge_ranks(
+                algo, cfg.dtype, [p[:done] for p in partial], cfg.workers, cfg.collective
+            )
             result.rows += _with_system_cpu(rows, sampler)
         raise SweepInterrupted(result, exc) from exc
     result.wall_s[algo] = time.perf_counter() - start
     udp_after = udp_counters()
     result.udp_kernel_delta[algo] = {k: v - udp_before[k] for k, v in udp_after.items()}
-    result.rows += _with_system_cpu(merge_ranks(algo, cfg.dtype, per_rank, cfg.workers), sampler)
+    rows = merge_ranks(algo, cfg.dtype, per_rank, cfg.workers, cfg.collective)
+    result.rows += _with_system_cpu(rows, sampler)
 
 
 def _with_system_cpu(rows: list[Row], sampler: CpuSampler) -> list[Row]:
@@ -242,6 +245,7 @@ def _plans(
             placement=placements[r],
             hosts=len(per_host),
             max_local=max(per_host.values()),
+            collective=cfg.collective,
         )
         for r in range(cfg.workers)
     ]

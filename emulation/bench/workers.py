@@ -115,6 +115,9 @@ class WorkerPlan:
     """collnet: the most ranks any one host has (for the float32 error bound)."""
     window: int | None = None
     """ring and tree: packets in flight per peer (``None``: ``slots``)."""
+    collective: str = "allreduce"
+    """What each call runs: ``allreduce``, ``reduce_scatter`` or ``all_gather`` (a size is
+    the whole vector; each rank's part is ``1/num_workers`` of it)."""
 
     @property
     def p2p_window(self) -> int:
@@ -226,6 +229,31 @@ def count_wrong(
         scale = float(np.abs(ref).max()) if ref.size else 0.0
         bound = GLOO_RTOL * np.abs(ref) + GLOO_ATOL_FRACTION * scale
     return int(np.count_nonzero(~(err <= bound))), max_err
+
+
+def check_result(plan: WorkerPlan, ran: str, y: np.ndarray, count: int) -> tuple[int, float]:
+    """:func:`count_wrong` of rank ``plan.rank``'s result of ``plan.collective`` over a
+    ``count``-element vector: the sum (allreduce), this rank's part of it (reduce-scatter),
+    or every rank's input in rank order, which must arrive exactly (all-gather)."""
+    n, rank = plan.num_workers, plan.rank
+    if plan.collective == "all_gather":
+        part = count // n
+        ref = np.concatenate([make_input(plan.seed, r, part, plan.dtype) for r in range(n)])
+        if y.shape != ref.shape:
+            raise ValueError(f"result shape {y.shape} != reference shape {ref.shape}")
+        err = np.abs(y.astype(np.float64) - ref.astype(np.float64))
+        return int(np.count_nonzero(err)), float(err.max()) if err.size else 0.0
+    total, absmax = reference(plan.seed, n, count, plan.dtype)
+    if plan.collective == "reduce_scatter":
+        # Judged inside the whole vector, the other parts being the reference itself:
+        # INA's float32 bound depends on where a packet's block starts.
+        lo, hi = rank * count // n, (rank + 1) * count // n
+        if y.shape != (hi - lo,):
+            raise ValueError(f"result shape {y.shape} != this rank's part ({hi - lo},)")
+        whole = total.astype(y.dtype)
+        whole[lo:hi] = y
+        y = whole
+    return count_wrong(ran, y, total, absmax, n, plan.lanes, plan.hosts, plan.max_local)
 
 
 # ----------------------------------------------------------------- allreduce backends
@@ -354,6 +382,12 @@ class _HostAllreduce:
         plan = self._plan
         window = plan.slots if self.chosen in ("ina", "collnet") else plan.p2p_window
         action = Action(self.chosen, plan.lanes, window)
+        if plan.collective == "reduce_scatter":
+            reduce_scatter = self.comm.reduce_scatter
+            return lambda: np.asarray(reduce_scatter(x, action))
+        if plan.collective == "all_gather":
+            all_gather = self.comm.all_gather
+            return lambda: np.asarray(all_gather(x, action))
         allreduce = self.comm.allreduce
         # One result buffer for all calls, as nccl-tests' recvbuff and Gloo's tensor:
         # a new array per call would time the kernel zeroing its pages.
@@ -401,6 +435,7 @@ class _GlooAllreduce:
         torch.set_num_threads(1)
         self._torch = torch
         self._dist = dist
+        self._collective = plan.collective
         # Rendezvous waits for the slowest spawn (each imports torch), so it gets at least
         # a minute whatever the per-operation --timeout.
         dist.init_process_group(
@@ -413,6 +448,18 @@ class _GlooAllreduce:
 
     def prepare(self, x: np.ndarray) -> Callable[[], np.ndarray]:
         src = self._torch.from_numpy(x)
+        n = self._dist.get_world_size()
+        if self._collective == "reduce_scatter":
+            part = self._torch.empty(src.numel() // n, dtype=src.dtype)
+            # torch 2.13's names (the old ones warn); older torch has only the old ones.
+            reduce_scatter = getattr(self._dist, "reduce_scatter_single", None)
+            reduce_scatter = reduce_scatter or self._dist.reduce_scatter_tensor
+            return lambda: (reduce_scatter(part, src), part.numpy())[1]
+        if self._collective == "all_gather":
+            whole = self._torch.empty(src.numel() * n, dtype=src.dtype)
+            all_gather = getattr(self._dist, "all_gather_single", None)
+            all_gather = all_gather or self._dist.all_gather_into_tensor
+            return lambda: (all_gather(whole, src), whole.numpy())[1]
         buf = self._torch.empty_like(src)
         all_reduce = self._dist.all_reduce
 
@@ -491,7 +538,11 @@ def _run_size(
     last: SizeResult | None = None,
 ) -> SizeResult:
     count = nbytes // np.dtype(plan.dtype).itemsize
-    x = make_input(plan.seed, plan.rank, count, plan.dtype)
+    part = count // plan.num_workers  # a reduce-scatter's result, an all-gather's input
+    if plan.collective == "all_gather":
+        x = make_input(plan.seed, plan.rank, part, plan.dtype)
+    else:
+        x = make_input(plan.seed, plan.rank, count, plan.dtype)
     # The previous size's result rides on the barrier: a run stopped midway keeps it.
     conn.send(("barrier", k, last))
     go = expect(conn, "go")
@@ -505,10 +556,7 @@ def _run_size(
     for _ in range(plan.warmup):
         call()
     y, (elapsed, cpu_s, t_start, t_end) = _timed(call, plan.iters, x)
-    ref, absmax = reference(plan.seed, plan.num_workers, count, plan.dtype)
-    wrong, max_err = count_wrong(
-        ran, y, ref, absmax, plan.num_workers, plan.lanes, plan.hosts, plan.max_local
-    )
+    wrong, max_err = check_result(plan, ran, y, count)
     mean_us = elapsed / plan.iters * 1e6
     log.info("rank %d size %d (%s): %.1f us/call, %d wrong", plan.rank, nbytes, ran, mean_us, wrong)
     return SizeResult(

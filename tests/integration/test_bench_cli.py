@@ -65,6 +65,36 @@ def test_ina_and_gloo_tiny_sweep(tmp_path: Path) -> None:
     assert "allreduce:" not in proc.stderr
 
 
+@pytest.mark.parametrize(
+    ("collective", "dtype", "algos"),
+    [("reduce_scatter", "int32", ("ina", "ring", "gloo")),
+     ("reduce_scatter", "float32", ("ina", "ring", "gloo")),
+     ("all_gather", "float32", ("ring", "gloo"))],
+)  # fmt: skip
+def test_reduce_scatter_and_all_gather_as_nccl_tests_time_them(
+    tmp_path: Path, collective: str, dtype: str, algos: tuple[str, ...]
+) -> None:
+    out = tmp_path / "bench.json"
+    argv = ["-b", "4K", "-e", "64K", "-f", "16", "-n", "2", "-w", "1", "--workers", "4",
+            "--collective", collective, "-d", dtype, "--json", str(out)]  # fmt: skip
+    if collective == "reduce_scatter":  # all_gather's default: ring and Gloo
+        argv += ["--algos", ",".join(algos)]
+    proc = _bench(*argv, "--run-dir", str(tmp_path))
+    _ok(proc)
+    doc = json.loads(out.read_text())
+    assert doc["metadata"]["collective"] == collective
+    rows = doc["rows"]
+    assert [(r["algo"], r["size_bytes"]) for r in rows] == [
+        (a, size) for a in algos for size in (4096, 65536)
+    ]
+    for r in rows:  # each rank checked its part (or every rank's input, in order)
+        assert r["wrong"] == 0 and r["collective"] == collective, r
+        assert r["busbw_gbps"] == pytest.approx(r["algbw_gbps"] * 3 / 4)  # (n-1)/n
+        assert r["redop"] == ("none" if collective == "all_gather" else "sum")
+    assert proc.stdout.count(f"# collective: {collective}") == len(algos)
+    assert f"# inalab bench: {collective}" in proc.stdout
+
+
 @pytest.mark.slow
 def test_collnet_next_to_flat_ina(tmp_path: Path) -> None:
     out = tmp_path / "collnet.json"
@@ -129,7 +159,10 @@ def test_switch_only(tmp_path: Path) -> None:
     doc = json.loads(out.read_text())
     meta, numbers = doc["metadata"], doc["switch_only"]
     assert (meta["mode"], meta["switch"], meta["lanes"], meta["workers"]) == (
-        "switch-only", "soft", 64, 2
+        "switch-only",
+        "soft",
+        64,
+        2,
     )
     assert numbers["worker_bad_results"] == 0 and numbers["switch_elements_per_s"] > 0
     assert "switch_pps" in proc.stdout
@@ -145,6 +178,10 @@ def test_switch_only(tmp_path: Path) -> None:
         (["--loss", "1.5"], "outside"),
         (["--json", "/nonexistent-dir/x.json"], "does not exist"),
         (["--algos", "collnet", "--workers", "3"], "not a multiple of ranks per host 2"),
+        (["--collective", "all_gather", "--algos", "ina,gloo"], "ina cannot run all_gather"),
+        (["--collective", "reduce_scatter", "--algos", "tree"], "tree cannot run reduce_scatter"),
+        (["--collective", "reduce_scatter", "--workers", "3"], "whole number of float32"),
+        (["--collective", "broadcast"], "invalid choice"),
     ],
 )
 def test_bad_arguments_exit_2(argv: list[str], message: str) -> None:

@@ -11,6 +11,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from emulation.bench.cli import config_from_args
 from emulation.bench.config import (
     DEFAULT_BENCH_LANES,
     DEFAULT_BENCH_SLOTS,
@@ -112,7 +113,8 @@ def test_bench_flag_defaults() -> None:
     args = build_parser().parse_args(["bench"])
     assert (args.minbytes, args.maxbytes, args.stepfactor) == (4 << 10, 16 << 20, 4)
     assert (args.iters, args.warmup_iters, args.workers) == (5, 2, 4)
-    assert args.algos == ("ina", "gloo")
+    assert args.algos is None and args.collective == "allreduce"  # resolved per collective
+    assert config_from_args(args).algos == ("ina", "gloo")
     assert args.datatype == "float32"
     assert args.loss == 0.0
     assert args.lanes == DEFAULT_BENCH_LANES
@@ -248,6 +250,7 @@ def test_json_document_schema(tmp_path: Path) -> None:
         "size_bytes",
         "count",
         "type",
+        "collective",
         "redop",
         "time_us",
         "algbw_gbps",
