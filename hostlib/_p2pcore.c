@@ -53,6 +53,8 @@
 #define P2P_ACK ((P2P_VERSION << 4) | 2)
 #define HSIZE 16
 #define FLAG_RESEND 0x01
+#define FLAG_DUPLICATE 0x02 /* ACK: the DATA had arrived before (D-SACK; p2p.py) */
+#define SPURIOUS_MEMORY 64  /* per peer: retransmitted packets whose first ack is kept */
 #define MAX_LANES 2048
 #define SEQ_MAX 0xFFFFFFFFLL
 #define PKT_MAX (HSIZE + 4 * MAX_LANES)
@@ -143,6 +145,11 @@ typedef struct {
     uint64_t *above; /* bit k: seq cum + 1 + k arrived */
     Py_ssize_t abovewords;
     OrderRing order;
+    /* by seq % SPURIOUS_MEMORY: a retransmitted packet's seq and the round trip from its
+     * original send to its first ack, a sample if a D-SACK shows the copy was spurious */
+    uint32_t ra_seq[SPURIOUS_MEMORY];
+    double ra_rtt[SPURIOUS_MEMORY];
+    char ra_ok[SPURIOUS_MEMORY];
 } Channel;
 
 typedef struct { double deadline; int32_t dst; uint32_t seq; } Timer;
@@ -175,7 +182,7 @@ typedef struct {
     Pool pool;
     struct sockaddr_in *addrs;
     int gso; /* run(): consecutive datagrams to one peer as one UDP GSO send */
-    int64_t sent, retransmitted, fast_retransmitted, duplicates, foreign, late_answered;
+    int64_t sent, retransmitted, fast_retransmitted, duplicates, foreign, late_answered, spurious;
     int64_t gso_sends; /* sendmmsg entries that carried more than one datagram */
 } Endpoint;
 
@@ -275,12 +282,13 @@ static int defer_free(Endpoint *e, Buf *b) {
 }
 
 /* An ack, in a pool buffer that returns to the pool once the outbox was sent. */
-static int ack_push(Endpoint *e, int32_t src, uint32_t seq, uint32_t cum, unsigned call) {
+static int ack_push(Endpoint *e, int32_t src, uint32_t seq, uint32_t cum, unsigned call,
+                    uint8_t flags) {
     Buf *b = pool_get(&e->pool);
     if (!b || defer_free(e, b) < 0) return -1;
     uint8_t *a = b->data;
     a[0] = P2P_ACK;
-    a[1] = 0;
+    a[1] = flags;
     a[2] = (uint8_t)e->rank;
     a[3] = (uint8_t)src;
     put32(a + 4, seq);
@@ -347,6 +355,11 @@ static int acked(Endpoint *e, Channel *ch, Py_ssize_t at, double now) {
     if (!p.resent) {
         rtt_update(e, now - p.sent_at);
         if (p.tx > ch->high_tx) ch->high_tx = p.tx;
+    } else { /* Karn's rule, unless a D-SACK later shows this ack answered the original */
+        int k = (int)(p.seq % SPURIOUS_MEMORY);
+        ch->ra_seq[k] = p.seq;
+        ch->ra_rtt[k] = now - p.sent_at;
+        ch->ra_ok[k] = 1;
     }
     return defer_free(e, p.pkt);
 }
@@ -363,6 +376,17 @@ static int detect_losses(Endpoint *e, int32_t dst, Channel *ch, double now) {
         }
     }
     return 0;
+}
+
+/* A FLAG_DUPLICATE ack: if seq was acknowledged already, our copy was spurious. */
+static void on_duplicate_ack(Endpoint *e, int32_t src, uint32_t seq) {
+    Channel *ch = &e->ch[src];
+    int k = (int)(seq % SPURIOUS_MEMORY);
+    if (!ch->ra_ok[k]) return;
+    ch->ra_ok[k] = 0; /* popped, whether it matches or not (p2p.py's dict.pop) */
+    if (ch->ra_seq[k] != seq) return;
+    rtt_update(e, ch->ra_rtt[k]);
+    e->spurious++;
 }
 
 static int on_ack(Endpoint *e, int32_t src, uint32_t seq, uint32_t cum, double now) {
@@ -418,8 +442,10 @@ static int call_on_message(Call *c, int32_t src, uint32_t tag, const uint8_t *pa
 static int on_data(Endpoint *e, int32_t src, uint32_t seq, uint32_t tag, unsigned call,
                    const uint8_t *payload, Py_ssize_t len, double now) {
     Channel *ch = &e->ch[src];
+    uint8_t flags = 0;
     if (seq <= ch->cum || above_has(ch, seq)) {
         e->duplicates++; /* our ack was lost or late: acknowledge again */
+        flags = FLAG_DUPLICATE;
     } else {
         unsigned ahead = (call - (unsigned)(e->call & 0xFFFF)) & 0xFFFF;
         if (ahead == 0 && e->handler) {
@@ -447,7 +473,7 @@ static int on_data(Endpoint *e, int32_t src, uint32_t seq, uint32_t tag, unsigne
             return -1;
         }
     }
-    return ack_push(e, src, seq, (uint32_t)ch->cum, call) < 0 ? -1 : 0;
+    return ack_push(e, src, seq, (uint32_t)ch->cum, call, flags) < 0 ? -1 : 0;
 }
 
 static int ep_on_datagram(Endpoint *e, const uint8_t *d, Py_ssize_t len, double now) {
@@ -458,6 +484,7 @@ static int ep_on_datagram(Endpoint *e, const uint8_t *d, Py_ssize_t len, double 
     if (dst != e->rank || src >= e->n || src == dst) { e->foreign++; return 0; }
     if (vt == P2P_ACK) {
         e->last_rx = now;
+        if (d[1] & FLAG_DUPLICATE) on_duplicate_ack(e, src, seq);
         return on_ack(e, src, seq, aux, now);
     }
     if (vt == P2P_DATA && len == HSIZE + 4 * (Py_ssize_t)count) {
@@ -889,7 +916,7 @@ static PyObject *Endpoint_serve_idle(Endpoint *e, PyObject *args) {
 
 static PyObject *Endpoint_get_state(Endpoint *e, void *Py_UNUSED(x)) {
     return Py_BuildValue(
-        "{s:L,s:d,s:d,s:d,s:d,s:d,s:L,s:O,s:O,s:L,s:L,s:L,s:L,s:L,s:L,s:i,s:i,s:O,s:L}", "call",
+        "{s:L,s:d,s:d,s:d,s:d,s:d,s:L,s:O,s:O,s:L,s:L,s:L,s:L,s:L,s:L,s:i,s:i,s:O,s:L,s:L}", "call",
         (long long)e->call, "last_progress", e->last_progress, "last_rx", e->last_rx, "rto",
         e->rto, "srtt", e->srtt, "rttvar", e->rttvar, "samples", (long long)e->samples,
         "unacked", ep_unacked(e) ? Py_True : Py_False, "has_output",
@@ -897,7 +924,8 @@ static PyObject *Endpoint_get_state(Endpoint *e, void *Py_UNUSED(x)) {
         (long long)e->retransmitted, "fast_retransmitted", (long long)e->fast_retransmitted,
         "duplicates", (long long)e->duplicates, "foreign", (long long)e->foreign,
         "late_answered", (long long)e->late_answered, "lanes", e->lanes, "window", e->window,
-        "gso", e->gso ? Py_True : Py_False, "gso_sends", (long long)e->gso_sends);
+        "gso", e->gso ? Py_True : Py_False, "gso_sends", (long long)e->gso_sends, "spurious",
+        (long long)e->spurious);
 }
 
 static PyObject *Endpoint_next_timer(Endpoint *e, PyObject *Py_UNUSED(x)) {
@@ -1273,9 +1301,10 @@ PyMODINIT_FUNC PyInit__p2pcore(void) {
     TimeoutType = Py_NewRef(PyExc_TimeoutError);
     if (PyModule_AddObjectRef(m, "Endpoint", (PyObject *)&EndpointType) < 0 ||
         PyModule_AddObjectRef(m, "Call", (PyObject *)&CallType) < 0) { Py_DECREF(m); return NULL; }
-    PyObject *proto = Py_BuildValue("{s:i,s:i,s:i,s:i,s:i}", "P2P_DATA", P2P_DATA, "P2P_ACK",
-                                    P2P_ACK, "HEADER", HSIZE, "FLAG_RESEND", FLAG_RESEND,
-                                    "MAX_LANES", MAX_LANES);
+    PyObject *proto = Py_BuildValue("{s:i,s:i,s:i,s:i,s:i,s:i,s:i}", "P2P_DATA", P2P_DATA,
+                                    "P2P_ACK", P2P_ACK, "HEADER", HSIZE, "FLAG_RESEND",
+                                    FLAG_RESEND, "FLAG_DUPLICATE", FLAG_DUPLICATE, "MAX_LANES",
+                                    MAX_LANES, "SPURIOUS_MEMORY", SPURIOUS_MEMORY);
     if (!proto || PyModule_AddObject(m, "PROTOCOL", proto) < 0) { Py_XDECREF(proto); Py_DECREF(m); return NULL; }
     PyObject *all = Py_BuildValue("[ssss]", "Call", "Endpoint", "PROTOCOL", "set_errors");
     if (!all || PyModule_AddObject(m, "__all__", all) < 0) { Py_XDECREF(all); Py_DECREF(m); return NULL; }

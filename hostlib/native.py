@@ -283,7 +283,7 @@ class NativeInaAllreduce:
 
 # ----------------------------------------------------------------- the p2p core
 def _load_p2p() -> tuple[Any, str | None]:
-    from hostlib.p2p import P2P_ACK, P2P_DATA, P2P_HEADER, P2pError
+    from hostlib.p2p import FLAG_DUPLICATE, P2P_ACK, P2P_DATA, P2P_HEADER, SPURIOUS_MEMORY, P2pError
 
     try:
         from hostlib import _p2pcore
@@ -294,7 +294,9 @@ def _load_p2p() -> tuple[Any, str | None]:
         "P2P_ACK": P2P_ACK,
         "HEADER": P2P_HEADER.size,
         "FLAG_RESEND": protocol.FLAG_RESEND,
+        "FLAG_DUPLICATE": FLAG_DUPLICATE,
         "MAX_LANES": protocol.MAX_LANES,
+        "SPURIOUS_MEMORY": SPURIOUS_MEMORY,
     }
     if wire != _p2pcore.PROTOCOL:
         return None, f"the native p2p core's protocol {_p2pcore.PROTOCOL} is not {wire}"
@@ -327,6 +329,7 @@ class _NativeP2pStats:
     duplicates: int = 0
     foreign: int = 0
     late_answered: int = 0
+    spurious: int = 0
 
 
 class NativeP2pEndpoint:
@@ -368,6 +371,7 @@ class NativeP2pEndpoint:
         st.duplicates = s["duplicates"]
         st.foreign = s["foreign"] + extra["foreign"]
         st.late_answered = s["late_answered"] + extra["late_answered"]
+        st.spurious = s["spurious"]
         self.rtt.rto, self.rtt.srtt, self.rtt.rttvar = s["rto"], s["srtt"], s["rttvar"]
         self.rtt.samples = s["samples"]
         self.call: int = s["call"]

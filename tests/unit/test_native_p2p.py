@@ -63,9 +63,12 @@ class Recorder:
 
 
 # A finished rank stays on the fake network this long without a datagram (virtual
-# seconds, over the policy's longest timeout) to answer a peer whose last ack was lost:
-# the fake network's driver stops feeding finished calls, as no responder runs there.
-LINGER = 0.1
+# seconds) to answer a peer whose last ack was lost: the fake network's driver stops
+# feeding finished calls, as no responder runs there. A peer retransmits at least every
+# max_timeout, so 40 of them (as tests/unit/test_ring_tree.py) leave a finished rank
+# unreachable only after ~40 losses in a row; 0.1 s (5 of them) once lost all of them on
+# the loss-10% link (each copy crosses it twice) after the D-SACK change moved the draws.
+LINGER = 40 * POLICY.max_timeout
 
 
 def _make(native: bool, operation: str, ep: Any, x: np.ndarray, lanes: int, window: int) -> Any:
@@ -105,7 +108,9 @@ def _session(native: bool, operation: str, seed: int, dtype: type) -> tuple[list
         results.extend(np.array(calls[a].result()) for a in addrs)
     for ep in endpoints:
         s = ep.stats
-        results.append(np.array([s.sent, s.retransmitted, s.fast_retransmitted, s.duplicates]))
+        results.append(
+            np.array([s.sent, s.retransmitted, s.fast_retransmitted, s.duplicates, s.spurious])
+        )
         results.append(np.array([ep.rtt.rto, ep.rtt.srtt, ep.rtt.rttvar, ep.rtt.samples]))
     return logs, results
 
