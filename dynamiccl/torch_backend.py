@@ -845,11 +845,6 @@ class InaProcessGroup(dist.ProcessGroup):
         return BACKEND_NAME
 
     # ------------------------------------------------------------------ choosing
-    @property
-    def chooser(self) -> Chooser:
-        """What decides each call now (``options.chooser`` until :meth:`use_chooser`)."""
-        return self._chooser
-
     def use_chooser(self, chooser: Chooser) -> None:
         """Let ``chooser`` decide from the next call on (e.g. strategies taking turns in
         one job, as ``examples/train_mixed.py`` runs them).

@@ -311,12 +311,16 @@ class Emulation:
         made; a queue or netem below it stays). ``self.topology`` keeps the built rates.
 
         Raises:
-            EmulationError: a link was built unshaped (it has no HTB class), or tc failed.
+            EmulationError: a link was built unshaped (it has no HTB class: nothing is
+                changed then), or tc failed.
         """
         burst = _shaper_burst(mbit)
-        for link in self.topology.links if links is None else links:
-            if link.bw is None:
-                raise EmulationError(f"link {link.a}-{link.b} is unshaped: no rate to change")
+        chosen = self.topology.links if links is None else links
+        unshaped = [f"{link.a}-{link.b}" for link in chosen if link.bw is None]
+        if unshaped:
+            raise EmulationError(f"link {', '.join(unshaped)} unshaped: no rate to change (give"
+                                 " the emulation --bw)")  # fmt: skip
+        for link in chosen:
             pair = self.net.linksBetween(self.net.get(link.a), self.net.get(link.b))[0]
             for intf in (pair.intf1, pair.intf2):
                 out = intf.cmd(

@@ -77,9 +77,6 @@ from emulation.linkcontrol import set_link_rate
 from hostlib.actions import Action
 
 TIMEOUT = timedelta(minutes=5)
-# torch 2.13 renamed them (the old names warn); older torch has only the old ones.
-ALL_GATHER = getattr(dist, "all_gather_single", dist.all_gather_into_tensor)
-REDUCE_SCATTER = getattr(dist, "reduce_scatter_single", dist.reduce_scatter_tensor)
 RING_LANES, RING_WINDOW = 2048, 32
 STATIC = {  # name: (allreduce's algorithm, reduce-scatter's)
     f"{ar}+{rs}": (ar, rs) for ar in ("ina", "ring", "tree") for rs in ("ina", "ring")
@@ -156,12 +153,12 @@ class Comm:
 
     def all_gather(self, x: torch.Tensor) -> torch.Tensor:
         out = x.new_empty((x.shape[0] * dist.get_world_size(), *x.shape[1:]))
-        self._timed(lambda: ALL_GATHER(out, x.contiguous(), group=self.group))
+        self._timed(lambda: dist.all_gather_single(out, x.contiguous(), group=self.group))
         return out
 
     def reduce_scatter(self, x: torch.Tensor) -> torch.Tensor:
         out = x.new_empty((x.shape[0] // dist.get_world_size(), *x.shape[1:]))
-        self._timed(lambda: REDUCE_SCATTER(out, x.contiguous(), group=self.group))
+        self._timed(lambda: dist.reduce_scatter_single(out, x.contiguous(), group=self.group))
         return out
 
     def all_reduce(self, x: torch.Tensor) -> None:
@@ -260,14 +257,11 @@ def step(s: Strategy, x: torch.Tensor, y: torch.Tensor, world: int) -> None:
     s.opt.zero_grad()
     loss = nn.functional.cross_entropy(s.model(x, s.comm), y) / world  # the mean over ranks
     loss.backward()
-    params = s.model.replicated()
-    flat = torch.cat([p.grad.reshape(-1) for p in params])  # type: ignore[union-attr]
+    grads: list[torch.Tensor] = [p.grad for p in s.model.replicated()]  # type: ignore[misc]
+    flat = torch.cat([g.reshape(-1) for g in grads])
     s.comm.all_reduce(flat)
-    offset = 0
-    for p in params:
-        n = p.numel()
-        p.grad.copy_(flat[offset : offset + n].view_as(p))  # type: ignore[union-attr]
-        offset += n
+    for g, part in zip(grads, flat.split([g.numel() for g in grads]), strict=True):
+        g.copy_(part.view_as(g))
     s.opt.step()
     total = loss.detach().reshape(1).clone()
     s.comm.all_reduce(total)
@@ -279,7 +273,6 @@ def strategies(
     args: argparse.Namespace, ina: InaProcessGroup, gloo: Any, rank: int, world: int
 ) -> list[Strategy]:
     spec = ina.session.spec
-    ring = Action("ring", RING_LANES, RING_WINDOW)
 
     def action(algo: str) -> Action:
         return (
@@ -298,7 +291,7 @@ def strategies(
         else:
             ar, rs = STATIC[name]
             chooser = StaticChooser({"allreduce": action(ar), "reduce_scatter": action(rs),
-                                     "all_gather": ring})  # fmt: skip
+                                     "all_gather": action("ring")})  # fmt: skip
         model = Net(args, rank, world)
         opt = torch.optim.SGD(model.parameters(), lr=args.lr, momentum=0.9)
         out.append(Strategy(name, Comm(gloo if chooser is None else ina), chooser, model, opt))

@@ -145,11 +145,11 @@ typedef struct {
     uint64_t *above; /* bit k: seq cum + 1 + k arrived */
     Py_ssize_t abovewords;
     OrderRing order;
-    /* by seq % SPURIOUS_MEMORY: a retransmitted packet's seq and the round trip from its
-     * original send to its first ack, a sample if a D-SACK shows the copy was spurious */
+    /* by seq % SPURIOUS_MEMORY: a retransmitted packet's seq (0: none; seqs start at 1)
+     * and the round trip from its original send to its first ack, a sample if a D-SACK
+     * shows the copy was spurious */
     uint32_t ra_seq[SPURIOUS_MEMORY];
     double ra_rtt[SPURIOUS_MEMORY];
-    char ra_ok[SPURIOUS_MEMORY];
 } Channel;
 
 typedef struct { double deadline; int32_t dst; uint32_t seq; } Timer;
@@ -359,7 +359,6 @@ static int acked(Endpoint *e, Channel *ch, Py_ssize_t at, double now) {
         int k = (int)(p.seq % SPURIOUS_MEMORY);
         ch->ra_seq[k] = p.seq;
         ch->ra_rtt[k] = now - p.sent_at;
-        ch->ra_ok[k] = 1;
     }
     return defer_free(e, p.pkt);
 }
@@ -382,9 +381,9 @@ static int detect_losses(Endpoint *e, int32_t dst, Channel *ch, double now) {
 static void on_duplicate_ack(Endpoint *e, int32_t src, uint32_t seq) {
     Channel *ch = &e->ch[src];
     int k = (int)(seq % SPURIOUS_MEMORY);
-    if (!ch->ra_ok[k]) return;
-    ch->ra_ok[k] = 0; /* popped, whether it matches or not (p2p.py's dict.pop) */
-    if (ch->ra_seq[k] != seq) return;
+    uint32_t kept = ch->ra_seq[k];
+    ch->ra_seq[k] = 0; /* popped, whether it matches or not (p2p.py's dict.pop) */
+    if (kept == 0 || kept != seq) return;
     rtt_update(e, ch->ra_rtt[k]);
     e->spurious++;
 }

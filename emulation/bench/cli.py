@@ -503,9 +503,11 @@ def _what(collective: str) -> str:
 def _metadata(args: argparse.Namespace, cfg: BenchConfig, run_dir: Path) -> dict[str, Any]:
     import numpy
 
+    from emulation.bench.report import redop
+
     return {
         "collective": cfg.collective,
-        "redop": "none" if cfg.collective == "all_gather" else "sum",
+        "redop": redop(cfg.collective),
         "algos": list(cfg.algos),
         "workers": cfg.workers,
         "lanes": cfg.lanes,

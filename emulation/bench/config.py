@@ -78,6 +78,7 @@ SWITCH_ALGORITHMS = (*INA_ALGORITHMS, "auto")
 """The algorithms whose run installs a job on the switch."""
 
 DEFAULT_ALGORITHMS = ("ina", "gloo")
+"""What runs without ``--algos``: collnet is only meaningful with several ranks per host."""
 
 COLLECTIVES = ("allreduce", "reduce_scatter", "all_gather")
 """What the bench times (nccl-tests' all_reduce_perf, reduce_scatter_perf, all_gather_perf).
@@ -95,11 +96,8 @@ COLLECTIVE_ALGORITHMS = {
 def default_algorithms(collective: str) -> tuple[str, ...]:
     """``--algos``'s default for ``collective``: INA and Gloo, or the ring and Gloo where
     INA cannot run it."""
-    runs = COLLECTIVE_ALGORITHMS[collective]
-    return tuple(a for a in DEFAULT_ALGORITHMS if a in runs) if "ina" in runs else ("ring", "gloo")
+    return DEFAULT_ALGORITHMS if "ina" in COLLECTIVE_ALGORITHMS[collective] else ("ring", "gloo")
 
-
-"""What runs without ``--algos``: collnet is only meaningful with several ranks per host."""
 
 # AUTO_CHOICES (imported above) is what ``auto`` chooses from: dynamiccl's algorithms; its
 # ranks hold a session of each.

@@ -451,14 +451,11 @@ class _GlooAllreduce:
         n = self._dist.get_world_size()
         if self._collective == "reduce_scatter":
             part = self._torch.empty(src.numel() // n, dtype=src.dtype)
-            # torch 2.13's names (the old ones warn); older torch has only the old ones.
-            reduce_scatter = getattr(self._dist, "reduce_scatter_single", None)
-            reduce_scatter = reduce_scatter or self._dist.reduce_scatter_tensor
+            reduce_scatter = self._dist.reduce_scatter_single
             return lambda: (reduce_scatter(part, src), part.numpy())[1]
         if self._collective == "all_gather":
             whole = self._torch.empty(src.numel() * n, dtype=src.dtype)
-            all_gather = getattr(self._dist, "all_gather_single", None)
-            all_gather = all_gather or self._dist.all_gather_into_tensor
+            all_gather = self._dist.all_gather_single
             return lambda: (all_gather(whole, src), whole.numpy())[1]
         buf = self._torch.empty_like(src)
         all_reduce = self._dist.all_reduce
