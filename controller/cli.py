@@ -24,9 +24,12 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 from pathlib import Path
 from typing import Any
+
+from controller.tls import TLS_ENV, TlsError, TlsFiles
 
 __all__ = ["ManifestError", "add_arguments", "resolve_switch", "run"]
 
@@ -112,6 +115,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--timeout", type=float, default=5.0, help="seconds per request (default 5)"
     )
+    parser.add_argument(
+        "--tls", type=_tls, metavar="CERT,KEY,CA",
+        help="mutual TLS: this controller's certificate and key, and the CA that signed the "
+        f"switch's (PEM files; default ${TLS_ENV}); required for a switch not on loopback",
+    )  # fmt: skip
     sub = parser.add_subparsers(dest="ctl_command", required=True, metavar="SUBCOMMAND")
 
     jobs = sub.add_parser("jobs", help="list the installed jobs")
@@ -155,6 +163,23 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     drops = sub.add_parser("drops", help="show or set the drop simulator")
     drops.add_argument("--ingress", type=_probability, metavar="P")
     drops.add_argument("--egress", type=_probability, metavar="P")
+
+
+def _tls(text: str) -> TlsFiles:
+    try:
+        return TlsFiles.parse(text)
+    except TlsError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+
+
+def _tls_from_env() -> TlsFiles | None:
+    """The files ``$INALAB_P4RUNTIME_TLS`` names, if set.
+
+    Raises:
+        TlsError: set, but not three PEM files of their kinds.
+    """
+    text = os.environ.get(TLS_ENV, "").strip()
+    return TlsFiles.parse(text) if text else None
 
 
 def resolve_switch(args: argparse.Namespace) -> tuple[str, int, str | None]:
@@ -213,6 +238,10 @@ def run(args: argparse.Namespace) -> int:
         args.ctl_command == "drops" and (args.ingress is not None or args.egress is not None)
     )
     try:
+        tls = args.tls if args.tls is not None else _tls_from_env()
+    except TlsError as exc:
+        return _error(f"${TLS_ENV}: {exc}", 2)
+    try:
         with SwitchController.connect(
             address,
             device_id=device_id,
@@ -220,6 +249,7 @@ def run(args: argparse.Namespace) -> int:
             timeout=args.timeout,
             thrift=thrift,
             arbitrate=writes,
+            tls=tls,
         ) as ctl:
             if writes and not ctl.is_primary:
                 return _error(f"not primary at {address} with election id {args.election_id}")

@@ -21,6 +21,7 @@ from google.rpc import code_pb2, status_pb2
 from p4.v1 import p4runtime_pb2, p4runtime_pb2_grpc
 
 from controller.p4info import P4Info
+from controller.tls import TlsFiles, explain_refusal, grpc_channel, require_tls
 
 __all__ = [
     "AlreadyExistsError",
@@ -159,10 +160,16 @@ class P4RuntimeClient:
         timeout: seconds to wait for the connection, the arbitration and each RPC.
         arbitrate: open the StreamChannel and arbitrate; False for a read-only client,
             which P4Runtime lets Read without a stream (it never holds mastership).
+        tls: mutual TLS: this controller's certificate and key, and the CA that signed
+            the switch's (:class:`controller.tls.TlsFiles`); None: plain text, which
+            only a loopback ``address`` may use.
 
     Raises:
-        SwitchUnreachableError: nothing answered at ``address`` within ``timeout``.
+        SwitchUnreachableError: nothing answered at ``address`` within ``timeout``, or
+            the switch would not take this client (the message says why: TLS wanted,
+            TLS not spoken, a certificate refused on either side).
         P4RuntimeError: the switch refused the arbitration (a subclass by code).
+        controller.tls.TlsRequiredError: plain text to a non-loopback ``address``.
     """
 
     def __init__(
@@ -172,8 +179,11 @@ class P4RuntimeClient:
         election_id: tuple[int, int] = (0, 1),
         timeout: float = 10.0,
         arbitrate: bool = True,
+        tls: TlsFiles | None = None,
     ) -> None:
+        require_tls(address, tls, "--tls")
         self.address = address
+        self.tls = tls
         self.arbitrate = arbitrate
         self.device_id = device_id
         self.election_id = election_id
@@ -182,7 +192,7 @@ class P4RuntimeClient:
         self._closed = False
         self._arbitration: queue.Queue[Any] = queue.Queue()
         self._requests: queue.Queue[Any] = queue.Queue()
-        self._channel = grpc.insecure_channel(address)
+        self._channel = grpc_channel(address, tls)
         try:
             self._connect()
         except BaseException:
@@ -193,9 +203,12 @@ class P4RuntimeClient:
         try:
             grpc.channel_ready_future(self._channel).result(timeout=self.timeout)
         except grpc.FutureTimeoutError:
+            why = explain_refusal(self.address, self.tls)
             raise SwitchUnreachableError(
                 grpc.StatusCode.UNAVAILABLE,
-                f"no P4Runtime server answered at {self.address} within {self.timeout} s",
+                f"the P4Runtime server at {self.address} did not take this client: {why}"
+                if why
+                else f"no P4Runtime server answered at {self.address} within {self.timeout} s",
             ) from None
         self._stub = p4runtime_pb2_grpc.P4RuntimeStub(self._channel)
         if not self.arbitrate:

@@ -45,6 +45,7 @@ from controller.registers import Bmv2Registers, P4RuntimeRegisters, RegisterAcce
 from controller.replicas import ReplicaEntry, Replicas
 from controller.slots import SlotRead, Slots
 from controller.stats import Stats
+from controller.tls import TlsFiles
 from controller.upstream import Upstream, UpstreamEntry
 from controller.workers import WorkerEntry, Workers
 from hostlib.protocol import MAX_WORKERS
@@ -149,6 +150,7 @@ class SwitchController:
         thrift: str | None = None,
         pipeline: tuple[P4Info, bytes] | None = None,
         arbitrate: bool = True,
+        tls: TlsFiles | None = None,
     ) -> SwitchController:
         """Connect to the switch at ``address`` (``host:port``) and become its primary.
 
@@ -161,13 +163,14 @@ class SwitchController:
             pipeline: (P4Info, bmv2 JSON) to push first; by default the switch's
                 installed pipeline is read (the soft switch has its program built in).
             arbitrate: False for a read-only controller (no mastership, no writes).
+            tls: mutual TLS files (needed for a switch that is not on loopback).
 
         Raises:
             SwitchUnreachableError: nothing answered.
             P4RuntimeError: the switch refused the arbitration or the pipeline.
             ThriftUnreachableError: nothing answered at ``thrift``.
         """
-        client = P4RuntimeClient(address, device_id, election_id, timeout, arbitrate)
+        client = P4RuntimeClient(address, device_id, election_id, timeout, arbitrate, tls)
         try:
             if pipeline is not None:
                 client.set_pipeline(*pipeline)

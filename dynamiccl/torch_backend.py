@@ -87,7 +87,7 @@ import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import timedelta
-from typing import Any, Protocol, cast
+from typing import TYPE_CHECKING, Any, Protocol, cast
 
 import torch
 import torch.distributed as dist
@@ -109,6 +109,9 @@ from hostlib.protocol import DEFAULT_SLOTS_PER_JOB
 from hostlib.ring import RingAllreduce
 from hostlib.session import InaSession
 from hostlib.transport.udp import UdpTransport
+
+if TYPE_CHECKING:
+    from controller.tls import TlsFiles
 
 __all__ = [
     "BACKEND_NAME",
@@ -269,6 +272,8 @@ class InaOptions:
             installs, the group's size.
         lanes: int32 lanes per packet; required for a job installed already (rank 0
             otherwise reads the switch's).
+        p4runtime_tls: mutual TLS files for ``p4runtime`` (``INALAB_P4RUNTIME_TLS``:
+            ``CERT,KEY,CA``); required when it is not a loopback address.
 
     Raises:
         ValueError: a field out of range, or a job installed already without ``lanes``.
@@ -287,6 +292,7 @@ class InaOptions:
     switch_rank: int | None = None
     num_workers: int | None = None
     lanes: int | None = None
+    p4runtime_tls: TlsFiles | None = None
 
     def __post_init__(self) -> None:
         if not 0 <= self.job_id <= 0xFFFF:
@@ -313,6 +319,8 @@ class InaOptions:
         Raises:
             InaSetupError: a required variable is missing or a value does not parse.
         """
+        from controller.tls import TLS_ENV, TlsFiles  # grpc: only where a switch is dialled
+
         env = os.environ if environ is None else environ
         missing = [k for k in (ENV_SWITCH, ENV_JOB) if not env.get(k)]
         if not env.get(ENV_P4RUNTIME) and not env.get(ENV_LANES):
@@ -338,6 +346,7 @@ class InaOptions:
                 switch_rank=number(ENV_SWITCH_RANK),
                 num_workers=number(ENV_WORKERS),
                 lanes=number(ENV_LANES),
+                p4runtime_tls=TlsFiles.parse(env[TLS_ENV]) if env.get(TLS_ENV) else None,
             )
         except ValueError as exc:  # ProfileError is a ValueError
             raise InaSetupError(f"bad INALAB_* setting: {exc}") from None
@@ -506,7 +515,9 @@ def _install(options: InaOptions, addrs: list[Any]) -> str:
     info: dict[str, Any]
     assert options.p4runtime is not None  # connect_session installs only then
     try:
-        with SwitchController.connect(options.p4runtime, device_id=options.device_id) as ctl:
+        with SwitchController.connect(
+            options.p4runtime, device_id=options.device_id, tls=options.p4runtime_tls
+        ) as ctl:
             workers = [WorkerAddress(str(ip), int(port)) for ip, port in addrs]
             ctl.add_job(options.job_id, workers, options.slots)
             info = {"lanes": ctl.lanes}
@@ -527,7 +538,9 @@ def remove_job(options: InaOptions) -> None:
     if options.p4runtime is None:
         return
     try:
-        with SwitchController.connect(options.p4runtime, device_id=options.device_id) as ctl:
+        with SwitchController.connect(
+            options.p4runtime, device_id=options.device_id, tls=options.p4runtime_tls
+        ) as ctl:
             ctl.remove_job(options.job_id)
     except (P4RuntimeError, ControllerError) as exc:
         log.warning("could not remove ina job %d: %s", options.job_id, exc)

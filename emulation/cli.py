@@ -162,6 +162,9 @@ class _StopHandler:
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Parse ``argv`` and run the chosen subcommand; return its exit status."""
+    # gRPC's C core prints its own lines for a failed TLS handshake (and other events a
+    # command reports in its one-line error): errors only, unless the user asks for more.
+    os.environ.setdefault("GRPC_VERBOSITY", "ERROR")
     try:
         status = _main(argv)
         sys.stdout.flush()  # here, where a closed pipe is handled, not at interpreter exit

@@ -2,7 +2,8 @@
 
 The switch starts with empty tables; a controller (``inalab ctl``, the ``controller``
 package, p4runtime-shell) installs jobs through its P4Runtime server. With
-``--ready-file`` it writes ``{data, interfaces, p4runtime, device_id, pid, lanes, slots}`` as JSON
+``--ready-file`` it writes ``{data, interfaces, p4runtime, p4runtime_tls, device_id, pid, lanes,
+slots}`` as JSON
 once both servers are bound (atomically, so a reader never sees half a file); this is how
 :class:`emulation.softswitch.process.SoftSwitchProcess` learns the ports it got.
 
@@ -22,6 +23,7 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 
+from controller.tls import TlsError, TlsFiles, TlsRequiredError, require_tls
 from emulation.argtypes import int_in, probability
 from emulation.softswitch.frames import FrameSwitchServer
 from emulation.softswitch.links import ONLY_EBPF, parse_link
@@ -69,6 +71,18 @@ def parse_addr(text: str) -> Addr:
     return host, int(port)
 
 
+def tls_files(text: str) -> TlsFiles:
+    """Parse ``CERT,KEY,CA`` into checked :class:`TlsFiles`.
+
+    Raises:
+        argparse.ArgumentTypeError: not three PEM files of their kinds.
+    """
+    try:
+        return TlsFiles.parse(text)
+    except TlsError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+
+
 def parse_interface(text: str) -> tuple[int, str]:
     """Parse ``PORT@IFACE`` (bmv2's ``-i`` syntax), port 0..511.
 
@@ -98,6 +112,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         metavar="HOST:PORT",
         help=f"P4Runtime gRPC address (default 127.0.0.1:{DEFAULT_P4RUNTIME_PORT}; port 0 "
         "picks a free port, named in --ready-file and on a terminal)",
+    )
+    a(
+        "--p4runtime-tls",
+        type=tls_files,
+        metavar="CERT,KEY,CA",
+        help="serve P4Runtime over mutual TLS: this switch's certificate and key, and the "
+        "CA that must have signed every controller's certificate (PEM files); required "
+        "when --p4runtime is not a loopback address. A refused client is logged in one line",
     )
     a("--device-id", type=int_in(0), default=0, help="P4Runtime device id (default 0)")
     a(
@@ -191,8 +213,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--ready-file",
         type=Path,
         metavar="PATH",
-        help="once listening, write {data, interfaces, p4runtime, device_id, pid, lanes, "
-        "slots} as JSON here",
+        help="once listening, write {data, interfaces, p4runtime, p4runtime_tls, device_id, "
+        "pid, lanes, slots} as JSON here",
     )
     a(
         "--pcap",
@@ -230,6 +252,10 @@ def run(args: argparse.Namespace) -> int:
     ports = dict(args.interface)
     if (message := _ports_error(args, ports)) is not None:
         return _usage_error(message)
+    try:
+        require_tls(_hostport(args.p4runtime), args.p4runtime_tls, "--p4runtime-tls")
+    except TlsRequiredError as exc:
+        return _usage_error(str(exc))
     drops = DropSimulator(args.drop_ingress, args.drop_egress, args.seed)
     if args.datapath == "ebpf":
         try:
@@ -323,10 +349,10 @@ def _make_server(
         return FrameSwitchServer(
             pipeline, ports, args.p4runtime, device_id=args.device_id, pcap=pcap,
             forward_only=args.forward_only, links=dict(args.link), seed=args.seed,
-            link_stats=args.link_stats, arbitration=args.arbitration,
+            link_stats=args.link_stats, arbitration=args.arbitration, tls=args.p4runtime_tls,
         )  # fmt: skip
     return SwitchServer(pipeline, args.listen, args.p4runtime, device_id=args.device_id, pcap=pcap,
-                        arbitration=args.arbitration)  # fmt: skip
+                        arbitration=args.arbitration, tls=args.p4runtime_tls)  # fmt: skip
 
 
 def _make_ebpf_server(
@@ -347,7 +373,7 @@ def _make_ebpf_server(
     try:
         return EbpfSwitchServer(
             dataplane, ports, args.p4runtime, device_id=args.device_id, links=dict(args.link),
-            link_stats=args.link_stats, arbitration=args.arbitration,
+            link_stats=args.link_stats, arbitration=args.arbitration, tls=args.p4runtime_tls,
         )  # fmt: skip
     except BaseException:
         dataplane.close()
@@ -373,7 +399,8 @@ def _listening(server: SwitchServer) -> str:
         data = "UDP {}:{}".format(*server.data_addr)
     return (
         f"inalab switch: data on {data}; P4Runtime on {server.p4runtime_addr[0]}:"
-        f"{server.p4runtime_addr[1]} (device {server.device_id}); {server.pipeline.lanes} "
+        f"{server.p4runtime_addr[1]}{' (mutual TLS)' if server.p4runtime_tls else ''} (device "
+        f"{server.device_id}); {server.pipeline.lanes} "
         f"lanes, {server.pipeline.slots} slots; Ctrl-C stops"
     )
 
@@ -385,6 +412,7 @@ def _write_ready_file(path: Path, server: SwitchServer) -> None:
         "data": None if interfaces else list(server.data_addr),
         "interfaces": {str(p): n for p, n in interfaces.items()},
         "p4runtime": "{}:{}".format(*server.p4runtime_addr),
+        "p4runtime_tls": server.p4runtime_tls,
         "device_id": server.device_id,
         "pid": os.getpid(),
         "lanes": server.pipeline.lanes,

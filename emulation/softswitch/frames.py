@@ -39,6 +39,7 @@ from collections.abc import Mapping
 from pathlib import Path
 
 from controller.p4info import P4Info
+from controller.tls import TlsFiles
 from emulation.softswitch.links import LINK_STATS_INTERVAL, LinkEmulator, LinkSpec, LinkStatsFile
 from emulation.softswitch.pcap import LINKTYPE_ETHERNET, PcapWriter
 from emulation.softswitch.pipeline import Addr, Emit, Pipeline
@@ -86,7 +87,7 @@ class FrameSwitchServer(SwitchServer):
         pipeline: the data plane (empty: P4Runtime writes its tables).
         interfaces: switch port number -> network interface.
         p4runtime_addr: gRPC ``(host, port)``; port 0 picks one.
-        p4info, device_id, poll_interval: as for :class:`SwitchServer`.
+        p4info, device_id, poll_interval, arbitration, tls: as for :class:`SwitchServer`.
         pcap: where to record frames (a :class:`PcapWriter` with link type ETHERNET);
             the server closes it.
         forward_only: forward INA packets like any other frame (a switch on the path
@@ -115,6 +116,7 @@ class FrameSwitchServer(SwitchServer):
         seed: int = 0,
         link_stats: Path | None = None,
         arbitration: str = "spec",
+        tls: TlsFiles | None = None,
     ) -> None:
         self.forward_only = forward_only
         if not interfaces:
@@ -132,7 +134,7 @@ class FrameSwitchServer(SwitchServer):
         self.link_stats = LinkStatsFile(link_stats, self.links.stats)
         super().__init__(
             pipeline, ("0.0.0.0", 0), p4runtime_addr, p4info, device_id, poll_interval, pcap,
-            arbitration,
+            arbitration, tls,
         )
         self.stats.update({"frames_in": 0, "frames_out": 0, "forwarded": 0, "not_forwarded": 0})
         if not self._egress:  # no link to go through: frames go straight to the wire

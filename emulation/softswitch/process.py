@@ -22,6 +22,7 @@ import grpc
 from p4.v1 import p4runtime_pb2, p4runtime_pb2_grpc
 
 from controller.switch import SwitchController
+from controller.tls import TlsFiles, grpc_channel
 from emulation.softswitch.pipeline import Addr
 from hostlib.protocol import LANES_PER_PACKET, SWITCH_SLOTS
 
@@ -181,6 +182,12 @@ class SoftSwitchProcess(RecordedProcess):
         interfaces: switch port -> network interface: the switch takes Ethernet
             frames on these (root) instead of UDP datagrams.
         extra_args: more ``inalab switch`` options, appended as given.
+        tls: serve P4Runtime over mutual TLS with these files (``--p4runtime-tls``).
+        controller_tls: the client's files for the readiness check and
+            :meth:`controller`; required with ``tls``.
+
+    Raises:
+        ValueError: ``tls`` without ``controller_tls``.
     """
 
     def __init__(
@@ -197,7 +204,11 @@ class SoftSwitchProcess(RecordedProcess):
         start_timeout: float = 15.0,
         interfaces: dict[int, str] | None = None,
         extra_args: tuple[str, ...] = (),
+        tls: TlsFiles | None = None,
+        controller_tls: TlsFiles | None = None,
     ) -> None:
+        if tls is not None and controller_tls is None:
+            raise ValueError("a switch serving mutual TLS needs controller_tls to reach it")
         self.run_dir = Path(run_dir)
         self.log_path = self.run_dir / f"{name}.log"
         self.ready_path = self.run_dir / f"{name}.ready.json"
@@ -212,6 +223,9 @@ class SoftSwitchProcess(RecordedProcess):
         ]  # fmt: skip
         for port, iface in (interfaces or {}).items():
             self.argv += ["--interface", f"{port}@{iface}"]
+        self.tls = controller_tls
+        if tls is not None:
+            self.argv += ["--p4runtime-tls", str(tls)]
         super().__init__()
         self._ready: dict[str, Any] | None = None
 
@@ -260,7 +274,7 @@ class SoftSwitchProcess(RecordedProcess):
     @property
     def ready_info(self) -> dict[str, Any]:
         """The ready file's content: data (None on ports), interfaces, p4runtime,
-        device_id, pid, lanes, slots."""
+        p4runtime_tls, device_id, pid, lanes, slots."""
         return dict(self._require_ready())
 
     def controller(
@@ -277,6 +291,7 @@ class SoftSwitchProcess(RecordedProcess):
             device_id=self.device_id,
             election_id=election_id,
             timeout=timeout,
+            tls=self.tls,
         )
 
     def _wait_ready(self, proc: subprocess.Popen[bytes]) -> None:
@@ -286,7 +301,7 @@ class SoftSwitchProcess(RecordedProcess):
             if code is not None:
                 raise SwitchStartError(f"switch exited with status {code}", self.log_path)
             info = self._read_ready_file()
-            if info is not None and info.get("pid") == proc.pid and self._answers(info):
+            if info is not None and info.get("pid") == proc.pid and self._answers(info, self.tls):
                 self._ready = info
                 log.info("switch pid %d ready: %s", proc.pid, info["data"] or info["interfaces"])
                 return
@@ -304,9 +319,9 @@ class SoftSwitchProcess(RecordedProcess):
         return info if isinstance(info, dict) else None
 
     @staticmethod
-    def _answers(info: dict[str, Any]) -> bool:
+    def _answers(info: dict[str, Any], tls: TlsFiles | None) -> bool:
         """Whether the P4Runtime server named in ``info`` answers (Capabilities)."""
-        channel = grpc.insecure_channel(str(info["p4runtime"]))
+        channel = grpc_channel(str(info["p4runtime"]), tls)
         try:
             stub = p4runtime_pb2_grpc.P4RuntimeStub(channel)
             stub.Capabilities(p4runtime_pb2.CapabilitiesRequest(), timeout=1.0)

@@ -27,6 +27,7 @@ from types import FrameType, TracebackType
 from typing import Any, TypeVar
 
 from controller.p4info import P4Info
+from controller.tls import TlsFiles, require_tls
 from emulation.softswitch.p4runtime import (
     SoftSwitchP4Runtime,
     serve_p4runtime,
@@ -34,6 +35,7 @@ from emulation.softswitch.p4runtime import (
 )
 from emulation.softswitch.pcap import PcapWriter
 from emulation.softswitch.pipeline import Addr, Pipeline
+from emulation.softswitch.tlsfront import SecureP4Runtime
 from hostlib.protocol import packet_size
 
 __all__ = ["CONTROL_EVERY", "SOCKET_BUFFER_BYTES", "ControlQueue", "SwitchServer"]
@@ -138,9 +140,13 @@ class SwitchServer:
             server closes it.
         arbitration: who is P4Runtime primary, ``"spec"`` or ``"bmv2"``
             (:data:`emulation.softswitch.p4runtime.ARBITRATIONS`).
+        tls: serve P4Runtime over mutual TLS with these files
+            (:class:`~emulation.softswitch.tlsfront.SecureP4Runtime`); None: plain text,
+            which only a loopback ``p4runtime_addr`` may use.
 
     Raises:
         OSError: an address cannot be bound.
+        controller.tls.TlsRequiredError: plain text on a non-loopback address.
     """
 
     def __init__(
@@ -153,7 +159,9 @@ class SwitchServer:
         poll_interval: float = 0.05,
         pcap: PcapWriter | None = None,
         arbitration: str = "spec",
+        tls: TlsFiles | None = None,
     ) -> None:
+        require_tls("{}:{}".format(*p4runtime_addr), tls, "--p4runtime-tls")
         self.pipeline = pipeline
         self.poll_interval = poll_interval
         self.device_id = device_id
@@ -168,8 +176,13 @@ class SwitchServer:
         self._selector = selectors.DefaultSelector()
         self._sockets = self._open_io(data_addr)
         host = p4runtime_addr[0]
+        self._secure: SecureP4Runtime | None = None
         try:
-            self._grpc, port = serve_p4runtime(self.p4runtime, f"{host}:{p4runtime_addr[1]}")
+            if tls is None:
+                self._grpc, port = serve_p4runtime(self.p4runtime, f"{host}:{p4runtime_addr[1]}")
+            else:
+                self._secure = SecureP4Runtime(self.p4runtime, host, p4runtime_addr[1], tls)
+                self._grpc, port = self._secure.grpc, self._secure.port
         except BaseException:
             for sock in self._sockets:
                 sock.close()
@@ -196,6 +209,11 @@ class SwitchServer:
     def data_addr(self) -> Addr:
         host, port = self._udp.getsockname()[:2]
         return host, port
+
+    @property
+    def p4runtime_tls(self) -> bool:
+        """Whether P4Runtime is served over mutual TLS."""
+        return self._secure is not None
 
     @property
     def p4runtime_addr(self) -> Addr:
@@ -267,7 +285,10 @@ class SwitchServer:
         if self._closed:
             return
         self._closed = True
-        self._grpc.stop(grace=1.0).wait()
+        if self._secure is not None:
+            self._secure.stop()
+        else:
+            self._grpc.stop(grace=1.0).wait()
         self.control.run_pending()  # nobody waits on these any more, but let them finish
         self.control.close()
         if self.pcap is not None:

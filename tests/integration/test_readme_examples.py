@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import re
+import shutil
 import subprocess
 from pathlib import Path
 
@@ -17,7 +18,7 @@ def examples() -> dict[str, str]:
 
 
 def test_readme_has_examples() -> None:
-    assert {"pcap", "ctl"} <= set(examples())
+    assert {"pcap", "ctl", "tls"} <= set(examples())
 
 
 def run_example(name: str, cwd: Path, timeout: float) -> str:
@@ -52,3 +53,13 @@ def test_ctl_example_installs_reads_and_removes_a_job(tmp_path: Path) -> None:
     assert "set 0: bitmap 00 ranks [] remaining 0 seq 0" in out
     assert "ingress 0.01 egress 0" in out
     assert "job 1 removed" in out
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.skipif(shutil.which("openssl") is None, reason="needs openssl")
+def test_tls_example_installs_a_job_and_refuses_plain_text(tmp_path: Path) -> None:
+    (tmp_path / "examples").symlink_to(README.parent / "examples")  # run as from the repo
+    out = run_example("tls", tmp_path, 100)
+    assert "job 1: 2 workers, slots 0+16" in out
+    assert re.search(r"P4Runtime: 127\.0\.0\.1:\d+ connected as ctl", out), out
+    assert re.search(r"P4Runtime: refused 127\.0\.0\.1:\d+: plain text, not TLS", out), out

@@ -271,7 +271,9 @@ def test_unreachable_p4runtime_port_is_a_transport_error() -> None:
 def test_ready_file_describes_the_running_switch(switch: SoftSwitchProcess) -> None:
     info = json.loads(switch.ready_path.read_text())
     assert info == switch.ready_info
-    assert set(info) == {"data", "interfaces", "p4runtime", "device_id", "pid", "lanes", "slots"}
+    assert set(info) == {"data", "interfaces", "p4runtime", "p4runtime_tls", "device_id", "pid",
+                         "lanes", "slots"}  # fmt: skip
+    assert info["p4runtime_tls"] is False
     assert info["interfaces"] == {}  # UDP on --listen, no Ethernet ports
     assert info["pid"] == switch.pid
     assert (info["lanes"], info["slots"]) == (LANES, 64)

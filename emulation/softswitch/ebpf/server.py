@@ -16,6 +16,7 @@ from collections.abc import Mapping
 from pathlib import Path
 
 from controller.p4info import P4Info
+from controller.tls import TlsFiles
 from emulation.softswitch.ebpf.dataplane import EbpfDataplane
 from emulation.softswitch.links import LinkSpec, LinkStatsFile
 from emulation.softswitch.pipeline import Addr
@@ -33,7 +34,7 @@ class EbpfSwitchServer(SwitchServer):
         dataplane: the loaded program and its maps (tables empty).
         interfaces: switch port number -> network interface.
         p4runtime_addr: gRPC ``(host, port)``; port 0 picks one.
-        p4info, device_id, poll_interval, arbitration: as for :class:`SwitchServer`.
+        p4info, device_id, poll_interval, arbitration, tls: as for :class:`SwitchServer`.
         links: switch port -> its emulated link (loss, duplication, reordering: no
             delay in the kernel).
         link_stats: where :meth:`write_link_stats` writes the links' counts.
@@ -54,6 +55,7 @@ class EbpfSwitchServer(SwitchServer):
         links: Mapping[int, LinkSpec] | None = None,
         link_stats: Path | None = None,
         arbitration: str = "spec",
+        tls: TlsFiles | None = None,
     ) -> None:
         if not interfaces:
             raise ValueError("a switch with ports needs at least one interface")
@@ -65,7 +67,7 @@ class EbpfSwitchServer(SwitchServer):
         self.link_stats = LinkStatsFile(link_stats, dataplane.link_stats)
         try:
             super().__init__(dataplane, ("0.0.0.0", 0), p4runtime_addr, p4info, device_id,
-                             poll_interval, arbitration=arbitration)  # fmt: skip
+                             poll_interval, arbitration=arbitration, tls=tls)  # fmt: skip
         except BaseException:
             dataplane.detach()  # attached in _open_io; the gRPC port was the problem
             raise
