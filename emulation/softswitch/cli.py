@@ -143,11 +143,19 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     a(
         "--datapath",
         choices=DATAPATHS,
-        default="python",
         help="with --interface: python (this process handles every frame; links may "
         "delay) or ebpf (a TC classifier on each port does, in the kernel: needs root, "
         "clang and libbpf; links may lose, duplicate and reorder frames but not delay them) "
         "(default python)",
+    )
+    a(
+        "--one-armed",
+        metavar="IFACE",
+        help="be a reduction server on this host's NIC IFACE (eBPF, root): aggregate the "
+        "INA packets sent to IFACE's IPv4 address, send each result to every worker as a "
+        "unicast datagram through the kernel's route, and leave every other packet (SSH, "
+        "P4Runtime, ...) to the host; workers send to IFACE's address, port "
+        f"{INA_UDP_PORT}. Implies --datapath ebpf and port 1 on IFACE",
     )
     a(
         "--forward-only",
@@ -249,6 +257,14 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 def run(args: argparse.Namespace) -> int:
     """Run the switch until SIGTERM/SIGINT; return its exit status."""
+    if args.one_armed is not None:
+        if args.interface or args.forward_only or args.datapath == "python":
+            return _usage_error("--one-armed IFACE is the switch's one port, on the eBPF "
+                                "data plane: drop --interface, --forward-only and "
+                                "--datapath python")  # fmt: skip
+        args.datapath = "ebpf"
+        args.interface = [(1, args.one_armed)]
+    args.datapath = args.datapath or "python"
     ports = dict(args.interface)
     if (message := _ports_error(args, ports)) is not None:
         return _usage_error(message)
@@ -367,9 +383,12 @@ def _make_ebpf_server(
         ValueError: a link the program cannot emulate.
     """
     from emulation.softswitch.ebpf.dataplane import EbpfDataplane
-    from emulation.softswitch.ebpf.server import EbpfSwitchServer
+    from emulation.softswitch.ebpf.server import EbpfSwitchServer, interface_ipv4
 
-    dataplane = EbpfDataplane(args.lanes, args.slots, drops, forward_only=args.forward_only)
+    own_ip = interface_ipv4(args.one_armed) if args.one_armed else None
+    dataplane = EbpfDataplane(
+        args.lanes, args.slots, drops, forward_only=args.forward_only, one_armed=own_ip
+    )
     try:
         return EbpfSwitchServer(
             dataplane, ports, args.p4runtime, device_id=args.device_id, links=dict(args.link),
@@ -393,7 +412,9 @@ def _hostport(addr: Addr) -> str:
 def _listening(server: SwitchServer) -> str:
     """One line saying where ``server`` takes data and P4Runtime."""
     interfaces: dict[int, str] = getattr(server, "interfaces", {})
-    if interfaces:
+    if interfaces and server.data_addr[1]:  # one-armed: INA to the host's address
+        data = "UDP {}:{} (one-armed on {})".format(*server.data_addr, interfaces[1])
+    elif interfaces:
         data = "ports " + ", ".join(f"{p}@{n}" for p, n in sorted(interfaces.items()))
     else:
         data = "UDP {}:{}".format(*server.data_addr)
@@ -409,7 +430,8 @@ def _write_ready_file(path: Path, server: SwitchServer) -> None:
     """Write the ready file atomically (readers poll for its existence)."""
     interfaces: dict[int, str] = getattr(server, "interfaces", {})
     info = {
-        "data": None if interfaces else list(server.data_addr),
+        # A switch on ports has no UDP endpoint (port 0), but a one-armed server has one.
+        "data": list(server.data_addr) if server.data_addr[1] else None,
         "interfaces": {str(p): n for p, n in interfaces.items()},
         "p4runtime": "{}:{}".format(*server.p4runtime_addr),
         "p4runtime_tls": server.p4runtime_tls,

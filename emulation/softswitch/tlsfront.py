@@ -85,6 +85,8 @@ class TlsFront:
         loop = asyncio.get_running_loop()
         while True:
             conn, peer = await loop.sock_accept(listener)
+            # Small RPCs both ways: Nagle with delayed acks would add 40 ms to each.
+            conn.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
             self._tasks.add(task := asyncio.ensure_future(self._serve(conn, peer)))
             task.add_done_callback(self._tasks.discard)
 

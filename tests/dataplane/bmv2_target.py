@@ -423,3 +423,93 @@ class EbpfTarget(SoftPortsTarget):
             raise TargetUnavailable(why)
         super().configure(vector, run_dir)
 
+
+
+class OneArmedTarget(EbpfTarget):
+    """The eBPF data plane as a reduction server (``inalab switch --one-armed NIC``): the
+    vector's ports are hosts on one Linux bridge, and the switch is a host there too,
+    with one NIC that has the switch's MAC and IP. Results leave by that NIC as unicast
+    datagrams to the MAC each worker's packets came from, and the bridge takes them to
+    the worker's port; so every vector without an upstream switch (whose MAC a
+    one-armed server learns only from its packets) or plain forwarding runs unchanged.
+
+    Its ports are a namespace's worth of state in the root namespace (the NIC holds the
+    switch's address, 10.0.0.254/24, while the vector runs); all of it is removed at close.
+    """
+
+    name = "one-armed"
+
+    def __init__(self) -> None:
+        super().__init__()
+        self._bridge: str | None = None
+
+    def configure(self, vector: Vector, run_dir: Path) -> None:
+        from emulation.softswitch.ebpf import ebpf_unavailable
+
+        if (why := ebpf_unavailable()) is not None:
+            raise TargetUnavailable(why)
+        if any(job.upstream is not None for job in vector.jobs):
+            raise TargetUnavailable(
+                "a one-armed server learns where a peer is from its packets; an upstream "
+                "switch sends none before the first partial sum goes up"
+            )
+        if os.geteuid() != 0:
+            raise TargetUnavailable("needs root for veth pairs and raw sockets")
+        tag = f"oa{os.getpid() % 100000}"
+        ports = self._make_ports(vector)  # host end: raw socket; switch end: bridged
+        self._bridge = f"{tag}br"
+        _ip("link", "add", self._bridge, "type", "bridge")
+        nic, nic_peer = f"{tag}n", f"{tag}p"
+        _ip("link", "add", nic, "type", "veth", "peer", "name", nic_peer)
+        self._veths.append(nic)
+        _ip("link", "set", nic, "address", SWITCH_MAC)
+        _sysctl(f"net.ipv6.conf.{nic}.disable_ipv6", "1")
+        _sysctl(f"net.ipv6.conf.{nic_peer}.disable_ipv6", "1")
+        _sysctl(f"net.ipv6.conf.{self._bridge}.disable_ipv6", "1")
+        _ip("addr", "add", f"{SWITCH_IP}/24", "dev", nic)
+        for name in (*ports.values(), nic_peer):
+            _ip("link", "set", name, "master", self._bridge)
+            _ip("link", "set", name, "up")
+        _ip("link", "set", nic, "up")
+        _ip("link", "set", self._bridge, "up")
+        # Where every MAC is, from the start: no frame is flooded to a port it is not for
+        # (a learning bridge floods until it has seen a MAC's sender).
+        for port, name in ports.items():
+            _bridge_fdb(port_identity(port).mac, name)
+        _bridge_fdb(SWITCH_MAC, nic_peer)
+        self._switch = SoftSwitchProcess(
+            run_dir, name=f"switch-{vector.name}", lanes=vector.lanes, slots=SOFT_SLOTS,
+            extra_args=("--one-armed", nic),
+        ).start()  # fmt: skip
+        self._control = control_factory()(self._switch.p4runtime_address, None)
+        self._control.push_pipeline(None, None)
+        self._configure_tables(vector)
+
+    def _settle(self) -> dict[str, int]:
+        """The counters once every INA frame sent was received: the program emits and
+        counts a frame's results in the run that receives it, so nothing lags behind
+        (and frames to other destinations, a marker among them, go to the host's stack,
+        not back out)."""
+        control = self._require_control()
+        deadline = time.monotonic() + _SETTLE_SECONDS
+        while (c := control.counters())["received"] < self._ina_sent:
+            if time.monotonic() > deadline:
+                raise VectorFailure(f"switch received {c['received']} of {self._ina_sent} frames")
+            time.sleep(0.005)
+        return c
+
+    def close(self) -> None:
+        try:
+            super().close()
+        finally:
+            if self._bridge is not None:
+                subprocess.run(["ip", "link", "del", self._bridge], check=False,
+                               capture_output=True)  # fmt: skip
+                self._bridge = None
+
+
+def _bridge_fdb(mac: str, port: str) -> None:
+    proc = subprocess.run(["bridge", "fdb", "replace", mac, "dev", port, "master", "static"],
+                          capture_output=True, text=True, check=False)  # fmt: skip
+    if proc.returncode != 0:
+        raise VectorFailure(f"bridge fdb replace {mac} dev {port}: {proc.stderr.strip()}")

@@ -29,9 +29,15 @@ available target in the full run."""
 def _target(name: str) -> Target:
     if name == "soft":
         return SoftSwitchTarget()
-    from bmv2_target import Bmv2Target, EbpfTarget, SoftPortsTarget  # veths, raw sockets
+    from bmv2_target import (  # veths, raw sockets
+        Bmv2Target,
+        EbpfTarget,
+        OneArmedTarget,
+        SoftPortsTarget,
+    )
 
-    targets = {"soft-ports": SoftPortsTarget, "ebpf": EbpfTarget, "bmv2": Bmv2Target}
+    targets = {"soft-ports": SoftPortsTarget, "ebpf": EbpfTarget, "bmv2": Bmv2Target,
+               "one-armed": OneArmedTarget}  # fmt: skip
     return targets[name]()
 
 
@@ -46,6 +52,9 @@ def _params() -> list[object]:
         )
         marks = [pytest.mark.ebpf, pytest.mark.root, pytest.mark.slow]
         params.append(pytest.param(vector, "ebpf", id=f"{vector.name}-ebpf", marks=marks))
+        params.append(
+            pytest.param(vector, "one-armed", id=f"{vector.name}-one-armed", marks=marks)
+        )
         marks = [pytest.mark.bmv2, pytest.mark.root, pytest.mark.slow]
         params.append(pytest.param(vector, "bmv2", id=f"{vector.name}-bmv2", marks=marks))
     return params

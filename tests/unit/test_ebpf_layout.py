@@ -22,7 +22,8 @@ def test_counters_start_with_the_p4_counter_order() -> None:
     names = [*SWITCH_STATS, *(f"drop_{d}" for d in SWITCH_DROPS)]
     assert list(layout.COUNTERS[: len(names)]) == names
     assert layout.COUNTERS[len(names) :] == ("frames_in", "frames_out", "forwarded",
-                                              "not_forwarded")  # fmt: skip
+                                              "not_forwarded", "passed_to_host",
+                                              "no_route")  # fmt: skip
 
 
 def _bits(cls: type[ctypes.Structure], field: str) -> int:

@@ -84,6 +84,10 @@ class EbpfDataplane(Pipeline):
         drops: the drop simulator's initial rates (its seed is not used: the kernel's
             random numbers cannot be seeded, as bmv2's cannot).
         forward_only: forward INA packets like any frame.
+        one_armed: this host's IPv4 address: be a reduction server on one NIC (the
+            program's one-armed mode): aggregate INA packets to this address, answer
+            each worker through the kernel's route to it, and leave every other frame
+            to the host.
         program: a compiled object; by default built (and cached) for ``lanes``.
 
     Raises:
@@ -99,10 +103,12 @@ class EbpfDataplane(Pipeline):
         drops: DropSimulator | None = None,
         *,
         forward_only: bool = False,
+        one_armed: str | None = None,
         program: Path | None = None,
     ) -> None:
         super().__init__(lanes, slots, drops)
         self.forward_only = forward_only
+        self.one_armed = one_armed
         self._slot_type = layout.slot_struct(lanes)
         path = program or build_program(lanes)
         self.object = BpfObject(path, {"slots": slots})
@@ -320,7 +326,8 @@ class EbpfDataplane(Pipeline):
             drop_in=probability_threshold(self.drops.ingress),
             drop_eg=probability_threshold(self.drops.egress),
             forward_only=int(self.forward_only), fwd_kind=_FWD_KINDS[kind], fwd_value=value,
-            slots=self.slots,
+            slots=self.slots, one_armed=int(self.one_armed is not None),
+            own_ip=be32_ip(self.one_armed) if self.one_armed else 0,
         )  # fmt: skip
         self._maps["cfg"].update(_U32(0), cfg)
 

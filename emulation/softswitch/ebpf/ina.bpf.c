@@ -27,6 +27,14 @@
  * netem's reordering, only frames that are there can overtake: on an idle link a held
  * back frame keeps its place. On ingress nothing queues, so nothing is reordered there.
  *
+ * One-armed (cfg.one_armed: a reduction server, `inalab switch --one-armed IFACE`): the
+ * program sits on the ingress of a host's only NIC. INA packets to the host's address
+ * (cfg.own_ip) are aggregated as above, and every answer leaves by that NIC to the next
+ * hop toward its worker (the MAC the worker's own packets came from, else the kernel's
+ * routes and neighbour table: next_hop), so results are unicast datagrams from the
+ * host's address; every other frame (ARP, SSH,
+ * the P4Runtime connection, INA for other hosts) goes on to the host's stack untouched.
+ *
  * Constants and every struct shared with Python come from ina_gen.h, generated at
  * compile time by layout.py from hostlib/protocol.py. Counters are per CPU.
  */
@@ -113,6 +121,15 @@ struct {
     __type(key, __u32);
     __type(value, __u32);
 } ifports SEC(".maps");
+
+/* One-armed: the source MAC each worker's packets arrive with (the worker's, or the
+ * router's in front of it), by (IPv4, UDP port): where its results go next. */
+struct {
+    __uint(type, BPF_MAP_TYPE_LRU_HASH);
+    __uint(max_entries, 32768);
+    __type(key, __u64);
+    __type(value, __u64);
+} learned SEC(".maps");
 
 /* The registers: max_entries is set to the pool's slots per set before loading. */
 struct {
@@ -268,20 +285,64 @@ static __always_inline int rewrite(struct __sk_buff *skb, const __u8 *dst_mac,
 }
 
 /* What the frame the switch answers came with: the worker's and the switch's
- * addresses, read before any rewrite. */
+ * addresses, read before any rewrite, and the port it arrived on. */
 struct origin {
     __u8 src_mac[ETH_ALEN];
     __u8 own_mac[ETH_ALEN];
     __be32 src_ip;
     __be32 own_ip;
     __be16 src_port;
+    __u32 in_port;
 };
+
+static __always_inline __u64 endpoint_key(__be32 ip, __be16 port)
+{
+    return ((__u64)ip << 16) | port;
+}
+
+/* One-armed: the MAC of the next hop toward the worker at `dst_ip`:`dst_port`. First the
+ * one its own packets came from (learned: symmetric routing, as a learning switch
+ * assumes); else the kernel's routes and neighbour table (bpf_fib_lookup, which the
+ * kernel answers only where the interface forwards: net.ipv4.conf.IFACE.forwarding). 0,
+ * or -1 when neither knows (counted: no_route). */
+static __always_inline int next_hop(struct __sk_buff *skb, __be32 own_ip, __be32 dst_ip,
+                                    __be16 dst_port, __u8 *mac)
+{
+    __u64 key = endpoint_key(dst_ip, dst_port);
+    __u64 *known = bpf_map_lookup_elem(&learned, &key);
+    if (known) {
+        __builtin_memcpy(mac, known, ETH_ALEN);
+        return 0;
+    }
+    struct bpf_fib_lookup f = {};
+    f.family = 2; /* AF_INET */
+    f.l4_protocol = IPPROTO_UDP;
+    f.tot_len = IP_BYTES + UDP_BYTES + INA_HEADER_SIZE + INA_PAYLOAD_BYTES;
+    f.ipv4_src = own_ip;
+    f.ipv4_dst = dst_ip;
+    f.ifindex = skb->ifindex;
+    if (bpf_fib_lookup(skb, &f, sizeof(f), BPF_FIB_LOOKUP_OUTPUT) != BPF_FIB_LKUP_RET_SUCCESS)
+        return -1;
+    if (f.ifindex != skb->ifindex)
+        return -1;
+    __builtin_memcpy(mac, f.dmac, ETH_ALEN);
+    return 0;
+}
 
 /* ------------------------------------------------------------------ emitting */
 static __always_inline int emit_one(struct __sk_buff *skb, const struct origin *o,
                                     const __u8 *mac, __be32 ip, __be16 udp_port, __u32 port,
-                                    int last)
+                                    int last, struct ina_cfg *c)
 {
+    __u8 hop[ETH_ALEN];
+    if (c->one_armed) { /* every answer leaves by the one port, to the route's next hop */
+        if (next_hop(skb, o->own_ip, ip, udp_port, hop) < 0) {
+            count(C_NO_ROUTE);
+            return last ? TC_ACT_SHOT : 0;
+        }
+        mac = hop;
+        port = o->in_port;
+    }
     struct ina_port *p;
     __u32 ifindex = port_ifindex(port, &p);
     if (!ifindex || !p)
@@ -328,7 +389,7 @@ static __always_inline int emit_multicast(struct __sk_buff *skb, const struct or
             continue;
         }
         count(C_RESULTS_SENT);
-        int action = emit_one(skb, o, d->mac, d->ip, d->udp_port, k.port, last);
+        int action = emit_one(skb, o, d->mac, d->ip, d->udp_port, k.port, last, c);
         if (last)
             return action;
     }
@@ -342,7 +403,7 @@ static __always_inline int emit_unicast(struct __sk_buff *skb, const struct orig
     if (chance(c->drop_eg))
         return drop(C_DROP_SIM_EGRESS);
     count(C_RESULTS_SENT);
-    return emit_one(skb, o, o->src_mac, o->src_ip, o->src_port, in_port, 1);
+    return emit_one(skb, o, o->src_mac, o->src_ip, o->src_port, in_port, 1, c);
 }
 
 /* The slot's partial sum to the upstream switch, as its worker `rank`. */
@@ -359,7 +420,7 @@ static __always_inline int emit_upward(struct __sk_buff *skb, const struct origi
     if (chance(c->drop_eg))
         return drop(C_DROP_SIM_EGRESS);
     count(C_SENT_UPSTREAM);
-    return emit_one(skb, o, up->mac, up->ip, up->udp_port, up->egress_port, 1);
+    return emit_one(skb, o, up->mac, up->ip, up->udp_port, up->egress_port, 1, c);
 }
 
 /* ------------------------------------------------------------------ the slot */
@@ -481,6 +542,17 @@ static __always_inline enum verdict slot_result(struct ina_slot *slot, __u32 set
 }
 
 /* ------------------------------------------------------------------ INA */
+/* One-armed: remember the MAC a worker's packet came from (written only when it changed). */
+static __always_inline void learn(const struct origin *o)
+{
+    __u64 key = endpoint_key(o->src_ip, o->src_port);
+    __u64 mac = 0;
+    __builtin_memcpy(&mac, o->src_mac, ETH_ALEN);
+    __u64 *known = bpf_map_lookup_elem(&learned, &key);
+    if (!known || *known != mac)
+        bpf_map_update_elem(&learned, &key, &mac, BPF_ANY);
+}
+
 static __always_inline int ina(struct __sk_buff *skb, __u32 in_port, struct ina_cfg *c)
 {
     count(C_RECEIVED);
@@ -516,6 +588,7 @@ static __always_inline int ina(struct __sk_buff *skb, __u32 in_port, struct ina_
     o.src_ip = ip->saddr;
     o.own_ip = ip->daddr;
     o.src_port = udp->source;
+    o.in_port = in_port;
     __u8 vt = h->vt;
     __u32 job_id = bpf_ntohs(h->job), rank = h->rank, lanes = bpf_ntohs(h->lanes);
     __u32 pidx = bpf_ntohs(h->pool_index), seq = bpf_ntohl(h->seq);
@@ -568,6 +641,8 @@ static __always_inline int ina(struct __sk_buff *skb, __u32 in_port, struct ina_
             up = bpf_map_lookup_elem(&upstream, &job_id);
         v = slot_data(slot, set, rank, seq, exp, job->num_workers, up != NULL, pkt, &out_exp);
     }
+    if (c->one_armed && !from_upstream)
+        learn(&o); /* after the lane loops: a branch before them doubles the verifier's work */
     switch (v) {
     case V_STALE:
         return drop(C_DROP_STALE);
@@ -660,7 +735,9 @@ static __always_inline int forward_frame(struct __sk_buff *skb, __u32 in_port,
 }
 
 /* ------------------------------------------------------------------ the classifier */
-static __always_inline int is_ina(struct __sk_buff *skb)
+/* Whether the frame is INA (IPv4 without options, not a fragment, UDP to INA_UDP_PORT)
+ * and, for a one-armed server (own_ip not 0), addressed to it. */
+static __always_inline int is_ina(struct __sk_buff *skb, __be32 own_ip)
 {
     void *data = (void *)(long)skb->data;
     void *end = (void *)(long)skb->data_end;
@@ -671,7 +748,7 @@ static __always_inline int is_ina(struct __sk_buff *skb)
         return 0;
     return eth->h_proto == bpf_htons(ETH_P_IP) && *(__u8 *)ip == 0x45 &&
            ip->protocol == IPPROTO_UDP && !(ip->frag_off & bpf_htons(0x3FFF)) &&
-           udp->dest == bpf_htons(INA_UDP_PORT);
+           udp->dest == bpf_htons(INA_UDP_PORT) && (!own_ip || ip->daddr == own_ip);
 }
 
 SEC("tc")
@@ -709,7 +786,13 @@ int ina_port(struct __sk_buff *skb)
     __u32 head = skb->len < INA_OFF ? skb->len : INA_OFF;
     if (bpf_skb_pull_data(skb, head) < 0)
         return TC_ACT_SHOT;
-    if (!c->forward_only && is_ina(skb))
+    if (c->one_armed) { /* a host's NIC: what is not INA for it is the host's */
+        if (is_ina(skb, c->own_ip))
+            return ina(skb, in_port, c);
+        count(C_PASSED_TO_HOST);
+        return TC_ACT_OK;
+    }
+    if (!c->forward_only && is_ina(skb, 0))
         return ina(skb, in_port, c);
     return forward_frame(skb, in_port, c);
 }

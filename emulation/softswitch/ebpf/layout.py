@@ -79,10 +79,14 @@ COUNTERS = (
     "frames_out",
     "forwarded",
     "not_forwarded",
+    "passed_to_host",
+    "no_route",
 )
 """The per-CPU counters of the program, by index: the protocol's statistics and drop
 reasons (the P4 program's ina_stats and drops order), then the port I/O's counts, as the
-soft switch on ports (``frames.py``) reports them."""
+soft switch on ports (``frames.py``) reports them, then a one-armed server's: frames left
+to its host's stack (not INA to its address), and results not sent because the kernel
+had no route or neighbour out of its one port toward the worker."""
 
 DIRECTIONS = ("egress", "ingress")
 """A port's two directions, index 0 and 1 (``links.DIRECTIONS``'s order)."""
@@ -142,7 +146,7 @@ s32 = ctypes.c_int32
 
 
 class InaCfg(ctypes.Structure):
-    """``cfg[0]``: the drop simulator and the forwarder's default action."""
+    """``cfg[0]``: the drop simulator, the forwarder's default action, one-armed mode."""
 
     _fields_ = [
         ("drop_in", u64),  # probability_threshold at ingress
@@ -151,6 +155,8 @@ class InaCfg(ctypes.Structure):
         ("fwd_kind", u32),  # the forwarder's default action (FwdKind) on a miss
         ("fwd_value", u32),
         ("slots", u32),  # slots per set in the pool (the slots map's size)
+        ("one_armed", u32),  # 1: a reduction server on one NIC (see ina.bpf.c)
+        ("own_ip", u32),  # be32_ip: its address; INA packets to others pass to the host
     ]
 
 

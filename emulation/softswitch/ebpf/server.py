@@ -6,12 +6,18 @@ FrameSwitchServer`; the frames never reach this process: :class:`EbpfDataplane`'
 program handles them on the ports in the kernel. What is left here is the control plane
 (the P4Runtime server and its queue, served by the main loop) and the link statistics
 file.
+
+One-armed (``inalab switch --one-armed IFACE``): one port, the host's NIC; the program
+aggregates the INA packets sent to the NIC's address and leaves everything else to the
+host (``ina.bpf.c``), and :attr:`EbpfSwitchServer.data_addr` is that INA address.
 """
 
 from __future__ import annotations
 
+import fcntl
 import logging
 import socket
+import struct
 from collections.abc import Mapping
 from pathlib import Path
 
@@ -21,8 +27,9 @@ from emulation.softswitch.ebpf.dataplane import EbpfDataplane
 from emulation.softswitch.links import LinkSpec, LinkStatsFile
 from emulation.softswitch.pipeline import Addr
 from emulation.softswitch.server import SwitchServer
+from hostlib.protocol import INA_UDP_PORT
 
-__all__ = ["EbpfSwitchServer"]
+__all__ = ["EbpfSwitchServer", "interface_ipv4"]
 
 log = logging.getLogger(__name__)
 
@@ -83,7 +90,10 @@ class EbpfSwitchServer(SwitchServer):
 
     @property
     def data_addr(self) -> Addr:
-        """No UDP endpoint: workers reach the switch through its ports."""
+        """No UDP endpoint: workers reach the switch through its ports; a one-armed
+        server's INA address: its host's, port INA_UDP_PORT."""
+        if self.dataplane.one_armed is not None:
+            return (self.dataplane.one_armed, INA_UDP_PORT)
         return ("0.0.0.0", 0)
 
     def counters(self) -> dict[str, int]:
@@ -127,3 +137,21 @@ class EbpfSwitchServer(SwitchServer):
             super().close()
         finally:
             self.dataplane.close()
+
+
+_SIOCGIFADDR = 0x8915
+
+
+def interface_ipv4(name: str) -> str:
+    """The IPv4 address of interface ``name`` in this network namespace.
+
+    Raises:
+        OSError: no such interface, or it has no IPv4 address.
+    """
+    request = struct.pack("256s", name.encode()[:15])
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as sock:
+        try:
+            answer = fcntl.ioctl(sock.fileno(), _SIOCGIFADDR, request)
+        except OSError as exc:
+            raise OSError(exc.errno, f"{name}: no IPv4 address ({exc.strerror})") from None
+    return socket.inet_ntoa(answer[20:24])

@@ -1,0 +1,122 @@
+"""A cluster on this machine for tests: network namespaces as machines, each with one
+interface and its own address, joined by a plain Linux bridge (the "existing network").
+No Mininet: nothing here is an emulated host, only namespaces and veths, as a real
+cluster's machines and switch would be.
+
+Cleanup removes exactly what this object made (its namespaces, its bridge, the root ends
+of its veths), recorded as it made them.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from types import TracebackType
+
+__all__ = ["Cluster", "Machine"]
+
+
+def _ip(*argv: str, netns: str | None = None) -> None:
+    prefix = ["ip", "netns", "exec", netns] if netns else []
+    subprocess.run([*prefix, "ip", *argv], check=True, capture_output=True, timeout=30)
+
+
+def _tc(*argv: str, netns: str | None = None) -> None:
+    prefix = ["ip", "netns", "exec", netns] if netns else []
+    subprocess.run([*prefix, "tc", *argv], check=True, capture_output=True, timeout=30)
+
+
+@dataclass
+class Machine:
+    """One namespace: its name, address and the interface (``eth0``) it has."""
+
+    name: str
+    netns: str
+    ip: str
+    ifname: str = "eth0"
+
+    def command(self, argv: Sequence[str]) -> list[str]:
+        """``argv`` run inside this machine."""
+        return ["ip", "netns", "exec", self.netns, *argv]
+
+
+@dataclass
+class Cluster:
+    """Machines on one bridge, 10.NET.0.0/24 (the bridge itself is .254 in the root
+    namespace, so the root can reach every machine, as an operator's laptop would).
+
+    Args:
+        machines: name -> last octet of its address.
+        net: the second octet of the subnet.
+        rates: name -> link rate in Mbit/s (HTB on both ends of its veth); absent:
+            unshaped.
+    """
+
+    machines: dict[str, int]
+    net: int = 77
+    rates: dict[str, float] = field(default_factory=dict)
+    tag: str = field(default_factory=lambda: f"c{os.getpid() % 100000}")
+    made: dict[str, Machine] = field(default_factory=dict, init=False)
+    _bridge: str | None = field(default=None, init=False)
+    _veths: list[str] = field(default_factory=list, init=False)
+
+    @property
+    def bridge_ip(self) -> str:
+        return f"10.{self.net}.0.254"
+
+    def __getitem__(self, name: str) -> Machine:
+        return self.made[name]
+
+    def __enter__(self) -> Cluster:
+        try:
+            self._build()
+        except BaseException:
+            self.close()
+            raise
+        return self
+
+    def __exit__(
+        self, t: type[BaseException] | None, e: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        self.close()
+
+    def _build(self) -> None:
+        bridge = f"{self.tag}br"
+        _ip("link", "add", bridge, "type", "bridge")
+        self._bridge = bridge
+        _ip("addr", "add", f"{self.bridge_ip}/24", "dev", bridge)
+        _ip("link", "set", bridge, "up")
+        for i, (name, octet) in enumerate(sorted(self.machines.items())):
+            netns = f"{self.tag}-{name}"
+            _ip("netns", "add", netns)
+            machine = Machine(name, netns, f"10.{self.net}.0.{octet}")
+            self.made[name] = machine
+            outside = f"{self.tag}v{i}"
+            _ip("link", "add", outside, "type", "veth", "peer", "name", "eth0", "netns", netns)
+            self._veths.append(outside)
+            _ip("link", "set", outside, "master", bridge, "up")
+            _ip("addr", "add", f"{machine.ip}/24", "dev", "eth0", netns=netns)
+            _ip("link", "set", "eth0", "up", netns=netns)
+            _ip("link", "set", "lo", "up", netns=netns)
+            rate = self.rates.get(name)
+            if rate is not None:  # both ways: out of the machine, and out of the bridge
+                for dev, ns in (("eth0", netns), (outside, None)):
+                    _tc("qdisc", "add", "dev", dev, "root", "handle", "5:", "htb",
+                        "default", "1", netns=ns)  # fmt: skip
+                    _tc("class", "add", "dev", dev, "parent", "5:", "classid", "5:1", "htb",
+                        "rate", f"{rate}mbit", "burst", "64k", "cburst", "64k",
+                        netns=ns)  # fmt: skip
+
+    def close(self) -> None:
+        """Remove the namespaces, veths and bridge this cluster made; idempotent."""
+        for machine in self.made.values():
+            subprocess.run(["ip", "netns", "del", machine.netns], capture_output=True, timeout=30)
+        self.made.clear()
+        for dev in self._veths:  # gone with their namespace's end, normally
+            subprocess.run(["ip", "link", "del", dev], capture_output=True, timeout=30)
+        self._veths.clear()
+        if self._bridge is not None:
+            subprocess.run(["ip", "link", "del", self._bridge], capture_output=True, timeout=30)
+            self._bridge = None
