@@ -108,7 +108,7 @@ from hostlib.p2p import PeerSpec
 from hostlib.protocol import DEFAULT_SLOTS_PER_JOB
 from hostlib.ring import RingAllreduce
 from hostlib.session import InaSession
-from hostlib.transport.udp import UdpTransport
+from hostlib.transport.udp import UdpTransport, route_source
 
 if TYPE_CHECKING:
     from controller.tls import TlsFiles
@@ -256,7 +256,9 @@ class InaOptions:
             ``None``: the job is installed already, for this rank at ``bind_ip:bind_port``.
         job_id: the job's id on the switch, 0..65535.
         device_id: the switch's P4Runtime device id.
-        bind_ip: the address this rank's UDP socket binds.
+        bind_ip: the address this rank's UDP sockets bind; ``None``: the address this
+            host's routes send from toward the switch (:attr:`local_ip`), so ranks on
+            any machine are reachable from it (``INALAB_BIND``).
         bind_port: the port it binds (0: any free one).
         slots: slots per set the job gets (its window of packets in flight); a job
             installed already: at most the slots it was installed with.
@@ -283,7 +285,7 @@ class InaOptions:
     p4runtime: str | None
     job_id: int
     device_id: int = 0
-    bind_ip: str = "127.0.0.1"
+    bind_ip: str | None = None
     slots: int = DEFAULT_SLOTS_PER_JOB
     deadline: float | None = None
     chooser: Chooser = field(default_factory=AlwaysIna)
@@ -306,6 +308,16 @@ class InaOptions:
         if self.p4runtime is None and self.lanes is None:
             raise ValueError("a job installed already (no p4runtime) needs lanes")
         # JobSpec checks the rest (rank below num_workers, lanes in range) at setup.
+
+    @property
+    def local_ip(self) -> str:
+        """The address this rank binds: :attr:`bind_ip`, else the route's source toward
+        the switch (127.0.0.1 for a switch on loopback).
+
+        Raises:
+            OSError: no route to the switch.
+        """
+        return self.bind_ip or route_source(self.switch[0])
 
     @property
     def installed(self) -> bool:
@@ -339,7 +351,7 @@ class InaOptions:
                 p4runtime=env.get(ENV_P4RUNTIME) or None,
                 job_id=int(env[ENV_JOB]),
                 device_id=int(env.get(ENV_DEVICE_ID, "0")),
-                bind_ip=env.get(ENV_BIND, "127.0.0.1"),
+                bind_ip=env.get(ENV_BIND) or None,
                 bind_port=number(ENV_PORT) or 0,
                 slots=int(env.get(ENV_SLOTS, str(DEFAULT_SLOTS_PER_JOB))),
                 chooser=chooser_from_env(env),
@@ -475,9 +487,10 @@ def connect_session(options: InaOptions, exchange: Exchange, timeout: timedelta)
         InaSetupError: the job could not be installed (on every rank: rank 0 shares its
             error).
         ValueError: rank or world size out of range for a job.
-        TransportError: ``options.bind_ip``/``bind_port`` cannot be bound.
+        TransportError: ``options.local_ip``/``bind_port`` cannot be bound.
+        OSError: no route to the switch.
     """
-    transport = UdpTransport(local=(options.bind_ip, options.bind_port))
+    transport = UdpTransport(local=(options.local_ip, options.bind_port))
     try:
         if options.installed and options.lanes is not None:  # lanes: __post_init__
             # The launcher installed the job for this address, as this switch rank.
@@ -551,7 +564,7 @@ def connect_peers(
 ) -> RingAllreduce:
     """This rank's host-to-host session (ring calls, and tree calls through
     :meth:`~hostlib.p2p.PeerCollective.run`) on a UDP socket of its own at
-    ``options.bind_ip``; every rank's address goes round the exchange. Close it when done.
+    ``options.local_ip``; every rank's address goes round the exchange. Close it when done.
 
     Every rank of the group must call this.
 
@@ -563,10 +576,10 @@ def connect_peers(
         timeout: the deadline if ``options.deadline`` is unset.
 
     Raises:
-        TransportError: ``options.bind_ip`` cannot be bound.
+        TransportError: ``options.local_ip`` cannot be bound.
         ValueError: lanes or window out of range.
     """
-    transport = UdpTransport(local=(options.bind_ip, 0))
+    transport = UdpTransport(local=(options.local_ip, 0))
     try:
         gathered = exchange.gather(json.dumps(list(transport.local_addr)))
         every = None if gathered is None else json.dumps([json.loads(a) for a in gathered])

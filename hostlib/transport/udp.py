@@ -117,6 +117,19 @@ class UdpTransport:
         self.close()
 
 
+def route_source(ip: str) -> str:
+    """The local IPv4 address this host's routes send from toward ``ip`` (what a socket
+    bound to any address would use): where a worker binds to be reachable from there.
+    No packet is sent.
+
+    Raises:
+        OSError: no route to ``ip``.
+    """
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as probe:
+        probe.connect((ip, 9))  # a UDP connect only chooses the route and source
+        return str(probe.getsockname()[0])
+
+
 def socket_drops(sock: socket.socket) -> int | None:
     """The kernel's receive-drop count of a bound IPv4 UDP socket (``/proc/net/udp``, the
     line whose inode is the socket's), or ``None`` when it cannot be read."""
