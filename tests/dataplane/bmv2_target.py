@@ -246,10 +246,7 @@ class Bmv2Target:
         """
         control = self._require_control()
         deadline = time.monotonic() + _SETTLE_SECONDS
-        while (c := control.counters())["received"] < self._ina_sent:
-            if time.monotonic() > deadline:
-                raise VectorFailure(f"switch received {c['received']} of {self._ina_sent} frames")
-            time.sleep(0.005)
+        self._await_ingress(deadline)
         self._markers += 1
         marker = self._markers.to_bytes(4, "big") + bytes(42)
         ethertype = MARKER_ETHERTYPE.to_bytes(2, "big")
@@ -259,6 +256,19 @@ class Bmv2Target:
         for port, sock in self._socks.items():
             self._await_marker(port, sock, marker, deadline)
         return control.counters()
+
+    def _await_ingress(self, deadline: float) -> dict[str, int]:
+        """The counters once ``received`` covers every frame sent to the INA port.
+
+        Raises:
+            VectorFailure: not by ``deadline``.
+        """
+        control = self._require_control()
+        while (c := control.counters())["received"] < self._ina_sent:
+            if time.monotonic() > deadline:
+                raise VectorFailure(f"switch received {c['received']} of {self._ina_sent} frames")
+            time.sleep(0.005)
+        return c
 
     def _await_marker(
         self, port: int, sock: socket.socket, marker: bytes, deadline: float
@@ -490,13 +500,7 @@ class OneArmedTarget(EbpfTarget):
         counts a frame's results in the run that receives it, so nothing lags behind
         (and frames to other destinations, a marker among them, go to the host's stack,
         not back out)."""
-        control = self._require_control()
-        deadline = time.monotonic() + _SETTLE_SECONDS
-        while (c := control.counters())["received"] < self._ina_sent:
-            if time.monotonic() > deadline:
-                raise VectorFailure(f"switch received {c['received']} of {self._ina_sent} frames")
-            time.sleep(0.005)
-        return c
+        return self._await_ingress(time.monotonic() + _SETTLE_SECONDS)
 
     def close(self) -> None:
         try:
