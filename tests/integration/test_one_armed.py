@@ -39,6 +39,10 @@ SLOTS = 8
 JOB = 5
 RANKS = 4
 AGG_OCTET = 100
+FORGED_SLOTS = (0, 1, 2)
+"""The slots the forged packets name (set 0): a slot read over TLS is ~260 RPCs."""
+WORKER_MBIT, AGG_MBIT = 1000.0, 4000.0
+"""HTB on every machine's link: the aggregator's faster, as in real deployments."""
 
 pytestmark = [
     pytest.mark.root,
@@ -64,7 +68,8 @@ def pki(tmp_path_factory: pytest.TempPathFactory) -> dict[str, TlsFiles]:
 @pytest.fixture(scope="module")
 def cluster() -> Iterator[Cluster]:
     machines = {f"w{r}": r + 1 for r in range(RANKS)} | {"agg": AGG_OCTET, "intruder": 66}
-    with Cluster(machines) as c:
+    rates = {name: WORKER_MBIT for name in machines} | {"agg": AGG_MBIT}
+    with Cluster(machines, rates=rates) as c:
         yield c
 
 
@@ -186,7 +191,7 @@ def test_forged_and_malformed_packets_change_no_jobs_state(
     with _controller(server, pki) as ctl:
         ctl.add_job(JOB, workers, SLOTS)
         try:
-            before_slots = [ctl.read_slot(JOB, s, p) for s in range(SLOTS) for p in (0, 1)]
+            before_slots = [ctl.read_slot(JOB, s, 0) for s in FORGED_SLOTS]
             before = ctl.counters()
             # From a machine that is no worker: well-formed DATA as each rank, a RESULT,
             # a short datagram, and a wrong lane count; and from a worker's address but
@@ -198,10 +203,10 @@ def test_forged_and_malformed_packets_change_no_jobs_state(
                            check=True, timeout=60, capture_output=True)  # fmt: skip
             time.sleep(0.5)
             after = ctl.counters()
-            after_slots = [ctl.read_slot(JOB, s, p) for s in range(SLOTS) for p in (0, 1)]
+            after_slots = [ctl.read_slot(JOB, s, 0) for s in FORGED_SLOTS]
         finally:
             ctl.remove_job(JOB)
-    assert after_slots == before_slots
+    assert after_slots == before_slots  # no register of a named slot changed
     delta = {k: after[k] - before.get(k, 0) for k in after}
     assert delta["aggregated"] == 0 and delta["completed"] == 0, delta
     assert delta["results_sent"] == 0, delta
