@@ -29,7 +29,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from controller.tls import TLS_ENV, TlsError, TlsFiles
+from controller.tls import TLS_ENV, TlsError, TlsFiles, tls_argument
 
 __all__ = ["ManifestError", "add_arguments", "resolve_switch", "run"]
 
@@ -116,7 +116,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--timeout", type=float, default=5.0, help="seconds per request (default 5)"
     )
     parser.add_argument(
-        "--tls", type=_tls, metavar="CERT,KEY,CA",
+        "--tls", type=tls_argument, metavar="CERT,KEY,CA",
         help="mutual TLS: this controller's certificate and key, and the CA that signed the "
         f"switch's (PEM files; default ${TLS_ENV}); required for a switch not on loopback",
     )  # fmt: skip
@@ -163,23 +163,6 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     drops = sub.add_parser("drops", help="show or set the drop simulator")
     drops.add_argument("--ingress", type=_probability, metavar="P")
     drops.add_argument("--egress", type=_probability, metavar="P")
-
-
-def _tls(text: str) -> TlsFiles:
-    try:
-        return TlsFiles.parse(text)
-    except TlsError as exc:
-        raise argparse.ArgumentTypeError(str(exc)) from None
-
-
-def _tls_from_env() -> TlsFiles | None:
-    """The files ``$INALAB_P4RUNTIME_TLS`` names, if set.
-
-    Raises:
-        TlsError: set, but not three PEM files of their kinds.
-    """
-    text = os.environ.get(TLS_ENV, "").strip()
-    return TlsFiles.parse(text) if text else None
 
 
 def resolve_switch(args: argparse.Namespace) -> tuple[str, int, str | None]:
@@ -238,7 +221,7 @@ def run(args: argparse.Namespace) -> int:
         args.ctl_command == "drops" and (args.ingress is not None or args.egress is not None)
     )
     try:
-        tls = args.tls if args.tls is not None else _tls_from_env()
+        tls = args.tls if args.tls is not None else TlsFiles.from_env(os.environ)
     except TlsError as exc:
         return _error(f"${TLS_ENV}: {exc}", 2)
     try:

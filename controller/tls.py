@@ -17,9 +17,11 @@ it (gRPC itself only says the channel never became ready).
 
 from __future__ import annotations
 
+import argparse
 import ipaddress
 import socket
 import ssl
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -34,6 +36,7 @@ __all__ = [
     "grpc_channel",
     "is_loopback",
     "require_tls",
+    "tls_argument",
 ]
 
 TLS_ENV = "INALAB_P4RUNTIME_TLS"
@@ -109,6 +112,16 @@ class TlsFiles:
         except ssl.SSLError as exc:
             raise TlsError(f"CA {self.ca}: {_why(exc)}") from None
 
+    @classmethod
+    def from_env(cls, environ: Mapping[str, str]) -> TlsFiles | None:
+        """The files ``$INALAB_P4RUNTIME_TLS`` names, or None where it is unset or empty.
+
+        Raises:
+            TlsError: set, but not three PEM files of their kinds.
+        """
+        text = environ.get(TLS_ENV, "").strip()
+        return cls.parse(text) if text else None
+
     def read(self) -> tuple[bytes, bytes, bytes]:
         """The three files' bytes: ``(cert, key, ca)``.
 
@@ -139,6 +152,19 @@ class TlsFiles:
 
     def __str__(self) -> str:
         return f"{self.cert},{self.key},{self.ca}"
+
+
+def tls_argument(text: str) -> TlsFiles:
+    """``CERT,KEY,CA`` as an argparse ``type`` (``inalab switch --p4runtime-tls``,
+    ``inalab ctl --tls``).
+
+    Raises:
+        argparse.ArgumentTypeError: not three PEM files of their kinds.
+    """
+    try:
+        return TlsFiles.parse(text)
+    except TlsError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
 
 
 def grpc_channel(address: str, tls: TlsFiles | None) -> grpc.Channel:

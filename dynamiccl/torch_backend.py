@@ -331,7 +331,7 @@ class InaOptions:
         Raises:
             InaSetupError: a required variable is missing or a value does not parse.
         """
-        from controller.tls import TLS_ENV, TlsFiles  # grpc: only where a switch is dialled
+        from controller.tls import TlsFiles  # grpc: only where a switch is dialled
 
         env = os.environ if environ is None else environ
         missing = [k for k in (ENV_SWITCH, ENV_JOB) if not env.get(k)]
@@ -358,7 +358,7 @@ class InaOptions:
                 switch_rank=number(ENV_SWITCH_RANK),
                 num_workers=number(ENV_WORKERS),
                 lanes=number(ENV_LANES),
-                p4runtime_tls=TlsFiles.parse(env[TLS_ENV]) if env.get(TLS_ENV) else None,
+                p4runtime_tls=TlsFiles.from_env(env),
             )
         except ValueError as exc:  # ProfileError is a ValueError
             raise InaSetupError(f"bad INALAB_* setting: {exc}") from None

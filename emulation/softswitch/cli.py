@@ -23,7 +23,7 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 
-from controller.tls import TlsError, TlsFiles, TlsRequiredError, require_tls
+from controller.tls import TlsRequiredError, require_tls, tls_argument
 from emulation.argtypes import int_in, probability
 from emulation.softswitch.frames import FrameSwitchServer
 from emulation.softswitch.links import ONLY_EBPF, parse_link
@@ -71,18 +71,6 @@ def parse_addr(text: str) -> Addr:
     return host, int(port)
 
 
-def tls_files(text: str) -> TlsFiles:
-    """Parse ``CERT,KEY,CA`` into checked :class:`TlsFiles`.
-
-    Raises:
-        argparse.ArgumentTypeError: not three PEM files of their kinds.
-    """
-    try:
-        return TlsFiles.parse(text)
-    except TlsError as exc:
-        raise argparse.ArgumentTypeError(str(exc)) from None
-
-
 def parse_interface(text: str) -> tuple[int, str]:
     """Parse ``PORT@IFACE`` (bmv2's ``-i`` syntax), port 0..511.
 
@@ -115,7 +103,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     a(
         "--p4runtime-tls",
-        type=tls_files,
+        type=tls_argument,
         metavar="CERT,KEY,CA",
         help="serve P4Runtime over mutual TLS: this switch's certificate and key, and the "
         "CA that must have signed every controller's certificate (PEM files); required "

@@ -223,7 +223,7 @@ class SoftSwitchProcess(RecordedProcess):
         ]  # fmt: skip
         for port, iface in (interfaces or {}).items():
             self.argv += ["--interface", f"{port}@{iface}"]
-        self.tls = controller_tls
+        self.controller_tls = controller_tls
         if tls is not None:
             self.argv += ["--p4runtime-tls", str(tls)]
         super().__init__()
@@ -291,7 +291,7 @@ class SoftSwitchProcess(RecordedProcess):
             device_id=self.device_id,
             election_id=election_id,
             timeout=timeout,
-            tls=self.tls,
+            tls=self.controller_tls,
         )
 
     def _wait_ready(self, proc: subprocess.Popen[bytes]) -> None:
@@ -301,7 +301,7 @@ class SoftSwitchProcess(RecordedProcess):
             if code is not None:
                 raise SwitchStartError(f"switch exited with status {code}", self.log_path)
             info = self._read_ready_file()
-            if info is not None and info.get("pid") == proc.pid and self._answers(info, self.tls):
+            if info is not None and info.get("pid") == proc.pid and self._answers(info):
                 self._ready = info
                 log.info("switch pid %d ready: %s", proc.pid, info["data"] or info["interfaces"])
                 return
@@ -318,10 +318,9 @@ class SoftSwitchProcess(RecordedProcess):
             return None  # not written yet (the switch replaces it atomically)
         return info if isinstance(info, dict) else None
 
-    @staticmethod
-    def _answers(info: dict[str, Any], tls: TlsFiles | None) -> bool:
+    def _answers(self, info: dict[str, Any]) -> bool:
         """Whether the P4Runtime server named in ``info`` answers (Capabilities)."""
-        channel = grpc_channel(str(info["p4runtime"]), tls)
+        channel = grpc_channel(str(info["p4runtime"]), self.controller_tls)
         try:
             stub = p4runtime_pb2_grpc.P4RuntimeStub(channel)
             stub.Capabilities(p4runtime_pb2.CapabilitiesRequest(), timeout=1.0)

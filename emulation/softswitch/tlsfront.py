@@ -56,8 +56,6 @@ class TlsFront:
 
     def __init__(self, host: str, port: int, backend: str, tls: TlsFiles) -> None:
         self.backend = backend
-        self.refused = 0
-        self.accepted = 0
         self._context = tls.server_context()
         self._tasks: set[asyncio.Future[None]] = set()
         self._accepting: asyncio.Future[None]
@@ -104,11 +102,9 @@ class TlsFront:
             )
         except (ssl.SSLError, OSError, EOFError) as exc:
             conn.close()
-            self.refused += 1
             log.warning("P4Runtime: refused %s: %s", who, _reason(exc))
             return
         writer = asyncio.StreamWriter(transport, protocol, reader, loop)
-        self.accepted += 1
         log.info("P4Runtime: %s connected as %s", who, _subject(writer.get_extra_info("peercert")))
         try:
             back_reader, back_writer = await asyncio.open_unix_connection(self.backend)
