@@ -53,8 +53,7 @@
 #define P2P_ACK ((P2P_VERSION << 4) | 2)
 #define HSIZE 16
 #define FLAG_RESEND 0x01
-#define FLAG_DUPLICATE 0x02 /* ACK: the DATA had arrived before (D-SACK; p2p.py) */
-#define SPURIOUS_MEMORY 64  /* per peer: retransmitted packets whose first ack is kept */
+#define FLAG_DUPLICATE 0x02 /* ACK: the DATA had arrived before (D-SACK; statistics only) */
 #define MAX_LANES 2048
 #define SEQ_MAX 0xFFFFFFFFLL
 #define PKT_MAX (HSIZE + 4 * MAX_LANES)
@@ -145,11 +144,6 @@ typedef struct {
     uint64_t *above; /* bit k: seq cum + 1 + k arrived */
     Py_ssize_t abovewords;
     OrderRing order;
-    /* by seq % SPURIOUS_MEMORY: a retransmitted packet's seq (0: none; seqs start at 1)
-     * and the round trip from its original send to its first ack, a sample if a D-SACK
-     * shows the copy was spurious */
-    uint32_t ra_seq[SPURIOUS_MEMORY];
-    double ra_rtt[SPURIOUS_MEMORY];
 } Channel;
 
 typedef struct { double deadline; int32_t dst; uint32_t seq; } Timer;
@@ -347,18 +341,18 @@ static Pending *find(Channel *ch, uint32_t seq, Py_ssize_t *at) {
     return NULL;
 }
 
-static int acked(Endpoint *e, Channel *ch, Py_ssize_t at, double now) {
+/* answers_original: the ack named this packet and echoed no FLAG_RESEND */
+static int acked(Endpoint *e, Channel *ch, Py_ssize_t at, double now, int answers_original) {
     Pending p = ch->inflight[at];
     memmove(ch->inflight + at, ch->inflight + at + 1, (size_t)(ch->ninfl - at - 1) * sizeof(Pending));
     ch->ninfl--;
     e->last_progress = now;
-    if (!p.resent) {
+    if (!p.resent) { /* Karn's rule: a retransmitted packet's ack is ambiguous ... */
         rtt_update(e, now - p.sent_at);
         if (p.tx > ch->high_tx) ch->high_tx = p.tx;
-    } else { /* Karn's rule, unless a D-SACK later shows this ack answered the original */
-        int k = (int)(p.seq % SPURIOUS_MEMORY);
-        ch->ra_seq[k] = p.seq;
-        ch->ra_rtt[k] = now - p.sent_at;
+    } else if (answers_original) { /* ... unless it answers the original: spurious */
+        rtt_update(e, now - p.sent_at);
+        e->spurious++;
     }
     return defer_free(e, p.pkt);
 }
@@ -377,23 +371,14 @@ static int detect_losses(Endpoint *e, int32_t dst, Channel *ch, double now) {
     return 0;
 }
 
-/* A FLAG_DUPLICATE ack: if seq was acknowledged already, our copy was spurious. */
-static void on_duplicate_ack(Endpoint *e, int32_t src, uint32_t seq) {
-    Channel *ch = &e->ch[src];
-    int k = (int)(seq % SPURIOUS_MEMORY);
-    uint32_t kept = ch->ra_seq[k];
-    ch->ra_seq[k] = 0; /* popped, whether it matches or not (p2p.py's dict.pop) */
-    if (kept == 0 || kept != seq) return;
-    rtt_update(e, ch->ra_rtt[k]);
-    e->spurious++;
-}
-
-static int on_ack(Endpoint *e, int32_t src, uint32_t seq, uint32_t cum, double now) {
+/* flags: the ACK's; FLAG_RESEND there echoes the DATA's (p2p.py, "Spurious timeouts") */
+static int on_ack(Endpoint *e, int32_t src, uint32_t seq, uint32_t cum, uint8_t flags,
+                  double now) {
     Channel *ch = &e->ch[src];
     Py_ssize_t at;
-    if (find(ch, seq, &at) && acked(e, ch, at, now) < 0) return -1;
+    if (find(ch, seq, &at) && acked(e, ch, at, now, !(flags & FLAG_RESEND)) < 0) return -1;
     while (ch->ninfl && ch->inflight[0].seq <= cum)
-        if (acked(e, ch, 0, now) < 0) return -1;
+        if (acked(e, ch, 0, now, 0) < 0) return -1;
     if (detect_losses(e, src, ch, now) < 0) return -1;
     while (BufRing_len(&ch->queue) && ch->ninfl < e->window) {
         Buf *b = BufRing_pop(&ch->queue);
@@ -439,12 +424,12 @@ static int call_on_message(Call *c, int32_t src, uint32_t tag, const uint8_t *pa
 
 /* A DATA packet. Returns 0, -1 on no memory, -2 when the call set its error. */
 static int on_data(Endpoint *e, int32_t src, uint32_t seq, uint32_t tag, unsigned call,
-                   const uint8_t *payload, Py_ssize_t len, double now) {
+                   uint8_t data_flags, const uint8_t *payload, Py_ssize_t len, double now) {
     Channel *ch = &e->ch[src];
-    uint8_t flags = 0;
+    uint8_t flags = data_flags & FLAG_RESEND; /* echoed: which copy this ack answers */
     if (seq <= ch->cum || above_has(ch, seq)) {
         e->duplicates++; /* our ack was lost or late: acknowledge again */
-        flags = FLAG_DUPLICATE;
+        flags |= FLAG_DUPLICATE;
     } else {
         unsigned ahead = (call - (unsigned)(e->call & 0xFFFF)) & 0xFFFF;
         if (ahead == 0 && e->handler) {
@@ -483,12 +468,11 @@ static int ep_on_datagram(Endpoint *e, const uint8_t *d, Py_ssize_t len, double 
     if (dst != e->rank || src >= e->n || src == dst) { e->foreign++; return 0; }
     if (vt == P2P_ACK) {
         e->last_rx = now;
-        if (d[1] & FLAG_DUPLICATE) on_duplicate_ack(e, src, seq);
-        return on_ack(e, src, seq, aux, now);
+        return on_ack(e, src, seq, aux, d[1], now);
     }
     if (vt == P2P_DATA && len == HSIZE + 4 * (Py_ssize_t)count) {
         e->last_rx = now;
-        return on_data(e, src, seq, aux, call, d + HSIZE, len - HSIZE, now);
+        return on_data(e, src, seq, aux, call, d[1], d + HSIZE, len - HSIZE, now);
     }
     e->foreign++;
     return 0;
@@ -1300,10 +1284,10 @@ PyMODINIT_FUNC PyInit__p2pcore(void) {
     TimeoutType = Py_NewRef(PyExc_TimeoutError);
     if (PyModule_AddObjectRef(m, "Endpoint", (PyObject *)&EndpointType) < 0 ||
         PyModule_AddObjectRef(m, "Call", (PyObject *)&CallType) < 0) { Py_DECREF(m); return NULL; }
-    PyObject *proto = Py_BuildValue("{s:i,s:i,s:i,s:i,s:i,s:i,s:i}", "P2P_DATA", P2P_DATA,
+    PyObject *proto = Py_BuildValue("{s:i,s:i,s:i,s:i,s:i,s:i}", "P2P_DATA", P2P_DATA,
                                     "P2P_ACK", P2P_ACK, "HEADER", HSIZE, "FLAG_RESEND",
                                     FLAG_RESEND, "FLAG_DUPLICATE", FLAG_DUPLICATE, "MAX_LANES",
-                                    MAX_LANES, "SPURIOUS_MEMORY", SPURIOUS_MEMORY);
+                                    MAX_LANES);
     if (!proto || PyModule_AddObject(m, "PROTOCOL", proto) < 0) { Py_XDECREF(proto); Py_DECREF(m); return NULL; }
     PyObject *all = Py_BuildValue("[ssss]", "Call", "Endpoint", "PROTOCOL", "set_errors");
     if (!all || PyModule_AddObject(m, "__all__", all) < 0) { Py_XDECREF(all); Py_DECREF(m); return NULL; }

@@ -283,7 +283,7 @@ class NativeInaAllreduce:
 
 # ----------------------------------------------------------------- the p2p core
 def _load_p2p() -> tuple[Any, str | None]:
-    from hostlib.p2p import FLAG_DUPLICATE, P2P_ACK, P2P_DATA, P2P_HEADER, SPURIOUS_MEMORY, P2pError
+    from hostlib.p2p import FLAG_DUPLICATE, P2P_ACK, P2P_DATA, P2P_HEADER, P2pError
 
     try:
         from hostlib import _p2pcore
@@ -296,7 +296,6 @@ def _load_p2p() -> tuple[Any, str | None]:
         "FLAG_RESEND": protocol.FLAG_RESEND,
         "FLAG_DUPLICATE": FLAG_DUPLICATE,
         "MAX_LANES": protocol.MAX_LANES,
-        "SPURIOUS_MEMORY": SPURIOUS_MEMORY,
     }
     if wire != _p2pcore.PROTOCOL:
         return None, f"the native p2p core's protocol {_p2pcore.PROTOCOL} is not {wire}"

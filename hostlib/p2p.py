@@ -21,9 +21,10 @@ since only hosts read it)::
     0      vt:8       0xA1 DATA, 0xA2 ACK. The high nibble P2P_VERSION (0xA) is where
                       INA has its protocol version (1): an INA parser rejects these as an
                       unknown version, and INA datagrams never reach a peer's port.
-    1      flags:8    FLAG_RESEND on a retransmitted DATA (statistics and pcaps only);
+    1      flags:8    FLAG_RESEND on a retransmitted DATA, echoed on its ACK (so the
+                      sender knows which copy an ack answers: "Spurious timeouts");
                       FLAG_DUPLICATE on the ACK of a DATA that had arrived before
-                      (RFC 2883's D-SACK: the sender's copy was spurious, or an ack lost)
+                      (RFC 2883's D-SACK; statistics and pcaps only)
     2      src:8      sender's rank
     3      dst:8      receiver's rank: the driver (or a router on the fake network)
                       sends to the address of this rank
@@ -65,15 +66,17 @@ backstop, for the call's last packets above all, which have no later ones.
 Spurious timeouts. A timer that fires while the packet is only delayed (a queue behind a
 peer's own data, a descheduled peer on a busy machine) sends a copy the peer already
 has, and Karn's rule keeps the delay that caused it out of the round-trip estimate, so
-the next delay of that size fires the timer again. The receiver marks the ack of such a
-copy FLAG_DUPLICATE (RFC 2883's D-SACK); when that ack names a retransmitted packet
-whose first ack had already come, the retransmission was spurious, and the round trip
-that first ack measured from the original send is taken as a sample after all (the
-Eifel response of RFC 4015, with D-SACK as its detector, as Linux does with DSACK): the
-timeout grows to the delays this path really has. An ack lost on the way makes a copy
-a duplicate too, but then the packet is still unacknowledged when the marked ack comes,
-and nothing is learnt from it. The last :data:`SPURIOUS_MEMORY` such first acks per
-peer are remembered.
+the next delay of that size fires the timer again. Every ACK therefore echoes the
+FLAG_RESEND of the DATA it answers. When the ack that names a retransmitted packet, the
+first to acknowledge it, answers the original (no echo), the retransmission was
+spurious, and the round trip from the original send is taken as a sample after all (the
+Eifel algorithm of RFC 3522 and its response, RFC 4015, with the echoed flag in the role
+of Eifel's timestamps): the timeout grows to the delays this path really has. An ack
+that answers a copy is ambiguous (the original may have been lost, or its ack), and
+nothing is learnt from it, nor from acks that only move the cumulative point. The ACK
+of a DATA that had arrived before is also marked FLAG_DUPLICATE (RFC 2883's D-SACK), for
+the statistics and pcaps only: a network that duplicates a retransmitted copy makes
+such an ack without anything having been spurious, so it is never a sample.
 """
 
 from __future__ import annotations
@@ -135,10 +138,7 @@ P2P_VERSION = 0xA
 P2P_DATA = (P2P_VERSION << 4) | 1
 P2P_ACK = (P2P_VERSION << 4) | 2
 FLAG_DUPLICATE = 0x02
-"""ACK flag: the acknowledged DATA had arrived before (D-SACK)."""
-SPURIOUS_MEMORY = 64
-"""Per peer, the retransmitted packets whose first ack is remembered (by ``seq`` modulo
-this) until a FLAG_DUPLICATE ack shows the copy was spurious."""
+"""ACK flag: the acknowledged DATA had arrived before (D-SACK; statistics only)."""
 P2P_HEADER = struct.Struct("!BBBBIIHH")
 """vt, flags, src, dst, seq, aux (tag | cumulative ack), call, count: 16 bytes."""
 
@@ -231,8 +231,8 @@ class P2pStats:
     waited for a timer); ``duplicates`` counts DATA that arrived again (a retransmission
     whose original had arrived: spurious on the peer's side, or an ack that was lost);
     ``late_answered`` counts datagrams answered while no call ran (the responder);
-    ``spurious`` counts retransmissions the peer showed to be spurious (a FLAG_DUPLICATE
-    ack of a packet already acknowledged), whose delay then entered the timeout.
+    ``spurious`` counts retransmissions shown to be spurious (their first ack answered
+    the original), whose delay then entered the timeout.
     """
 
     sent: int = 0
@@ -266,10 +266,6 @@ class _Channel:
         self.tx = 0  # transmissions so far (first copies and retransmissions)
         self.high_tx = 0  # the latest transmission an ack is known to answer
         self.order: deque[tuple[int, int]] = deque()  # (tx, seq) in transmission order
-        # seq % SPURIOUS_MEMORY -> (seq, round trip from the original send to its first
-        # ack) of retransmitted packets: taken as a sample if a D-SACK shows the copy
-        # was spurious.
-        self.resent_acked: dict[int, tuple[int, float]] = {}
 
 
 class P2pEndpoint:
@@ -418,23 +414,28 @@ class P2pEndpoint:
             self.stats.foreign += 1
         elif vt == P2P_ACK:
             self.last_rx = now
-            if flags & FLAG_DUPLICATE:
-                self._on_duplicate_ack(src, seq)
-            self._on_ack(src, seq, aux, now)
+            self._on_ack(src, seq, aux, flags, now)
         elif vt == P2P_DATA and len(data) == _HSIZE + 4 * count:
             self.last_rx = now
-            self._on_data(src, seq, aux, call, data[_HSIZE:], now)
+            self._on_data(src, seq, aux, call, flags, data[_HSIZE:], now)
         else:
             self.stats.foreign += 1
 
     def _on_data(
-        self, src: int, seq: int, tag: int, call: int, payload: memoryview, now: float
+        self,
+        src: int,
+        seq: int,
+        tag: int,
+        call: int,
+        data_flags: int,
+        payload: memoryview,
+        now: float,
     ) -> None:
         ch = self._peers[src]
-        flags = 0
+        flags = data_flags & FLAG_RESEND  # echoed: which copy this ack answers
         if seq <= ch.cum or seq in ch.above:
             self.stats.duplicates += 1  # our ack was lost or late: acknowledge again
-            flags = FLAG_DUPLICATE
+            flags |= FLAG_DUPLICATE
         else:
             ahead = (call - self.call) & 0xFFFF
             if ahead == 0 and self._handler is not None:
@@ -456,35 +457,31 @@ class P2pEndpoint:
             P2P_HEADER.pack(P2P_ACK, flags, self.spec.rank, src, seq, ch.cum, call, 0)
         )
 
-    def _on_ack(self, src: int, seq: int, cum: int, now: float) -> None:
+    def _on_ack(self, src: int, seq: int, cum: int, flags: int, now: float) -> None:
         ch = self._peers[src]
         pending = ch.inflight.pop(seq, None)
         if pending is not None:
-            self._acked(ch, seq, pending, now)
+            self._acked(ch, pending, now, answers_original=not flags & FLAG_RESEND)
         while ch.inflight:
             first = next(iter(ch.inflight))
             if first > cum:
                 break
-            self._acked(ch, first, ch.inflight.pop(first), now)
+            self._acked(ch, ch.inflight.pop(first), now)
         self._detect_losses(src, ch, now)
         while ch.queue and len(ch.inflight) < self.window:
             qseq, packet = ch.queue.popleft()
             self._transmit(src, qseq, packet, now)
 
-    def _acked(self, ch: _Channel, seq: int, pending: _Pending, now: float) -> None:
+    def _acked(
+        self, ch: _Channel, pending: _Pending, now: float, answers_original: bool = False
+    ) -> None:
+        """``answers_original``: the ack named this packet and echoed no FLAG_RESEND."""
         self.last_progress = now
-        if not pending.resent:  # Karn's rule: a retransmitted packet's ack is ambiguous
+        if not pending.resent:  # Karn's rule: a retransmitted packet's ack is ambiguous ...
             self.rtt.update(now - pending.sent_at, self.policy)
             ch.high_tx = max(ch.high_tx, pending.tx)
-        else:  # ... unless a D-SACK shows it answered the original (the docstring)
-            ch.resent_acked[seq % SPURIOUS_MEMORY] = (seq, now - pending.sent_at)
-
-    def _on_duplicate_ack(self, src: int, seq: int) -> None:
-        """The peer had ``seq`` before our latest copy: if ``seq`` was acknowledged
-        already, the copy was spurious and the first ack's round trip is a sample."""
-        remembered = self._peers[src].resent_acked.pop(seq % SPURIOUS_MEMORY, None)
-        if remembered is not None and remembered[0] == seq:
-            self.rtt.update(remembered[1], self.policy)
+        elif answers_original:  # ... unless it answers the original: spurious
+            self.rtt.update(now - pending.sent_at, self.policy)
             self.stats.spurious += 1
 
     def _detect_losses(self, dst: int, ch: _Channel, now: float) -> None:
