@@ -15,7 +15,7 @@ if TYPE_CHECKING:
     from hostlib.ina import InaAllreduce, InaError, InaTimeoutError, JobSpec, RetryPolicy
     from hostlib.p2p import P2pError, P2pTimeoutError, PeerSpec
     from hostlib.ring import RingAllreduce
-    from hostlib.session import InaSession
+    from hostlib.session import InaSession, StripedInaSession
     from hostlib.tree import TreeAllreduce
 
 __all__ = [
@@ -32,13 +32,14 @@ __all__ = [
     "PeerSpec",
     "RetryPolicy",
     "RingAllreduce",
+    "StripedInaSession",
     "TreeAllreduce",
     "ina_inter",
 ]
 
 _HOME = (
     {name: "hostlib.ina" for name in __all__}
-    | {"InaSession": "hostlib.session"}
+    | dict.fromkeys(("InaSession", "StripedInaSession"), "hostlib.session")
     | dict.fromkeys(("P2pError", "P2pTimeoutError", "PeerSpec"), "hostlib.p2p")
     | {"RingAllreduce": "hostlib.ring", "TreeAllreduce": "hostlib.tree"}
     | dict.fromkeys(

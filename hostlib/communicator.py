@@ -23,7 +23,7 @@ from hostlib.actions import ActionError, algorithms_for
 from hostlib.collnet import CollNetAllreduce
 from hostlib.p2p import PeerCollective
 from hostlib.ring import RingAllreduce
-from hostlib.session import InaSession, as_numpy, part_bounds, reduce_flat
+from hostlib.session import InaSession, StripedInaSession, as_numpy, part_bounds, reduce_flat
 from hostlib.tree import TreeCall
 
 __all__ = ["ActionLike", "Communicator"]
@@ -64,7 +64,7 @@ class Communicator:
         rank: int,
         world_size: int,
         *,
-        ina: InaSession | None = None,
+        ina: InaSession | StripedInaSession | None = None,
         ring: RingAllreduce | None = None,
         tree: PeerCollective | None = None,
         collnet: CollNetAllreduce | None = None,
@@ -198,8 +198,9 @@ class Communicator:
         """Datagrams the kernel dropped for this rank's sockets (receive buffer full)."""
         total = 0
         for s in self._sessions():
-            drops = getattr(s.transport, "drops", None)
-            total += (drops() or 0) if drops is not None else 0
+            for transport in getattr(s, "transports", None) or [s.transport]:
+                drops = getattr(transport, "drops", None)
+                total += (drops() or 0) if drops is not None else 0
         return total
 
     def close(self) -> None:

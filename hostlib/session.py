@@ -1,10 +1,12 @@
-"""A worker's INA session: one job, a transport, and the slot state kept across calls."""
+"""A worker's INA session: one job, a transport, and the slot state kept across calls;
+and :class:`StripedInaSession`, one job striped across several aggregators."""
 
 from __future__ import annotations
 
 import functools
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
+from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any
 
 import numpy as np
@@ -13,61 +15,28 @@ from hostlib.ina import InaAllreduce, InaError, JobSpec, RetryPolicy, _Rtt, out_
 from hostlib.native import NativeInaAllreduce, engine_name
 from hostlib.transport.base import Transport
 
-__all__ = ["InaSession", "as_numpy", "part_bounds", "reduce_flat"]
+__all__ = [
+    "InaSession",
+    "StripedInaSession",
+    "as_numpy",
+    "part_bounds",
+    "reduce_flat",
+    "stripe_bounds",
+]
 
 _RECV_BYTES = 65536
 
 
-class InaSession:
-    """Runs INA allreduce calls of one worker of one job over a transport.
+class _InaCollectives:
+    """``allreduce`` and ``reduce_scatter`` over a session's ``_allreduce_flat``."""
 
-    Every worker of the job must make the same sequence of calls with the same sizes and
-    windows (as with any collective): the per-slot set alternation is derived from it.
+    spec: JobSpec
+    _broken: str | None = None
 
-    Args:
-        spec: the job as configured on the switch (this worker's rank and address).
-        transport: a bound transport whose ``local_addr`` the switch has for this rank.
-        policy: retransmission timing and the no-progress deadline.
-        engine: ``"native"`` (the C core, ``hostlib.native``) or ``"python"`` (the
-            specification, ``hostlib.ina``); ``None``: ``INALAB_HOST_ENGINE``, else the
-            native one where it was built.
-
-    Raises:
-        ValueError: an unknown engine, or ``"native"`` where it was not built.
-    """
-
-    def __init__(
-        self,
-        spec: JobSpec,
-        transport: Transport,
-        policy: RetryPolicy | None = None,
-        *,
-        engine: str | None = None,
-    ) -> None:
-        self.spec = spec
-        self.transport = transport
-        self.engine = engine_name({"INALAB_HOST_ENGINE": engine} if engine else None)
-        connect = getattr(transport, "connect", None)
-        if connect is not None:  # the session's transport talks to the switch alone
-            connect(spec.switch)
-        # The native core runs a whole call on the connected socket itself, where the
-        # transport allows it (UdpTransport.native_io).
-        native_io = connect is not None and getattr(transport, "native_io", False)
-        self._fileno = getattr(transport, "fileno", None) if native_io else None
-        self.policy = policy or RetryPolicy()
-        self.uses = np.zeros(spec.slots, dtype=np.int64)
-        self.rtt = _Rtt(self.policy.timeout)
-        self.retransmissions = 0
-        self.fast_retransmissions = 0
-        """Of :attr:`retransmissions`, those sent because results of later packets
-        arrived first (the rest waited for a timer)."""
-        self.late_answers = 0
-        """Results that arrived for packets already answered: the switch's answer to a
-        retransmission whose first answer was only late (a spurious retransmission), or a
-        result duplicated on the way."""
-        self.next_seq = 1
-        self._buf = bytearray(_RECV_BYTES)
-        self._broken: str | None = None
+    def _allreduce_flat(
+        self, flat: np.ndarray, target: np.ndarray | None = None, window: int | None = None
+    ) -> np.ndarray:
+        raise NotImplementedError
 
     def allreduce(
         self, x: Any, inplace: bool = False, *, window: int | None = None, out: Any = None
@@ -132,6 +101,58 @@ class InaSession:
         if self._broken:
             raise InaError(f"session unusable after an earlier failure: {self._broken}")
 
+
+class InaSession(_InaCollectives):
+    """Runs INA allreduce calls of one worker of one job over a transport.
+
+    Every worker of the job must make the same sequence of calls with the same sizes and
+    windows (as with any collective): the per-slot set alternation is derived from it.
+
+    Args:
+        spec: the job as configured on the switch (this worker's rank and address).
+        transport: a bound transport whose ``local_addr`` the switch has for this rank.
+        policy: retransmission timing and the no-progress deadline.
+        engine: ``"native"`` (the C core, ``hostlib.native``) or ``"python"`` (the
+            specification, ``hostlib.ina``); ``None``: ``INALAB_HOST_ENGINE``, else the
+            native one where it was built.
+
+    Raises:
+        ValueError: an unknown engine, or ``"native"`` where it was not built.
+    """
+
+    def __init__(
+        self,
+        spec: JobSpec,
+        transport: Transport,
+        policy: RetryPolicy | None = None,
+        *,
+        engine: str | None = None,
+    ) -> None:
+        self.spec = spec
+        self.transport = transport
+        self.engine = engine_name({"INALAB_HOST_ENGINE": engine} if engine else None)
+        connect = getattr(transport, "connect", None)
+        if connect is not None:  # the session's transport talks to the switch alone
+            connect(spec.switch)
+        # The native core runs a whole call on the connected socket itself, where the
+        # transport allows it (UdpTransport.native_io).
+        native_io = connect is not None and getattr(transport, "native_io", False)
+        self._fileno = getattr(transport, "fileno", None) if native_io else None
+        self.policy = policy or RetryPolicy()
+        self.uses = np.zeros(spec.slots, dtype=np.int64)
+        self.rtt = _Rtt(self.policy.timeout)
+        self.retransmissions = 0
+        self.fast_retransmissions = 0
+        """Of :attr:`retransmissions`, those sent because results of later packets
+        arrived first (the rest waited for a timer)."""
+        self.late_answers = 0
+        """Results that arrived for packets already answered: the switch's answer to a
+        retransmission whose first answer was only late (a spurious retransmission), or a
+        result duplicated on the way."""
+        self.next_seq = 1
+        self._buf = bytearray(_RECV_BYTES)
+        self._broken: str | None = None
+
     def _allreduce_flat(
         self, flat: np.ndarray, target: np.ndarray | None = None, window: int | None = None
     ) -> np.ndarray:
@@ -191,6 +212,151 @@ class InaSession:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+
+class StripedInaSession(_InaCollectives):
+    """One worker's INA job striped across several aggregators (scale-out, as BytePS
+    spreads a tensor over its summation servers).
+
+    Each aggregator holds the same job with the same workers, and one
+    :class:`InaSession` per aggregator talks to it on a socket of its own. A call cuts
+    the flat input at block boundaries into one stripe per aggregator
+    (:func:`stripe_bounds`) and runs the stripes at once: the native engine runs each
+    without the GIL, so K aggregators give K times one aggregator's bandwidth where the
+    links allow. As the cuts fall on block boundaries, every packet carries the same
+    lanes it would carry through one aggregator: float32 results are bit-identical to
+    one aggregator's, int32 exact. A stripe's result is written where it belongs in the
+    output, with no copy for the native engine.
+
+    A stripe that fails (its aggregator stopped answering) fails the call once every
+    stripe has ended, with the error naming that aggregator, and the session is unusable
+    afterwards (its slot sets no longer match the aggregator's); no stripe is left
+    running.
+
+    Args:
+        stripes: one session per aggregator, in the order every worker uses (the same
+            job id, rank, workers, lanes and slots on each).
+
+    Raises:
+        ValueError: no stripes, or stripes that disagree on the job.
+    """
+
+    def __init__(self, stripes: Sequence[InaSession]) -> None:
+        if not stripes:
+            raise ValueError("a striped session needs at least one aggregator")
+        first = stripes[0].spec
+        for s in stripes[1:]:
+            theirs = (s.spec.job_id, s.spec.rank, s.spec.num_workers, s.spec.lanes, s.spec.slots)
+            ours = (first.job_id, first.rank, first.num_workers, first.lanes, first.slots)
+            if theirs != ours:
+                raise ValueError(
+                    f"aggregator {s.spec.switch} has job {theirs} (job, rank, workers, "
+                    f"lanes, slots), aggregator {first.switch} has {ours}"
+                )
+        self.stripes = list(stripes)
+        self.spec = first
+        self._broken = None
+        self._pool = (
+            ThreadPoolExecutor(len(stripes) - 1, thread_name_prefix="ina-stripe")
+            if len(stripes) > 1
+            else None
+        )
+
+    @property
+    def transports(self) -> list[Transport]:
+        """Each stripe's transport, in aggregator order."""
+        return [s.transport for s in self.stripes]
+
+    @property
+    def retransmissions(self) -> int:
+        return sum(s.retransmissions for s in self.stripes)
+
+    @property
+    def fast_retransmissions(self) -> int:
+        return sum(s.fast_retransmissions for s in self.stripes)
+
+    @property
+    def late_answers(self) -> int:
+        return sum(s.late_answers for s in self.stripes)
+
+    def _allreduce_flat(
+        self, flat: np.ndarray, target: np.ndarray | None = None, window: int | None = None
+    ) -> np.ndarray:
+        out = np.empty_like(flat) if target is None else target
+        count = len(self.stripes)
+        runs = [
+            (k, lo, hi)
+            for k in range(count)
+            for lo, hi in [stripe_bounds(flat.size, self.spec.lanes, count, k)]
+            if hi > lo or (k == 0 and flat.size == 0)
+        ]
+
+        def one(k: int, lo: int, hi: int) -> None:
+            got = self.stripes[k]._allreduce_flat(flat[lo:hi], out[lo:hi], window)
+            if got.size and got.ctypes.data != out[lo:hi].ctypes.data:
+                out[lo:hi] = got  # the Python engine keeps its own array
+
+        futures: list[tuple[int, Future[None]]] = []
+        if self._pool is not None:
+            futures = [(k, self._pool.submit(one, k, lo, hi)) for k, lo, hi in runs[1:]]
+        failures: list[tuple[int, BaseException]] = []
+        for k, lo, hi in runs[:1]:
+            try:
+                one(k, lo, hi)
+            except BaseException as exc:  # wait for the others before raising
+                failures.append((k, exc))
+        for k, future in futures:
+            error = future.exception()  # waits: each stripe ends by its own deadline
+            if error is not None:
+                failures.append((k, error))
+        if failures:
+            k, first = failures[0]
+            where = f"aggregator {k + 1} of {count} ({_addr(self.stripes[k].spec.switch)})"
+            self._broken = f"{where}: {first}"
+            if isinstance(first, InaError):
+                raise type(first)(f"{where}: {first}") from first
+            raise first
+        return out
+
+    def close(self) -> None:
+        """Close every stripe's transport (the first error raised after all)."""
+        if self._pool is not None:
+            self._pool.shutdown(wait=True)
+        errors = []
+        for s in self.stripes:
+            try:
+                s.close()
+            except Exception as exc:  # close the others too, then report the first
+                errors.append(exc)
+        if errors:
+            raise errors[0]
+
+    def __enter__(self) -> StripedInaSession:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+def stripe_bounds(size: int, lanes: int, stripes: int, index: int) -> tuple[int, int]:
+    """Where stripe ``index`` of ``stripes`` lies in a ``size``-element input carried in
+    ``lanes``-element blocks: the blocks cut as :func:`part_bounds` cuts elements, so
+    every stripe but the last starts and ends on a block boundary (with fewer blocks than
+    stripes, some stripes are empty).
+
+    Raises:
+        ValueError: ``stripes`` below 1, ``index`` outside ``0..stripes-1``, or ``lanes``
+            below 1.
+    """
+    if lanes < 1:
+        raise ValueError(f"lanes {lanes} must be positive")
+    blocks = -(-size // lanes)
+    lo, hi = part_bounds(blocks, stripes, index)
+    return min(lo * lanes, size), min(hi * lanes, size)
+
+
+def _addr(addr: tuple[str, int]) -> str:
+    return f"{addr[0]}:{addr[1]}"
 
 
 Reduce = Callable[[np.ndarray, np.ndarray | None], np.ndarray]
