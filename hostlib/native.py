@@ -253,9 +253,10 @@ class NativeInaAllreduce:
         return value
 
     def _timeout_message(self, seconds: float, waiting: list[int]) -> str:
+        state = self._core.state  # not yet synced into self.stats when run() times out
         return timeout_message(
-            self.spec, self.policy, seconds, self._core.state["done"], self.npackets, waiting,
-            self.stats.retransmitted,
+            self.spec, self.policy, seconds, state["done"], self.npackets, waiting,
+            state["retransmitted"],
         )  # fmt: skip
 
     # ------------------------------------------------------------------ result

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import multiprocessing
 import os
+import re
 import signal
 import time
 from pathlib import Path
@@ -144,6 +145,9 @@ def _rank(rank: int, n: int, switch: tuple[str, int], addr_q: object, go: object
     addr_q.put((rank, "finished"))  # type: ignore[attr-defined]
 
 
+_RETX = re.compile(r"(\d+) retransmissions")
+
+
 def test_a_rank_killed_mid_call_leaves_the_others_a_timeout_error() -> None:
     from emulation.softswitch.pipeline import JobConfig
 
@@ -171,4 +175,8 @@ def test_a_rank_killed_mid_call_leaves_the_others_a_timeout_error() -> None:
         assert not any(p.is_alive() for p in procs)
     assert set(outcomes) == {0, 2}
     assert all("no result from switch" in o for o in outcomes.values()), outcomes
+    # The waiting ranks kept sending again until the deadline, and the message says so
+    # (the native engine once read its counters before syncing them: "0 retransmissions").
+    counts = [int(m.group(1)) for o in outcomes.values() if (m := _RETX.search(o))]
+    assert len(counts) == 2 and min(counts) > 0, outcomes
     assert time.monotonic() - killed_at < 3.0 + 10.0
