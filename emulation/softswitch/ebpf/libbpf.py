@@ -15,8 +15,14 @@ the alternatives:
 
 libbpf 1.x reports errors as a negative errno from int-returning calls, and NULL with
 ``errno`` set from pointer-returning ones; both become :class:`LibbpfError` here.
-The TC attachment (``bpf_tc_hook_create``/``bpf_tc_attach``) creates the port's clsact
-qdisc unless one exists, and :meth:`TcAttachment.detach` removes only what it created.
+The TC attachment is a TCX link where the kernel has TCX (Linux 6.6+:
+``bpf_link_create`` with ``BPF_TCX_INGRESS``): the link is a file descriptor of the
+switch process, so the program leaves the interface when the process ends, however it
+ends (measured: a classic cls_bpf filter stayed attached, and kept aggregating, after
+``kill -9`` of the switch). Where the kernel has no TCX (Debian 12's 6.1), it falls back
+to a clsact filter (``bpf_tc_hook_create``/``bpf_tc_attach``), which creates the port's
+clsact qdisc unless one exists; :meth:`TcAttachment.detach` removes only what it created,
+and a warning says that a switch killed there leaves its filter behind.
 """
 
 from __future__ import annotations
@@ -24,6 +30,7 @@ from __future__ import annotations
 import ctypes
 import ctypes.util
 import errno
+import logging
 import os
 import time
 from collections.abc import Iterator
@@ -49,7 +56,11 @@ BPF_NOEXIST = 1
 BPF_F_LOCK = 4
 """Map update/lookup flag: copy the value under the value's ``bpf_spin_lock``."""
 
+log = logging.getLogger(__name__)
+
 _BPF_TC_INGRESS = 1
+_BPF_TCX_INGRESS = 46
+"""enum bpf_attach_type's BPF_TCX_INGRESS (uapi linux/bpf.h, Linux 6.6)."""
 _LOG_BUF_BYTES = 16 << 20  # the verifier's log of a failed load, for the error message
 _LOAD_ATTEMPTS = 5
 
@@ -180,6 +191,7 @@ def libbpf() -> ctypes.CDLL:
         "bpf_tc_hook_destroy": (i, [p]),
         "bpf_tc_attach": (i, [p, p]),
         "bpf_tc_detach": (i, [p, p]),
+        "bpf_link_create": (i, [i, i, u32, p]),
         "bpf_prog_test_run_opts": (i, [i, p]),
     }
     for fn, (restype, argtypes) in signatures.items():
@@ -238,9 +250,7 @@ class BpfMap:
         """
         self._sizes(key, value)
         lib = libbpf()
-        rc = lib.bpf_map_lookup_elem_flags(
-            self.fd, ctypes.byref(key), ctypes.byref(value), flags
-        )
+        rc = lib.bpf_map_lookup_elem_flags(self.fd, ctypes.byref(key), ctypes.byref(value), flags)
         if rc == -errno.ENOENT:
             return False
         _check(rc, f"lookup in map {self.name}")
@@ -366,15 +376,33 @@ class BpfObject:
 
 
 class TcAttachment:
-    """A program attached as a clsact ingress classifier (direct action) on one interface.
+    """A program attached as an ingress classifier (direct action) on one interface: a
+    TCX link where the kernel has TCX, else a clsact filter (the module's docstring).
 
     Raises:
-        LibbpfError: the hook or the attachment failed (no such interface, not root).
+        LibbpfError: the attachment failed (no such interface, not root).
     """
 
     def __init__(self, ifindex: int, prog_fd: int) -> None:
-        lib = libbpf()
         self.ifindex = ifindex
+        self._attached = False
+        self._link_fd = libbpf().bpf_link_create(prog_fd, ifindex, _BPF_TCX_INGRESS, None)
+        if self._link_fd >= 0:
+            self.kind = "tcx"
+        elif self._link_fd in (-errno.EINVAL, -errno.EOPNOTSUPP):  # no TCX: Linux < 6.6
+            self.kind = "clsact"
+            self._attach_clsact(prog_fd)
+        else:
+            _check(self._link_fd, f"bpf_link_create(ifindex {ifindex}, BPF_TCX_INGRESS)")
+        self._attached = True
+
+    def _attach_clsact(self, prog_fd: int) -> None:
+        lib, ifindex = libbpf(), self.ifindex
+        log.warning(
+            "ifindex %d: no TCX in this kernel, attached as a clsact filter: a switch that "
+            "is killed leaves it attached (tc filter del dev IFACE ingress)",
+            ifindex,
+        )
         self._hook = _TcHook(sz=ctypes.sizeof(_TcHook), ifindex=ifindex,
                              attach_point=_BPF_TC_INGRESS)  # fmt: skip
         rc = lib.bpf_tc_hook_create(ctypes.byref(self._hook))
@@ -388,14 +416,16 @@ class TcAttachment:
             if self._own_hook:
                 lib.bpf_tc_hook_destroy(ctypes.byref(self._hook))
             _check(rc, f"bpf_tc_attach(ifindex {ifindex})")
-        self._attached = True
 
     def detach(self) -> None:
-        """Remove this program's filter, and the clsact qdisc if it was created here;
-        idempotent. An interface already gone (ENODEV) took both with it."""
+        """Close the TCX link, or remove the clsact filter (and the qdisc if it was
+        created here); idempotent. An interface already gone (ENODEV) took both with it."""
         if not self._attached:
             return
         self._attached = False
+        if self.kind == "tcx":
+            os.close(self._link_fd)
+            return
         lib = libbpf()
         if self._own_hook:
             rc = lib.bpf_tc_hook_destroy(ctypes.byref(self._hook))
