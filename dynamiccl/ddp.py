@@ -30,7 +30,7 @@ from dynamiccl.torch_backend import (
     ina_allreduce_,
     remove_job,
 )
-from hostlib.session import InaSession
+from hostlib.session import InaSession, StripedInaSession
 
 __all__ = ["InaHookState", "ina_allreduce_hook"]
 
@@ -51,7 +51,7 @@ class InaHookState:
         fallback_buckets: buckets reduced by ``dist.all_reduce`` so far.
     """
 
-    session: InaSession
+    session: InaSession | StripedInaSession
     world_size: int
     chooser: Chooser = field(default_factory=AlwaysIna)
     group: dist.ProcessGroup | None = None

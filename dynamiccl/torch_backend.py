@@ -49,7 +49,9 @@ Job setup (:func:`connect_session`), in one of two modes:
   address to the c10d store; rank 0 reads them all, installs the job on the switch over
   P4Runtime (``controller.switch.SwitchController.add_job``) and writes the outcome and
   the switch's lanes per packet; the other ranks wait for that key; rank 0 removes the
-  job at shutdown;
+  job at shutdown. With several aggregators (comma lists in ``INALAB_SWITCH`` and
+  ``INALAB_P4RUNTIME``, or :attr:`InaOptions.stripes`) each rank binds a socket per
+  aggregator, rank 0 installs the job on each, and calls are striped across them;
 - installed already (``INALAB_P4RUNTIME`` absent or empty): a launcher that knows the
   network (``inalab emulate TOPOLOGY run``) installed the job for fixed addresses; each
   rank binds its own (``INALAB_BIND``, ``INALAB_PORT``), sends to its own switch
@@ -107,7 +109,7 @@ from hostlib.ina import Addr, InaError, JobSpec, RetryPolicy
 from hostlib.p2p import PeerSpec
 from hostlib.protocol import DEFAULT_SLOTS_PER_JOB
 from hostlib.ring import RingAllreduce
-from hostlib.session import InaSession
+from hostlib.session import InaSession, StripedInaSession
 from hostlib.transport.udp import UdpTransport, route_source
 
 if TYPE_CHECKING:
@@ -132,6 +134,7 @@ __all__ = [
     "ENV_SWITCH_RANK",
     "ENV_WORKERS",
     "GLOO_COLLECTIVES",
+    "Aggregator",
     "AlwaysIna",
     "Chooser",
     "Exchange",
@@ -158,10 +161,14 @@ log = logging.getLogger(__name__)
 
 BACKEND_NAME = "ina"
 ENV_SWITCH = "INALAB_SWITCH"
-"""``host:port``: the switch's UDP data address (required): where this rank sends."""
+"""``host:port``: the switch's UDP data address (required): where this rank sends. A
+comma list names several aggregators the job is striped across
+(:class:`~hostlib.session.StripedInaSession`), each with its P4Runtime server at the same
+place in :data:`ENV_P4RUNTIME`."""
 ENV_P4RUNTIME = "INALAB_P4RUNTIME"
-"""``host:port``: the switch's P4Runtime server, where rank 0 installs the job; absent or
-empty: the job is installed already (then :data:`ENV_LANES` is required)."""
+"""``host:port``: the switch's P4Runtime server, where rank 0 installs the job (a comma
+list: one per aggregator of :data:`ENV_SWITCH`); absent or empty: the job is installed
+already (then :data:`ENV_LANES` is required, and one aggregator)."""
 ENV_JOB = "INALAB_JOB"
 """The job id, 0..65535 (required): unused on the switch, or the installed job's."""
 ENV_BIND = "INALAB_BIND"
@@ -247,6 +254,14 @@ class StaticChooser:
 
 
 @dataclass(frozen=True)
+class Aggregator:
+    """One more aggregator of a striped job: its UDP data address and P4Runtime server."""
+
+    switch: Addr
+    p4runtime: str
+
+
+@dataclass(frozen=True)
 class InaOptions:
     """Where the INA job runs and how this rank joins it.
 
@@ -254,6 +269,10 @@ class InaOptions:
         switch: the switch's UDP data address (where this rank sends).
         p4runtime: ``host:port`` of its P4Runtime server (rank 0 installs the job there);
             ``None``: the job is installed already, for this rank at ``bind_ip:bind_port``.
+        stripes: further aggregators (each a server's ``inalab switch --one-armed``) the
+            job is striped across, after ``switch``: rank 0 installs the job on each, and
+            every call is cut into one stripe per aggregator
+            (:class:`~hostlib.session.StripedInaSession`); only where rank 0 installs.
         job_id: the job's id on the switch, 0..65535.
         device_id: the switch's P4Runtime device id.
         bind_ip: the address this rank's UDP sockets bind; ``None``: the address this
@@ -295,6 +314,7 @@ class InaOptions:
     num_workers: int | None = None
     lanes: int | None = None
     p4runtime_tls: TlsFiles | None = None
+    stripes: tuple[Aggregator, ...] = ()
 
     def __post_init__(self) -> None:
         if not 0 <= self.job_id <= 0xFFFF:
@@ -307,6 +327,11 @@ class InaOptions:
             raise ValueError(f"bind port {self.bind_port} outside 0..65535")
         if self.p4runtime is None and self.lanes is None:
             raise ValueError("a job installed already (no p4runtime) needs lanes")
+        if self.p4runtime is None and self.stripes:
+            raise ValueError(
+                "a job installed already runs on one aggregator: several need p4runtime "
+                "servers (rank 0 installs the job on each)"
+            )
         # JobSpec checks the rest (rank below num_workers, lanes in range) at setup.
 
     @property
@@ -317,7 +342,21 @@ class InaOptions:
         Raises:
             OSError: no route to the switch.
         """
-        return self.bind_ip or route_source(self.switch[0])
+        return self.local_ip_for(self.switch)
+
+    @property
+    def aggregators(self) -> list[tuple[Addr, str | None]]:
+        """Every aggregator's ``(data address, P4Runtime server)``, ``switch`` first."""
+        return [(self.switch, self.p4runtime)] + [(a.switch, a.p4runtime) for a in self.stripes]
+
+    def local_ip_for(self, switch: Addr) -> str:
+        """The address this rank binds toward ``switch``: :attr:`bind_ip`, else the
+        route's source toward it.
+
+        Raises:
+            OSError: no route to ``switch``.
+        """
+        return self.bind_ip or route_source(switch[0])
 
     @property
     def installed(self) -> bool:
@@ -346,9 +385,20 @@ class InaOptions:
             return int(env[name]) if env.get(name) else None
 
         try:
+            switches = [parse_addr(a.strip()) for a in env[ENV_SWITCH].split(",")]
+            servers = [a.strip() for a in env.get(ENV_P4RUNTIME, "").split(",") if a.strip()]
+            if servers and len(servers) != len(switches):
+                raise ValueError(
+                    f"{ENV_SWITCH} names {len(switches)} aggregator(s), {ENV_P4RUNTIME} "
+                    f"{len(servers)}: give one P4Runtime server per aggregator, in order"
+                )
+            if len(switches) > 1 and not servers:
+                raise ValueError(f"{len(switches)} aggregators in {ENV_SWITCH} need "
+                                 f"{ENV_P4RUNTIME} (rank 0 installs the job on each)")  # fmt: skip
             return cls(
-                switch=parse_addr(env[ENV_SWITCH]),
-                p4runtime=env.get(ENV_P4RUNTIME) or None,
+                switch=switches[0],
+                p4runtime=servers[0] if servers else None,
+                stripes=tuple(map(Aggregator, switches[1:], servers[1:])),
                 job_id=int(env[ENV_JOB]),
                 device_id=int(env.get(ENV_DEVICE_ID, "0")),
                 bind_ip=env.get(ENV_BIND) or None,
@@ -475,10 +525,13 @@ class GroupExchange:
         return str(box[0])
 
 
-def connect_session(options: InaOptions, exchange: Exchange, timeout: timedelta) -> InaSession:
+def connect_session(
+    options: InaOptions, exchange: Exchange, timeout: timedelta
+) -> InaSession | StripedInaSession:
     """Join the INA job of ``options``: exchange addresses and rank 0 installs the job on
     the switch (unless it is installed already); return this rank's session (close it
-    when done).
+    when done). With :attr:`InaOptions.stripes`, each rank binds one socket per
+    aggregator, rank 0 installs the job on each, and the session is striped.
 
     Every rank of the group must call this; with the same options where rank 0 installs
     (a job installed already gives each rank its own address, switch and switch rank).
@@ -488,75 +541,95 @@ def connect_session(options: InaOptions, exchange: Exchange, timeout: timedelta)
             error).
         ValueError: rank or world size out of range for a job.
         TransportError: ``options.local_ip``/``bind_port`` cannot be bound.
-        OSError: no route to the switch.
+        OSError: no route to a switch.
     """
-    transport = UdpTransport(local=(options.local_ip, options.bind_port))
+    aggregators = options.aggregators
+    transports: list[UdpTransport] = []
     try:
+        for k, (switch, _) in enumerate(aggregators):
+            port = options.bind_port if k == 0 else 0
+            transports.append(UdpTransport(local=(options.local_ip_for(switch), port)))
         if options.installed and options.lanes is not None:  # lanes: __post_init__
             # The launcher installed the job for this address, as this switch rank.
             lanes = options.lanes
             rank = exchange.rank if options.switch_rank is None else options.switch_rank
             workers = options.num_workers or exchange.world_size
         else:
-            addrs = exchange.gather(json.dumps(list(transport.local_addr)))
+            mine = json.dumps([list(t.local_addr) for t in transports])
+            addrs = exchange.gather(mine)
             outcome = None if addrs is None else _install(options, [json.loads(a) for a in addrs])
             info = json.loads(exchange.share(outcome))
             if "error" in info:
                 raise InaSetupError(f"job {options.job_id}: {info['error']}")
-            # Rank 0 installed the group's ranks in order, on the one switch.
+            # Rank 0 installed the group's ranks in order, on every aggregator.
             lanes, rank, workers = int(info["lanes"]), exchange.rank, exchange.world_size
-        spec = JobSpec(
-            job_id=options.job_id,
-            rank=rank,
-            num_workers=workers,
-            switch=options.switch,
-            lanes=lanes,
-            slots=options.slots,
-        )
         deadline = options.deadline or timeout.total_seconds()
-        return InaSession(spec, transport, RetryPolicy(deadline=deadline))
+        sessions = [
+            InaSession(
+                JobSpec(options.job_id, rank, workers, switch, lanes, options.slots),
+                transport,
+                RetryPolicy(deadline=deadline),
+            )
+            for (switch, _), transport in zip(aggregators, transports, strict=True)
+        ]
+        return sessions[0] if len(sessions) == 1 else StripedInaSession(sessions)
     except BaseException:
-        transport.close()
+        for transport in transports:
+            transport.close()
         raise
 
 
 def _install(options: InaOptions, addrs: list[Any]) -> str:
-    """Rank 0: install the job with every rank's address; the outcome as JSON."""
+    """Rank 0: install the job on every aggregator with every rank's address for it
+    (``addrs[rank][aggregator]``); the outcome as JSON. A failure removes what was
+    installed."""
     from controller.client import P4RuntimeError
     from controller.switch import ControllerError, SwitchController, WorkerAddress
 
     info: dict[str, Any]
-    assert options.p4runtime is not None  # connect_session installs only then
+    done: list[str] = []
     try:
-        with SwitchController.connect(
-            options.p4runtime, device_id=options.device_id, tls=options.p4runtime_tls
-        ) as ctl:
-            workers = [WorkerAddress(str(ip), int(port)) for ip, port in addrs]
-            ctl.add_job(options.job_id, workers, options.slots)
-            info = {"lanes": ctl.lanes}
+        lanes: set[int] = set()
+        for k, (_, server) in enumerate(options.aggregators):
+            assert server is not None  # connect_session installs only then
+            with SwitchController.connect(
+                server, device_id=options.device_id, tls=options.p4runtime_tls
+            ) as ctl:
+                workers = [WorkerAddress(str(a[k][0]), int(a[k][1])) for a in addrs]
+                ctl.add_job(options.job_id, workers, options.slots)
+                done.append(server)
+                lanes.add(ctl.lanes)
+        if len(lanes) > 1:
+            raise ControllerError(f"the aggregators pack different lanes per packet: {lanes}")
+        info = {"lanes": lanes.pop()}
     except (P4RuntimeError, ControllerError, ValueError) as exc:
         # Shared with every rank, so all of them fail with the switch's reason.
-        info = {"error": f"{type(exc).__name__}: {exc}"}
+        where = f" (aggregator {len(done) + 1})" if len(options.aggregators) > 1 else ""
+        info = {"error": f"{type(exc).__name__}{where}: {exc}"}
+        _remove(options, done)
     log.info("ina job %d on %s: %s", options.job_id, options.p4runtime, info)
     return json.dumps(info)
 
 
 def remove_job(options: InaOptions) -> None:
-    """Remove the job of ``options`` from its switch; a failure is logged, not raised
-    (teardown must not hide the error that ended a run). A job installed already is its
-    launcher's to remove: nothing is done."""
+    """Remove the job of ``options`` from its switch (every aggregator); a failure is
+    logged, not raised (teardown must not hide the error that ended a run). A job
+    installed already is its launcher's to remove: nothing is done."""
+    _remove(options, [server for _, server in options.aggregators if server is not None])
+
+
+def _remove(options: InaOptions, servers: Sequence[str]) -> None:
     from controller.client import P4RuntimeError
     from controller.switch import ControllerError, SwitchController
 
-    if options.p4runtime is None:
-        return
-    try:
-        with SwitchController.connect(
-            options.p4runtime, device_id=options.device_id, tls=options.p4runtime_tls
-        ) as ctl:
-            ctl.remove_job(options.job_id)
-    except (P4RuntimeError, ControllerError) as exc:
-        log.warning("could not remove ina job %d: %s", options.job_id, exc)
+    for server in servers:
+        try:
+            with SwitchController.connect(
+                server, device_id=options.device_id, tls=options.p4runtime_tls
+            ) as ctl:
+                ctl.remove_job(options.job_id)
+        except (P4RuntimeError, ControllerError) as exc:
+            log.warning("could not remove ina job %d from %s: %s", options.job_id, server, exc)
 
 
 def connect_peers(
@@ -720,7 +793,7 @@ def uses_ina(tensor: torch.Tensor, chooser: Chooser) -> bool:
 
 # ----------------------------------------------------------------- the collectives
 def ina_allreduce_(
-    session: InaSession, tensor: torch.Tensor, *, window: int | None = None
+    session: InaSession | StripedInaSession, tensor: torch.Tensor, *, window: int | None = None
 ) -> torch.Tensor:
     """Sum ``tensor`` in place over the session's job; return it.
 

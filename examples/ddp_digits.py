@@ -144,7 +144,7 @@ def run_rank(epochs: int, seed: int) -> dict[str, Any]:
             accuracy = train(rank, world_size, data, epochs, seed)
             group = dist.group.WORLD
             if isinstance(group, InaProcessGroup):  # packets this rank sent the switch
-                report["ina_packets"] = group.session.next_seq - 1
+                report["ina_packets"] = group.session.packets
         finally:
             dist.destroy_process_group()
         report[backend] = {"accuracy": accuracy, "seconds": round(time.perf_counter() - start, 2)}

@@ -150,6 +150,8 @@ class InaSession(_InaCollectives):
         retransmission whose first answer was only late (a spurious retransmission), or a
         result duplicated on the way."""
         self.next_seq = 1
+        self.packets = 0
+        """Packets of this worker's completed calls (first copies), for statistics."""
         self._buf = bytearray(_RECV_BYTES)
         self._broken: str | None = None
 
@@ -178,6 +180,7 @@ class InaSession(_InaCollectives):
             raise
         engine.commit()
         self.next_seq = engine.next_seq
+        self.packets += engine.npackets
         self.retransmissions += engine.stats.retransmitted
         self.fast_retransmissions += engine.stats.fast_retransmitted
         self.late_answers += engine.stats.stale
@@ -278,6 +281,11 @@ class StripedInaSession(_InaCollectives):
     @property
     def late_answers(self) -> int:
         return sum(s.late_answers for s in self.stripes)
+
+    @property
+    def packets(self) -> int:
+        """Packets of this worker's completed calls, over every aggregator."""
+        return sum(s.packets for s in self.stripes)
 
     def _allreduce_flat(
         self, flat: np.ndarray, target: np.ndarray | None = None, window: int | None = None

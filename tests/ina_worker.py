@@ -6,6 +6,10 @@ one JSON line with the results' sha256 and the session's counts.
         20033], "job": 5, "rank": 0, "workers": 4, "lanes": 2048, "slots": 8,
         "elements": 100000, "dtype": "int32", "calls": 3, "seed": 1}'
 
+A job striped across aggregators gives lists instead, one entry per aggregator:
+``"bind": [[ip, port], ...], "switch": [[ip, port], ...]``. A call that fails prints
+``{"rank": r, "error": "...", "calls_done": n, "failed_after": seconds}`` and exits 3.
+
 Rank r's input of call c is ``inputs(seed, r, c, elements, dtype)`` (also imported by
 the tests, which sum them for the expected result).
 """
@@ -15,10 +19,11 @@ from __future__ import annotations
 import hashlib
 import json
 import sys
+import time
 
 import numpy as np
 
-from hostlib import InaSession, JobSpec, RetryPolicy
+from hostlib import InaError, InaSession, JobSpec, RetryPolicy, StripedInaSession
 from hostlib.transport.udp import UdpTransport
 
 
@@ -29,18 +34,43 @@ def inputs(seed: int, rank: int, call: int, elements: int, dtype: str) -> np.nda
     return rng.standard_normal(elements).astype(np.float32)
 
 
-def main(spec: dict) -> dict:
-    transport = UdpTransport(tuple(spec["bind"]))
-    job = JobSpec(spec["job"], spec["rank"], spec["workers"], tuple(spec["switch"]),
-                  spec["lanes"], spec["slots"])  # fmt: skip
-    digests = []
-    with InaSession(job, transport, RetryPolicy(deadline=spec.get("deadline", 20.0))) as s:
+def _session(spec: dict) -> InaSession | StripedInaSession:
+    policy = RetryPolicy(deadline=spec.get("deadline", 20.0))
+    striped = isinstance(spec["switch"][0], list)
+    binds, switches = (
+        (spec["bind"], spec["switch"]) if striped else ([spec["bind"]], [spec["switch"]])
+    )
+    pairs = zip(binds, switches, strict=True)
+    job = (spec["job"], spec["rank"], spec["workers"])
+    sessions = [
+        InaSession(
+            JobSpec(*job, tuple(switch), spec["lanes"], spec["slots"]),
+            UdpTransport(tuple(bind)),
+            policy,
+        )
+        for bind, switch in pairs
+    ]
+    return StripedInaSession(sessions) if striped else sessions[0]
+
+
+def main(spec: dict) -> tuple[dict, int]:
+    digests: list[str] = []
+    with _session(spec) as s:
+        started = time.monotonic()
         for call in range(spec["calls"]):
             x = inputs(spec["seed"], spec["rank"], call, spec["elements"], spec["dtype"])
-            digests.append(hashlib.sha256(s.allreduce(x).tobytes()).hexdigest())
+            started = time.monotonic()
+            try:
+                digests.append(hashlib.sha256(s.allreduce(x).tobytes()).hexdigest())
+            except InaError as exc:
+                failed = {"error": str(exc), "calls_done": call,
+                          "failed_after": time.monotonic() - started}  # fmt: skip
+                return {"rank": spec["rank"], **failed}, 3
         counts = {"retransmissions": s.retransmissions, "late_answers": s.late_answers}
-    return {"rank": spec["rank"], "sha256": digests, **counts}
+    return {"rank": spec["rank"], "sha256": digests, **counts}, 0
 
 
 if __name__ == "__main__":
-    print(json.dumps(main(json.loads(sys.argv[1]))), flush=True)
+    report, status = main(json.loads(sys.argv[1]))
+    print(json.dumps(report), flush=True)
+    sys.exit(status)

@@ -1,19 +1,24 @@
-"""A reduction server (issue #22, item 1): ``inalab switch --one-armed eth0`` on a
-machine of a cluster (``tests/cluster.py``: namespaces on a Linux bridge, no Mininet),
-configured from another machine over P4Runtime with mutual TLS (its management address
-is not loopback), serving INA ranks that run as processes on four other machines.
+"""Reduction servers (issue #22): ``inalab switch --one-armed eth0`` on machines of a
+cluster (``tests/cluster.py``: namespaces on a Linux bridge, no Mininet), configured from
+another machine over P4Runtime with mutual TLS (their management addresses are not
+loopback), serving INA ranks that run as processes on four other machines, through one
+aggregator or striped across two (``hostlib.session.StripedInaSession``).
 
 What must hold: every rank gets the exact sum; the results reach the ranks as unicast
 datagrams from the server's address; the server's other traffic (a TCP connection, ARP,
-the P4Runtime connection itself) passes untouched while it aggregates; and packets to the
-server's INA port from an address that is no worker change no job's state.
+the P4Runtime connection itself) passes untouched while it aggregates; packets to the
+server's INA port from an address that is no worker change no job's state; and an
+aggregator killed mid-run ends every rank's run with an error naming it, within the
+deadline, leaving nothing attached to its interface.
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import shutil
+import signal
 import socket
 import subprocess
 import sys
@@ -31,6 +36,7 @@ from ina_worker import inputs
 from controller.switch import SwitchController, WorkerAddress
 from controller.tls import TlsFiles
 from hostlib.protocol import INA_UDP_PORT, Header, PacketType, pack_header
+from hostlib.session import stripe_bounds
 
 REPO = Path(__file__).resolve().parents[2]
 WORKER = REPO / "tests" / "ina_worker.py"
@@ -39,6 +45,8 @@ SLOTS = 8
 JOB = 5
 RANKS = 4
 AGG_OCTET = 100
+AGGREGATORS = {"agg": AGG_OCTET, "agg2": 101, "agg3": 102}
+"""agg and agg2 serve the module; agg3 is killed by one test."""
 FORGED_SLOTS = (0, 1, 2)
 """The slots the forged packets name (set 0): a slot read over TLS is ~260 RPCs."""
 WORKER_MBIT, AGG_MBIT = 1000.0, 4000.0
@@ -56,7 +64,7 @@ def pki(tmp_path_factory: pytest.TempPathFactory) -> dict[str, TlsFiles]:
     d = tmp_path_factory.mktemp("pki")
     subprocess.run(
         ["bash", str(REPO / "examples" / "make-certs.sh"), str(d),
-         f"switch:10.77.0.{AGG_OCTET}", "ctl"],
+         "switch:" + ",".join(f"10.77.0.{o}" for o in AGGREGATORS.values()), "ctl"],
         check=True, capture_output=True, timeout=60,
     )  # fmt: skip
     return {
@@ -67,27 +75,24 @@ def pki(tmp_path_factory: pytest.TempPathFactory) -> dict[str, TlsFiles]:
 
 @pytest.fixture(scope="module")
 def cluster() -> Iterator[Cluster]:
-    machines = {f"w{r}": r + 1 for r in range(RANKS)} | {"agg": AGG_OCTET, "intruder": 66}
-    rates = {name: WORKER_MBIT for name in machines} | {"agg": AGG_MBIT}
+    machines = {f"w{r}": r + 1 for r in range(RANKS)} | AGGREGATORS | {"intruder": 66}
+    rates = {name: WORKER_MBIT for name in machines} | dict.fromkeys(AGGREGATORS, AGG_MBIT)
     with Cluster(machines, rates=rates) as c:
         yield c
 
 
-@pytest.fixture(scope="module")
-def server(
-    cluster: Cluster, pki: dict[str, TlsFiles], tmp_path_factory: pytest.TempPathFactory
-) -> Iterator[dict[str, Any]]:
-    """``inalab switch --one-armed eth0`` on machine agg; its ready file's content."""
-    run = tmp_path_factory.mktemp("agg")
+@contextlib.contextmanager
+def _serving(machine: Any, pki: dict[str, TlsFiles], run: Path) -> Iterator[dict[str, Any]]:
+    """``inalab switch --one-armed eth0`` on ``machine``; its ready file's content, with
+    its log and process."""
     ready, log = run / "ready.json", run / "switch.log"
-    agg = cluster["agg"]
     env = {**os.environ, "PYTHONPATH": str(REPO)}
     with log.open("w") as out:
         proc = subprocess.Popen(
-            agg.command([sys.executable, "-m", "emulation.cli", "switch", "-v",
-                         "--one-armed", "eth0", "--lanes", str(LANES), "--slots", "64",
-                         "--p4runtime", f"{agg.ip}:9559", "--p4runtime-tls", str(pki["switch"]),
-                         "--ready-file", str(ready)]),
+            machine.command([sys.executable, "-m", "emulation.cli", "switch", "-v",
+                             "--one-armed", "eth0", "--lanes", str(LANES), "--slots", "64",
+                             "--p4runtime", f"{machine.ip}:9559",
+                             "--p4runtime-tls", str(pki["switch"]), "--ready-file", str(ready)]),
             stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=env,
         )  # fmt: skip
     try:
@@ -99,38 +104,75 @@ def server(
         info = json.loads(ready.read_text())
         yield {**info, "log": log, "proc": proc}
     finally:
-        proc.terminate()
+        if proc.poll() is None:
+            proc.terminate()
         try:
             code = proc.wait(timeout=30)
         except subprocess.TimeoutExpired:
             proc.kill()
             raise
-    assert code == 0, log.read_text()
+    assert code in (0, -signal.SIGKILL), log.read_text()
+
+
+@pytest.fixture(scope="module")
+def server(
+    cluster: Cluster, pki: dict[str, TlsFiles], tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[dict[str, Any]]:
+    with _serving(cluster["agg"], pki, tmp_path_factory.mktemp("agg")) as info:
+        yield info
+
+
+@pytest.fixture(scope="module")
+def server2(
+    cluster: Cluster, pki: dict[str, TlsFiles], tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[dict[str, Any]]:
+    with _serving(cluster["agg2"], pki, tmp_path_factory.mktemp("agg2")) as info:
+        yield info
 
 
 def _controller(server: dict[str, Any], pki: dict[str, TlsFiles]) -> SwitchController:
     return SwitchController.connect(server["p4runtime"], tls=pki["ctl"], timeout=10)
 
 
-def _run_ranks(cluster: Cluster, server: dict[str, Any], calls: int, elements: int,
-               dtype: str) -> list[dict[str, Any]]:  # fmt: skip
+def _workers(cluster: Cluster, k: int = 0) -> list[WorkerAddress]:
+    """The ranks' addresses for aggregator ``k`` (a port per aggregator)."""
+    return [WorkerAddress(cluster[f"w{r}"].ip, 41000 + 100 * k + r) for r in range(RANKS)]
+
+
+def _start_ranks(cluster: Cluster, servers: list[dict[str, Any]], calls: int, elements: int,
+                 dtype: str, deadline: float = 20.0) -> list[subprocess.Popen[str]]:  # fmt: skip
+    """tests/ina_worker.py on each worker machine, striped when given two servers."""
     env = {**os.environ, "PYTHONPATH": str(REPO)}
     procs = []
     for r in range(RANKS):
         machine = cluster[f"w{r}"]
-        spec = {"bind": [machine.ip, 41000 + r], "switch": server["data"], "job": JOB,
+        binds = [[a.ip, a.udp_port] for a in (_workers(cluster, k)[r] for k in range(len(servers)))]
+        switches = [s["data"] for s in servers]
+        striped = len(servers) > 1
+        spec = {"bind": binds if striped else binds[0],
+                "switch": switches if striped else switches[0], "job": JOB,
                 "rank": r, "workers": RANKS, "lanes": LANES, "slots": SLOTS,
-                "elements": elements, "dtype": dtype, "calls": calls, "seed": 7}  # fmt: skip
+                "elements": elements, "dtype": dtype, "calls": calls, "seed": 7,
+                "deadline": deadline}  # fmt: skip
         procs.append(subprocess.Popen(
             machine.command([sys.executable, str(WORKER), json.dumps(spec)]),
             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env,
         ))  # fmt: skip
+    return procs
+
+
+def _reports(procs: list[subprocess.Popen[str]], ok: bool = True) -> list[dict[str, Any]]:
     outs = []
     for p in procs:
         stdout, stderr = p.communicate(timeout=120)
-        assert p.returncode == 0, stderr
+        assert p.returncode == (0 if ok else 3), (stdout, stderr)
         outs.append(json.loads(stdout.strip().splitlines()[-1]))
     return outs
+
+
+def _run_ranks(cluster: Cluster, server: dict[str, Any], calls: int, elements: int,
+               dtype: str) -> list[dict[str, Any]]:  # fmt: skip
+    return _reports(_start_ranks(cluster, [server], calls, elements, dtype))
 
 
 def _expected(calls: int, elements: int, dtype: str) -> list[np.ndarray]:
@@ -154,7 +196,7 @@ def test_ranks_on_other_machines_get_exact_sums_while_tcp_to_the_server_works(
 ) -> None:
     import hashlib
 
-    workers = [WorkerAddress(cluster[f"w{r}"].ip, 41000 + r) for r in range(RANKS)]
+    workers = _workers(cluster)
     echo = _tcp_echo_server(cluster["agg"])
     try:
         with _controller(server, pki) as ctl:
@@ -184,10 +226,113 @@ def test_ranks_on_other_machines_get_exact_sums_while_tcp_to_the_server_works(
     assert "P4Runtime: 10.77.0.254:" in log and "connected as ctl" in log, log
 
 
+def test_ranks_get_exact_sums_striped_across_two_aggregators(
+    cluster: Cluster,
+    server: dict[str, Any],
+    server2: dict[str, Any],
+    pki: dict[str, TlsFiles],
+) -> None:
+    import hashlib
+
+    calls, elements = 3, 100_003
+    servers = [server, server2]
+    echoes = [_tcp_echo_server(cluster[name]) for name in ("agg", "agg2")]
+    pings = [_TcpPinger(cluster[name].ip) for name in ("agg", "agg2")]
+    try:
+        with _controller(server, pki) as ctl, _controller(server2, pki) as ctl2:
+            ctls = [ctl, ctl2]
+            for k, c in enumerate(ctls):
+                c.add_job(JOB, _workers(cluster, k), SLOTS)
+            before = [c.counters() for c in ctls]
+            for p in pings:
+                p.start()
+            try:
+                outs = _reports(_start_ranks(cluster, servers, calls, elements, "int32"))
+            finally:
+                for p in pings:
+                    p.stop()
+            after = [c.counters() for c in ctls]
+            for c in ctls:
+                c.remove_job(JOB)
+    finally:
+        for echo in echoes:
+            echo.kill()
+            echo.wait()
+    want = [hashlib.sha256(x.tobytes()).hexdigest() for x in _expected(calls, elements, "int32")]
+    for out in outs:
+        assert out["sha256"] == want, out
+    for p in pings:
+        assert p.rounds >= 3 and p.failures == 0, (p.rounds, p.failures)
+    for k in range(2):  # each aggregator completed exactly its stripe's packets
+        lo, hi = stripe_bounds(elements, LANES, 2, k)
+        delta = {key: after[k][key] - before[k].get(key, 0) for key in after[k]}
+        assert delta["completed"] == calls * -(-(hi - lo) // LANES), (k, delta)
+        assert delta.get("drop_bad_source", 0) == 0, (k, delta)
+
+
+@pytest.mark.timeout(240)
+def test_an_aggregator_killed_mid_run_fails_every_rank_naming_it(
+    cluster: Cluster,
+    server: dict[str, Any],
+    pki: dict[str, TlsFiles],
+    tmp_path: Path,
+) -> None:
+    """kill -9 of the second aggregator's switch: every rank's call ends with the
+    error naming it within the deadline, every rank process exits, and nothing stays on
+    the dead server's interface (its program went with its process: an INA datagram to
+    it then reaches its host's socket)."""
+    deadline = 3.0
+    agg3 = cluster["agg3"]
+    with _serving(agg3, pki, tmp_path) as server3:
+        with _controller(server, pki) as ctl, _controller(server3, pki) as ctl3:
+            for k, c in enumerate((ctl, ctl3)):
+                c.add_job(JOB, _workers(cluster, k), SLOTS)
+            try:
+                procs = _start_ranks(cluster, [server, server3], 10_000, 50_000, "int32",
+                                     deadline=deadline)  # fmt: skip
+                start = ctl3.counters()["completed"]
+                waited = time.monotonic() + 60
+                while ctl3.counters()["completed"] < start + 50:  # calls through both
+                    assert time.monotonic() < waited and all(p.poll() is None for p in procs)
+                    time.sleep(0.05)
+                server3["proc"].send_signal(signal.SIGKILL)
+                killed = time.monotonic()
+                outs = _reports(procs, ok=False)
+                took = time.monotonic() - killed
+            finally:
+                ctl.remove_job(JOB)
+        assert server3["proc"].wait(timeout=10) == -signal.SIGKILL
+    where = f"aggregator 2 of 2 ({agg3.ip}:{INA_UDP_PORT})"
+    for out in outs:
+        assert where in out["error"] and "no result from switch" in out["error"], out
+        assert out["calls_done"] > 0 and out["failed_after"] <= deadline + 1.0, out
+    assert took <= 2 * deadline + 5.0, took
+    # Nothing left on agg3's eth0: no clsact filter, and INA datagrams reach its stack.
+    filters = subprocess.run(agg3.command(["tc", "filter", "show", "dev", "eth0", "ingress"]),
+                             capture_output=True, text=True, check=False)  # fmt: skip
+    assert "bpf" not in filters.stdout, filters.stdout
+    script = (
+        "import socket\n"
+        "s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)\n"
+        f"s.bind(('{agg3.ip}', {INA_UDP_PORT})); s.settimeout(10)\n"
+        "print(len(s.recvfrom(65536)[0]), flush=True)\n"
+    )
+    listener = subprocess.Popen(agg3.command([sys.executable, "-c", script]),
+                                stdout=subprocess.PIPE, text=True)  # fmt: skip
+    time.sleep(1.0)
+    packet = pack_header(Header(PacketType.DATA, JOB, 0, 0, 0, 1, 4, 0)) + bytes(16)
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
+        for _ in range(5):
+            s.sendto(packet, (agg3.ip, INA_UDP_PORT))
+            time.sleep(0.1)
+    stdout, _ = listener.communicate(timeout=20)
+    assert listener.returncode == 0 and int(stdout) == len(packet), stdout
+
+
 def test_forged_and_malformed_packets_change_no_jobs_state(
     cluster: Cluster, server: dict[str, Any], pki: dict[str, TlsFiles]
 ) -> None:
-    workers = [WorkerAddress(cluster[f"w{r}"].ip, 41000 + r) for r in range(RANKS)]
+    workers = _workers(cluster)
     with _controller(server, pki) as ctl:
         ctl.add_job(JOB, workers, SLOTS)
         try:
@@ -293,27 +438,35 @@ class _TcpPinger(threading.Thread):
 
 @pytest.mark.slow
 @pytest.mark.timeout(420)
-def test_torchrun_ranks_on_four_machines_train_ddp_through_the_server(
-    cluster: Cluster, server: dict[str, Any], pki: dict[str, TlsFiles]
+@pytest.mark.parametrize("aggregators", [1, 2])
+def test_torchrun_ranks_on_four_machines_train_ddp_through_the_servers(
+    cluster: Cluster,
+    server: dict[str, Any],
+    server2: dict[str, Any],
+    pki: dict[str, TlsFiles],
+    aggregators: int,
 ) -> None:
     """The README's deployment: torchrun on each worker machine (static rendezvous at
-    machine w0), the ``"ina"`` backend told only the server's data and P4Runtime
+    machine w0), the ``"ina"`` backend told only the servers' data and P4Runtime
     addresses and the controller's certificate; each rank binds the address its routes
-    use toward the server, and rank 0 installs the job over mutual TLS."""
+    use toward each server, and rank 0 installs the job on each over mutual TLS."""
+    servers = [server, server2][:aggregators]
     env = {
         **os.environ,
         "PYTHONPATH": str(REPO),
         "OMP_NUM_THREADS": "1",
         "GLOO_SOCKET_IFNAME": "eth0",
-        "INALAB_SWITCH": "{}:{}".format(*server["data"]),
-        "INALAB_P4RUNTIME": server["p4runtime"],
+        "INALAB_SWITCH": ",".join("{}:{}".format(*s["data"]) for s in servers),
+        "INALAB_P4RUNTIME": ",".join(s["p4runtime"] for s in servers),
         "INALAB_P4RUNTIME_TLS": str(pki["ctl"]),
         "INALAB_JOB": "1",
         "INALAB_SLOTS": str(SLOTS),
     }
     torchrun = str(Path(sys.executable).with_name("torchrun"))
-    with _controller(server, pki) as ctl:
-        before = ctl.counters()
+    before = []
+    for s in servers:
+        with _controller(s, pki) as ctl:
+            before.append(ctl.counters()["completed"])
     procs = []
     for r in range(RANKS):
         argv = [torchrun, "--nnodes", str(RANKS), "--nproc-per-node", "1", "--node-rank",
@@ -332,8 +485,11 @@ def test_torchrun_ranks_on_four_machines_train_ddp_through_the_server(
         # of Gloo's, which leaves the accuracy on 360 test digits where Gloo's is.
         assert abs(r["ina"]["accuracy"] - r["gloo"]["accuracy"]) <= 0.02, r
         assert r["ina"]["accuracy"] > 0.5 and r["ina_packets"] > 0, r
-    with _controller(server, pki) as ctl:
-        after = ctl.counters()
-        assert ctl.installed_jobs() == []  # rank 0 removed its job at shutdown
-    sent = reports[0]["ina_packets"]
-    assert after["completed"] - before["completed"] == sent, (before, after, sent)
+    completed = 0
+    for s, was in zip(servers, before, strict=True):
+        with _controller(s, pki) as ctl:
+            assert ctl.installed_jobs() == []  # rank 0 removed its job at shutdown
+            done = ctl.counters()["completed"] - was
+            assert done > 0, s  # every aggregator took its stripes
+            completed += done
+    assert completed == reports[0]["ina_packets"], (completed, reports[0])

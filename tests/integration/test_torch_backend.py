@@ -23,7 +23,12 @@ import torch.distributed as dist  # noqa: E402
 import torch.multiprocessing as mp  # noqa: E402
 
 from dynamiccl.ddp import InaHookState, ina_allreduce_hook  # noqa: E402
-from dynamiccl.torch_backend import InaOptions, InaProcessGroup, InaSetupError  # noqa: E402
+from dynamiccl.torch_backend import (  # noqa: E402
+    Aggregator,
+    InaOptions,
+    InaProcessGroup,
+    InaSetupError,
+)
 from emulation.softswitch.process import SoftSwitchProcess  # noqa: E402
 from hostlib.quantize import error_bound  # noqa: E402
 
@@ -204,6 +209,28 @@ def _installed_rank(rank: int, world: int, init: str, env: list[dict[str, str]])
     dist.destroy_process_group()
 
 
+def _striped_rank(rank: int, world: int, init: str, options: InaOptions) -> None:
+    from hostlib.session import StripedInaSession
+
+    dist.init_process_group(
+        "ina", init_method=init, rank=rank, world_size=world, timeout=TIMEOUT, pg_options=options
+    )
+    pg = dist.group.WORLD
+    assert isinstance(pg, InaProcessGroup) and isinstance(pg.session, StripedInaSession)
+    lanes = pg.session.spec.lanes
+    for count in (1, 3 * lanes + 5, 40_000):
+        x = torch.from_numpy(_inputs(rank, count, "int32"))
+        dist.all_reduce(x)
+        ref, _ = _expected(world, count, "int32")
+        np.testing.assert_array_equal(x.numpy(), ref.astype(np.int32))
+        x = torch.from_numpy(_inputs(rank, count, "float32"))
+        dist.all_reduce(x)
+        ref, absmax = _expected(world, count, "float32")
+        err = np.abs(x.numpy().astype(np.float64) - ref)
+        assert np.all(err <= error_bound(absmax, world, lanes, ref)), err.max()
+    dist.destroy_process_group()
+
+
 def _cuda_rank(rank: int, world: int, init: str, options: InaOptions) -> None:
     dist.init_process_group(
         "ina", init_method=init, rank=rank, world_size=world, timeout=TIMEOUT, pg_options=options
@@ -295,6 +322,18 @@ def test_a_job_installed_already_by_a_launcher(switch: SoftSwitchProcess) -> Non
             ctl.remove_job(job_id)
 
 
+@pytest.mark.slow
+def test_a_job_striped_across_two_aggregators(switch: SoftSwitchProcess, tmp_path: Path) -> None:
+    with SoftSwitchProcess(tmp_path / "second") as second:
+        stripe = Aggregator(second.data_addr, second.p4runtime_address)
+        options = _options(switch, 60, stripes=(stripe,))
+        _spawn(_striped_rank, 3, options)
+        for sw in (switch, second):  # rank 0 removed the job from both at shutdown
+            with sw.controller() as ctl:
+                assert 60 not in [j.job_id for j in ctl.installed_jobs()]
+                assert ctl.counters()["aggregated"] > 0
+
+
 @pytest.mark.gpu
 def test_cuda_tensors_are_staged_through_host_memory(switch: SoftSwitchProcess) -> None:
     _spawn(_cuda_rank, 2, _options(switch, 40))
@@ -345,6 +384,25 @@ def test_options_of_a_job_installed_already_from_the_environment() -> None:
     # Rank 0 installs when INALAB_P4RUNTIME is set; INALAB_PORT applies there too.
     opts = InaOptions.from_env(env | {"INALAB_P4RUNTIME": "127.0.0.1:9559"})
     assert not opts.installed and opts.bind_port == 47000
+    with pytest.raises(InaSetupError, match="2 aggregators in INALAB_SWITCH need INALAB_P4RUN"):
+        InaOptions.from_env(env | {"INALAB_SWITCH": "10.0.0.1:1,10.0.0.2:1"})
+    with pytest.raises(ValueError, match="installed already runs on one aggregator"):
+        InaOptions(("10.0.0.1", 1), None, 1, lanes=64, stripes=(Aggregator(("b", 1), "b:2"),))
+
+
+def test_options_of_a_job_striped_across_aggregators_from_the_environment() -> None:
+    env = {
+        "INALAB_SWITCH": "10.0.0.1:20033, 10.0.1.1:20033",
+        "INALAB_P4RUNTIME": "10.0.0.1:9559,10.0.1.1:9559",
+        "INALAB_JOB": "3",
+    }
+    opts = InaOptions.from_env(env)
+    assert opts.aggregators == [
+        (("10.0.0.1", 20033), "10.0.0.1:9559"),
+        (("10.0.1.1", 20033), "10.0.1.1:9559"),
+    ]
+    with pytest.raises(InaSetupError, match=r"names 2 aggregator.*INALAB_P4RUNTIME 1"):
+        InaOptions.from_env(env | {"INALAB_P4RUNTIME": "10.0.0.1:9559"})
 
 
 def test_the_dynamiccl_chooser_from_the_environment(tmp_path: Path) -> None:
