@@ -30,12 +30,15 @@ def _tc(*argv: str, netns: str | None = None) -> None:
 
 @dataclass
 class Machine:
-    """One namespace: its name, address and the interface (``eth0``) it has."""
+    """One namespace: its name, address and the interface (``eth0``) it has, and the
+    root namespace's end of its veth (on the bridge: its counters are the machine's
+    traffic, ``rx`` what it sent)."""
 
     name: str
     netns: str
     ip: str
     ifname: str = "eth0"
+    outside: str = ""
 
     def command(self, argv: Sequence[str]) -> list[str]:
         """``argv`` run inside this machine."""
@@ -52,11 +55,13 @@ class Cluster:
         net: the second octet of the subnet.
         rates: name -> link rate in Mbit/s (HTB on both ends of its veth); absent:
             unshaped.
+        mtu: every interface's MTU (9000: jumbo frames, for 2048-lane INA packets).
     """
 
     machines: dict[str, int]
     net: int = 77
     rates: dict[str, float] = field(default_factory=dict)
+    mtu: int = 1500
     tag: str = field(default_factory=lambda: f"c{os.getpid() % 100000}")
     made: dict[str, Machine] = field(default_factory=dict, init=False)
     _bridge: str | None = field(default=None, init=False)
@@ -87,18 +92,18 @@ class Cluster:
         _ip("link", "add", bridge, "type", "bridge")
         self._bridge = bridge
         _ip("addr", "add", f"{self.bridge_ip}/24", "dev", bridge)
-        _ip("link", "set", bridge, "up")
+        _ip("link", "set", bridge, "mtu", str(self.mtu), "up")
         for i, (name, octet) in enumerate(sorted(self.machines.items())):
             netns = f"{self.tag}-{name}"
             _ip("netns", "add", netns)
-            machine = Machine(name, netns, f"10.{self.net}.0.{octet}")
-            self.made[name] = machine
             outside = f"{self.tag}v{i}"
+            machine = Machine(name, netns, f"10.{self.net}.0.{octet}", outside=outside)
+            self.made[name] = machine
             _ip("link", "add", outside, "type", "veth", "peer", "name", "eth0", "netns", netns)
             self._veths.append(outside)
-            _ip("link", "set", outside, "master", bridge, "up")
+            _ip("link", "set", outside, "master", bridge, "mtu", str(self.mtu), "up")
             _ip("addr", "add", f"{machine.ip}/24", "dev", "eth0", netns=netns)
-            _ip("link", "set", "eth0", "up", netns=netns)
+            _ip("link", "set", "eth0", "mtu", str(self.mtu), "up", netns=netns)
             _ip("link", "set", "lo", "up", netns=netns)
             rate = self.rates.get(name)
             if rate is not None:  # both ways: out of the machine, and out of the bridge

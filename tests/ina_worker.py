@@ -1,6 +1,6 @@
 """One INA rank as a process, for tests that place ranks in network namespaces
 (``tests/cluster.py``): bind, join the job installed already, run the allreduces, print
-one JSON line with the results' sha256 and the session's counts.
+one JSON line with the results' sha256, each call's seconds and the session's counts.
 
     python tests/ina_worker.py '{"bind": ["10.77.0.1", 41000], "switch": ["10.77.0.100",
         20033], "job": 5, "rank": 0, "workers": 4, "lanes": 2048, "slots": 8,
@@ -55,19 +55,22 @@ def _session(spec: dict) -> InaSession | StripedInaSession:
 
 def main(spec: dict) -> tuple[dict, int]:
     digests: list[str] = []
+    seconds: list[float] = []
     with _session(spec) as s:
         started = time.monotonic()
         for call in range(spec["calls"]):
             x = inputs(spec["seed"], spec["rank"], call, spec["elements"], spec["dtype"])
             started = time.monotonic()
             try:
-                digests.append(hashlib.sha256(s.allreduce(x).tobytes()).hexdigest())
+                result = s.allreduce(x)
+                seconds.append(time.monotonic() - started)
+                digests.append(hashlib.sha256(result.tobytes()).hexdigest())
             except InaError as exc:
                 failed = {"error": str(exc), "calls_done": call,
                           "failed_after": time.monotonic() - started}  # fmt: skip
                 return {"rank": spec["rank"], **failed}, 3
         counts = {"retransmissions": s.retransmissions, "late_answers": s.late_answers}
-    return {"rank": spec["rank"], "sha256": digests, **counts}, 0
+    return {"rank": spec["rank"], "sha256": digests, "seconds": seconds, **counts}, 0
 
 
 if __name__ == "__main__":
