@@ -2,9 +2,10 @@
 
 star8 at 200 Mbit/s with 5% loss on every link, each way, applied by the eBPF switch
 (this kernel has no netem): INA, CollNet, the ring and the tree each finish every size
-of ``-b 64K -e 4M -n 5`` with no wrong element, three runs in a row. Before the
+of ``-b 64K -e 1M -n 5`` with no wrong element, three runs in a row. Before the
 end-of-call responder a ring or tree run failed one time in two with a rank waiting for
-the ack of its last packet (#18).
+the ack of its last packet (#18): what matters is the number of calls and losses, so the
+sizes stop at 1 MiB (with 4 MiB a run took 45 s in CI, now about 21 s).
 """
 
 from __future__ import annotations
@@ -20,7 +21,7 @@ pytestmark = [pytest.mark.root, pytest.mark.mininet, pytest.mark.ebpf, pytest.ma
 
 REPO = Path(__file__).resolve().parents[2]
 ALGOS = ("ina", "collnet", "ring", "tree")
-SIZES = [64 << 10, 256 << 10, 1 << 20, 4 << 20]
+SIZES = [64 << 10, 256 << 10, 1 << 20]
 
 
 @pytest.mark.parametrize("run", range(3))
@@ -29,7 +30,7 @@ def test_star8_under_five_percent_link_loss(tmp_path: Path, run: int) -> None:
     proc = subprocess.run(
         [sys.executable, "-m", "emulation.cli", "emulate", str(REPO / "topologies/star8.yaml"),
          "--bw", "200", "--link-loss", "0.05", "--datapath", "ebpf",
-         "--run-dir", str(tmp_path / "run"), "bench", "-b", "64K", "-e", "4M", "-n", "5",
+         "--run-dir", str(tmp_path / "run"), "bench", "-b", "64K", "-e", "1M", "-n", "5",
          "-w", "1", "-d", "float32", "--algos", ",".join(ALGOS), "--seed", str(run),
          "--json", str(out)],
         capture_output=True, text=True, timeout=900, cwd=REPO,
