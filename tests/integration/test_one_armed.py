@@ -15,6 +15,7 @@ deadline, leaving nothing attached to its interface.
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import json
 import os
 import shutil
@@ -35,6 +36,7 @@ from ina_worker import inputs
 
 from controller.switch import SwitchController, WorkerAddress
 from controller.tls import TlsFiles
+from emulation.softswitch.ebpf.lanes import lane_commands
 from hostlib.protocol import INA_UDP_PORT, Header, PacketType, pack_header
 from hostlib.session import stripe_bounds
 
@@ -45,8 +47,10 @@ SLOTS = 8
 JOB = 5
 RANKS = 4
 AGG_OCTET = 100
-AGGREGATORS = {"agg": AGG_OCTET, "agg2": 101, "agg3": 102}
-"""agg and agg2 serve the module; agg3 is killed by one test."""
+AGGREGATORS = {"agg": AGG_OCTET, "agg2": 101, "agg3": 102, "agg4": 103}
+"""agg and agg2 serve the module; agg3 and agg4 serve single tests (lossy links, a kill)."""
+FAULTS = "loss=0.05,dup=0.05,reorder=0.1,ingress"
+"""An aggregator's link, both ways (every INA frame crosses it): emulated by its program."""
 FORGED_SLOTS = (0, 1, 2)
 """The slots the forged packets name (set 0): a slot read over TLS is ~260 RPCs."""
 WORKER_MBIT, AGG_MBIT = 1000.0, 4000.0
@@ -82,9 +86,10 @@ def cluster() -> Iterator[Cluster]:
 
 
 @contextlib.contextmanager
-def _serving(machine: Any, pki: dict[str, TlsFiles], run: Path) -> Iterator[dict[str, Any]]:
-    """``inalab switch --one-armed eth0`` on ``machine``; its ready file's content, with
-    its log and process."""
+def _serving(machine: Any, pki: dict[str, TlsFiles], run: Path,
+             *extra: str) -> Iterator[dict[str, Any]]:  # fmt: skip
+    """``inalab switch --one-armed eth0`` on ``machine`` (and ``extra`` arguments); its
+    ready file's content, with its log and process."""
     ready, log = run / "ready.json", run / "switch.log"
     env = {**os.environ, "PYTHONPATH": str(REPO)}
     with log.open("w") as out:
@@ -92,7 +97,8 @@ def _serving(machine: Any, pki: dict[str, TlsFiles], run: Path) -> Iterator[dict
             machine.command([sys.executable, "-m", "emulation.cli", "switch", "-v",
                              "--one-armed", "eth0", "--lanes", str(LANES), "--slots", "64",
                              "--p4runtime", f"{machine.ip}:9559",
-                             "--p4runtime-tls", str(pki["switch"]), "--ready-file", str(ready)]),
+                             "--p4runtime-tls", str(pki["switch"]), "--ready-file", str(ready),
+                             *extra]),
             stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=env,
         )  # fmt: skip
     try:
@@ -194,8 +200,6 @@ def test_the_ready_file_names_the_servers_ina_address(
 def test_ranks_on_other_machines_get_exact_sums_while_tcp_to_the_server_works(
     cluster: Cluster, server: dict[str, Any], pki: dict[str, TlsFiles]
 ) -> None:
-    import hashlib
-
     workers = _workers(cluster)
     echo = _tcp_echo_server(cluster["agg"])
     try:
@@ -232,8 +236,6 @@ def test_ranks_get_exact_sums_striped_across_two_aggregators(
     server2: dict[str, Any],
     pki: dict[str, TlsFiles],
 ) -> None:
-    import hashlib
-
     calls, elements = 3, 100_003
     servers = [server, server2]
     echoes = [_tcp_echo_server(cluster[name]) for name in ("agg", "agg2")]
@@ -327,6 +329,62 @@ def test_an_aggregator_killed_mid_run_fails_every_rank_naming_it(
             time.sleep(0.1)
     stdout, _ = listener.communicate(timeout=20)
     assert listener.returncode == 0 and int(stdout) == len(packet), stdout
+
+
+@pytest.mark.timeout(300)
+@pytest.mark.parametrize("dtype", ["int32", "float32"])
+def test_loss_duplication_and_reordering_on_the_aggregators_links_change_no_bit(
+    cluster: Cluster,
+    server: dict[str, Any],
+    server2: dict[str, Any],
+    pki: dict[str, TlsFiles],
+    tmp_path: Path,
+    dtype: str,
+) -> None:
+    """The same calls striped across two lossless aggregators, then across two whose
+    links lose, duplicate and reorder 5%, 5% and 10% of the frames each way: every rank's
+    results are the same bits."""
+    calls, elements = 3, 60_001
+
+    def run(servers: list[dict[str, Any]]) -> list[dict[str, Any]]:
+        with _controller(servers[0], pki) as c0, _controller(servers[1], pki) as c1:
+            for k, c in enumerate((c0, c1)):
+                c.add_job(JOB, _workers(cluster, k), SLOTS)
+            try:
+                return _reports(_start_ranks(cluster, servers, calls, elements, dtype))
+            finally:
+                for c in (c0, c1):
+                    c.remove_job(JOB)
+
+    clean = run([server, server2])
+    with contextlib.ExitStack() as stack:
+        lossy = []
+        for name in ("agg3", "agg4"):
+            machine = cluster[name]
+            shown = subprocess.run(machine.command(["tc", "class", "show", "dev", "eth0"]),
+                                   capture_output=True, text=True, check=True).stdout  # fmt: skip
+            if "5:4" not in shown:  # the lanes the program holds frames back in, once
+                for command in lane_commands("eth0"):
+                    subprocess.run(machine.command(command), check=True, capture_output=True)
+            stats = tmp_path / f"{name}-links.json"
+            (tmp_path / name).mkdir()
+            lossy.append(stack.enter_context(_serving(
+                machine, pki, tmp_path / name, "--link", f"1:{FAULTS}", "--link-stats",
+                str(stats))))  # fmt: skip
+        faulty = run(lossy)
+    assert len({tuple(r["sha256"]) for r in clean}) == 1, clean
+    for got in faulty:
+        assert got["sha256"] == clean[0]["sha256"], got
+    if dtype == "int32":
+        want = [x.tobytes() for x in _expected(calls, elements, dtype)]
+        assert clean[0]["sha256"] == [hashlib.sha256(b).hexdigest() for b in want]
+    assert sum(r["retransmissions"] for r in faulty) > 0
+    for name in ("agg3", "agg4"):  # the links did lose, copy and hold back frames
+        counts = json.loads((tmp_path / f"{name}-links.json").read_text())["ports"]["1"]
+        for way in ("ingress", "egress"):
+            c = counts[way]
+            assert c["lost"] > 0 and c["duplicated"] > 0, (name, way, c)
+        assert counts["egress"]["reordered"] > 0, (name, counts)
 
 
 def test_forged_and_malformed_packets_change_no_jobs_state(
