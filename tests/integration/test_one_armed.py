@@ -525,18 +525,33 @@ def test_torchrun_ranks_on_four_machines_train_ddp_through_the_servers(
     for s in servers:
         with _controller(s, pki) as ctl:
             before.append(ctl.counters()["completed"])
+    names = ["agg", "agg2"][:aggregators]
+    echoes = [_tcp_echo_server(cluster[name]) for name in names]
+    pings = [_TcpPinger(cluster[name].ip) for name in names]  # busy throughout the job
     procs = []
-    for r in range(RANKS):
-        argv = [torchrun, "--nnodes", str(RANKS), "--nproc-per-node", "1", "--node-rank",
-                str(r), "--master-addr", cluster["w0"].ip, "--master-port", "29500",
-                str(REPO / "examples" / "ddp_digits.py"), "--epochs", "2"]  # fmt: skip
-        procs.append(subprocess.Popen(cluster[f"w{r}"].command(argv), stdout=subprocess.PIPE,
-                                      stderr=subprocess.PIPE, text=True, env=env))  # fmt: skip
-    reports = []
-    for p in procs:
-        stdout, stderr = p.communicate(timeout=400)
-        assert p.returncode == 0, stderr[:6000]
-        reports += [json.loads(line) for line in stdout.splitlines() if line.startswith("{")]
+    try:
+        for p in pings:
+            p.start()
+        for r in range(RANKS):
+            argv = [torchrun, "--nnodes", str(RANKS), "--nproc-per-node", "1", "--node-rank",
+                    str(r), "--master-addr", cluster["w0"].ip, "--master-port", "29500",
+                    str(REPO / "examples" / "ddp_digits.py"), "--epochs", "2"]  # fmt: skip
+            procs.append(subprocess.Popen(cluster[f"w{r}"].command(argv),
+                                          stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                          text=True, env=env))  # fmt: skip
+        reports = []
+        for proc in procs:
+            stdout, stderr = proc.communicate(timeout=400)
+            assert proc.returncode == 0, stderr[:6000]
+            reports += [json.loads(line) for line in stdout.splitlines() if line.startswith("{")]
+    finally:
+        for p in pings:
+            p.stop()
+        for echo in echoes:
+            echo.kill()
+            echo.wait()
+    for p in pings:
+        assert p.rounds >= 10 and p.failures == 0, (p.rounds, p.failures)
     assert sorted(r["rank"] for r in reports) == list(range(RANKS)), reports
     for r in reports:
         # One model trained twice from one seed: INA's float32 sums are within its bound
