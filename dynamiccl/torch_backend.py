@@ -607,7 +607,8 @@ def _install(options: InaOptions, addrs: list[Any]) -> str:
         where = f" (aggregator {len(done) + 1})" if len(options.aggregators) > 1 else ""
         info = {"error": f"{type(exc).__name__}{where}: {exc}"}
         _remove(options, done)
-    log.info("ina job %d on %s: %s", options.job_id, options.p4runtime, info)
+    servers = ", ".join(str(server) for _, server in options.aggregators)
+    log.info("ina job %d on %s: %s", options.job_id, servers, info)
     return json.dumps(info)
 
 

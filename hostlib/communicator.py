@@ -23,7 +23,14 @@ from hostlib.actions import ActionError, algorithms_for
 from hostlib.collnet import CollNetAllreduce
 from hostlib.p2p import PeerCollective
 from hostlib.ring import RingAllreduce
-from hostlib.session import InaSession, StripedInaSession, as_numpy, part_bounds, reduce_flat
+from hostlib.session import (
+    InaSession,
+    StripedInaSession,
+    as_numpy,
+    close_all,
+    part_bounds,
+    reduce_flat,
+)
 from hostlib.tree import TreeCall
 
 __all__ = ["ActionLike", "Communicator"]
@@ -206,12 +213,4 @@ class Communicator:
     def close(self) -> None:
         """Close every session (the p2p ones answer their peers a moment first); the first
         error is raised after all were closed. The CollNet group is its owner's."""
-        errors = []
-        for session in (self.tree, self.ring, self.ina):
-            try:
-                if session is not None:
-                    session.close()
-            except Exception as exc:  # close the others too, then report the first
-                errors.append(exc)
-        if errors:
-            raise errors[0]
+        close_all(s for s in (self.tree, self.ring, self.ina) if s is not None)

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import functools
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any
 
@@ -19,6 +19,7 @@ __all__ = [
     "InaSession",
     "StripedInaSession",
     "as_numpy",
+    "close_all",
     "part_bounds",
     "reduce_flat",
     "stripe_bounds",
@@ -248,9 +249,9 @@ class StripedInaSession(_InaCollectives):
         if not stripes:
             raise ValueError("a striped session needs at least one aggregator")
         first = stripes[0].spec
+        ours = (first.job_id, first.rank, first.num_workers, first.lanes, first.slots)
         for s in stripes[1:]:
             theirs = (s.spec.job_id, s.spec.rank, s.spec.num_workers, s.spec.lanes, s.spec.slots)
-            ours = (first.job_id, first.rank, first.num_workers, first.lanes, first.slots)
             if theirs != ours:
                 raise ValueError(
                     f"aggregator {s.spec.switch} has job {theirs} (job, rank, workers, "
@@ -296,7 +297,7 @@ class StripedInaSession(_InaCollectives):
             (k, lo, hi)
             for k in range(count)
             for lo, hi in [stripe_bounds(flat.size, self.spec.lanes, count, k)]
-            if hi > lo or (k == 0 and flat.size == 0)
+            if hi > lo or (k == 0 and flat.size == 0)  # an empty call runs once: its checks
         ]
 
         def one(k: int, lo: int, hi: int) -> None:
@@ -330,20 +331,26 @@ class StripedInaSession(_InaCollectives):
         """Close every stripe's transport (the first error raised after all)."""
         if self._pool is not None:
             self._pool.shutdown(wait=True)
-        errors = []
-        for s in self.stripes:
-            try:
-                s.close()
-            except Exception as exc:  # close the others too, then report the first
-                errors.append(exc)
-        if errors:
-            raise errors[0]
+        close_all(self.stripes)
 
     def __enter__(self) -> StripedInaSession:
         return self
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+
+def close_all(closables: Iterable[Any]) -> None:
+    """Call ``close()`` on each in order; the first error is raised after all were
+    closed."""
+    errors = []
+    for c in closables:
+        try:
+            c.close()
+        except Exception as exc:  # close the others too, then report the first
+            errors.append(exc)
+    if errors:
+        raise errors[0]
 
 
 def stripe_bounds(size: int, lanes: int, stripes: int, index: int) -> tuple[int, int]:
