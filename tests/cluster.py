@@ -4,18 +4,27 @@ No Mininet: nothing here is an emulated host, only namespaces and veths, as a re
 cluster's machines and switch would be.
 
 Cleanup removes exactly what this object made (its namespaces, its bridge, the root ends
-of its veths), recorded as it made them.
+of its veths), recorded as it made them. :func:`one_armed_server` runs a reduction server
+on one of the machines.
 """
 
 from __future__ import annotations
 
+import contextlib
+import json
 import os
 import subprocess
-from collections.abc import Sequence
+import sys
+import time
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
+from pathlib import Path
 from types import TracebackType
+from typing import Any
 
-__all__ = ["Cluster", "Machine"]
+__all__ = ["Cluster", "Machine", "one_armed_server"]
+
+REPO = Path(__file__).resolve().parents[1]
 
 
 def _ip(*argv: str, netns: str | None = None) -> None:
@@ -125,3 +134,41 @@ class Cluster:
         if self._bridge is not None:
             subprocess.run(["ip", "link", "del", self._bridge], capture_output=True, timeout=30)
             self._bridge = None
+
+
+@contextlib.contextmanager
+def one_armed_server(machine: Machine, run: Path, tls: str, *args: str) -> Iterator[dict[str, Any]]:
+    """``inalab switch --one-armed eth0`` on ``machine``, P4Runtime at its address on port
+    9559 behind mutual TLS (``tls``: ``CERT,KEY,CA``), with ``args`` added; its log and
+    ready file in ``run``. Yields the ready file's content with ``log`` (its path) and
+    ``proc``; on exit stops the switch if it still runs (its exit status is then
+    ``proc.returncode``).
+
+    Raises:
+        RuntimeError: the switch exited, or was not ready within 60 s (its log attached).
+    """
+    run.mkdir(parents=True, exist_ok=True)
+    ready, log = run / "ready.json", run / "switch.log"
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    with log.open("w") as out:
+        proc = subprocess.Popen(
+            machine.command([sys.executable, "-m", "emulation.cli", "switch", "--one-armed",
+                             "eth0", "--p4runtime", f"{machine.ip}:9559", "--p4runtime-tls",
+                             tls, "--ready-file", str(ready), *args]),
+            stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=env,
+        )  # fmt: skip
+    try:
+        deadline = time.monotonic() + 60
+        while not (ready.exists() and ready.stat().st_size):
+            if proc.poll() is not None or time.monotonic() > deadline:
+                raise RuntimeError(f"no switch on {machine.name}: {log.read_text()}")
+            time.sleep(0.1)
+        yield {**json.loads(ready.read_text()), "log": log, "proc": proc}
+    finally:
+        if proc.poll() is None:
+            proc.terminate()
+        try:
+            proc.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            raise

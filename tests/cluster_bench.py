@@ -35,19 +35,15 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "tests"))
 sys.path.insert(0, str(REPO))
 
-from cluster import Cluster, Machine  # noqa: E402
+from cluster import Cluster, Machine, one_armed_server  # noqa: E402
 
+from emulation.argtypes import size as size_argument  # noqa: E402
 from hostlib.protocol import HEADER_SIZE  # noqa: E402
 
 WORKERS = 4
 JOB = 9
 WIRE_HEADERS = 14 + 20 + 8
 """Ethernet, IPv4 and UDP headers of each INA datagram, as a veth counts its bytes."""
-
-
-def _bytes(size: str) -> int:
-    units = {"K": 1 << 10, "M": 1 << 20, "G": 1 << 30}
-    return int(size[:-1]) * units[size[-1].upper()] if size[-1].upper() in units else int(size)
 
 
 def _counters(machine: Machine) -> tuple[int, int]:
@@ -81,31 +77,6 @@ def _bpf_stats() -> Iterator[None]:
         yield
     finally:
         path.write_text(old)
-
-
-@contextlib.contextmanager
-def _aggregator(machine: Machine, lanes: int, tls: Path, run: Path) -> Iterator[dict[str, Any]]:
-    ready, log = run / f"{machine.name}.json", run / f"{machine.name}.log"
-    env = {**os.environ, "PYTHONPATH": str(REPO)}
-    files = f"{tls}/switch.crt,{tls}/switch.key,{tls}/ca.crt"
-    with log.open("w") as out:
-        proc = subprocess.Popen(
-            machine.command([sys.executable, "-m", "emulation.cli", "switch", "--one-armed",
-                             "eth0", "--lanes", str(lanes), "--slots", "256",
-                             "--p4runtime", f"{machine.ip}:9559", "--p4runtime-tls", files,
-                             "--ready-file", str(ready)]),
-            stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=env,
-        )  # fmt: skip
-    try:
-        deadline = time.monotonic() + 60
-        while not (ready.exists() and ready.stat().st_size):
-            if proc.poll() is not None or time.monotonic() > deadline:
-                raise RuntimeError(f"aggregator on {machine.name} did not start: {log.read_text()}")
-            time.sleep(0.1)
-        yield {**json.loads(ready.read_text()), "pid": proc.pid}
-    finally:
-        proc.terminate()
-        proc.wait(timeout=30)
 
 
 def _run_all(argvs: list[list[str]], env: dict[str, str]) -> list[dict[str, Any]]:
@@ -187,7 +158,12 @@ def ina(
     with Cluster(names, net=80, rates=rates, mtu=args.mtu) as c, contextlib.ExitStack() as stack:
         workers = [c[f"w{r}"] for r in range(WORKERS)]
         aggs = [c[f"agg{k}"] for k in range(aggregators)]
-        servers = [stack.enter_context(_aggregator(a, args.lanes, tls, run)) for a in aggs]
+        files = f"{tls}/switch.crt,{tls}/switch.key,{tls}/ca.crt"
+        servers = [
+            stack.enter_context(one_armed_server(a, run / a.name, files, "--lanes",
+                                                 str(args.lanes), "--slots", "256"))
+            for a in aggs
+        ]  # fmt: skip
         for k, s in enumerate(servers):
             ctl = stack.enter_context(SwitchController.connect(s["p4runtime"], tls=ctl_tls))
             ctl.add_job(JOB, [WorkerAddress(w.ip, 41000 + 100 * k + r)
@@ -206,10 +182,10 @@ def ina(
                                     json.dumps(spec)]))  # fmt: skip
         machines = workers + aggs
         before = {m.name: _counters(m) for m in machines}
-        progs_before = [_prog_stats(s["pid"]) for s in servers]
+        progs_before = [_prog_stats(s["proc"].pid) for s in servers]
         with _bpf_stats():
             reports = _run_all(argvs, env)
-            progs_after = [_prog_stats(s["pid"]) for s in servers]
+            progs_after = [_prog_stats(s["proc"].pid) for s in servers]
         calls = args.warmup + args.calls
         if len({tuple(r["sha256"]) for r in reports}) != 1:
             raise RuntimeError("the ranks' results differ")
@@ -250,7 +226,8 @@ def main() -> int:
         gloo_worker(json.loads(sys.argv[2]))
         return 0
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--size", default="64M", help="bytes per rank (default 64M)")
+    parser.add_argument("--size", type=size_argument, default="64M",
+                        help="bytes per rank (default 64M)")  # fmt: skip
     parser.add_argument("--calls", type=int, default=5)
     parser.add_argument("--warmup", type=int, default=1)
     parser.add_argument("--lanes", type=int, default=2048,
@@ -262,7 +239,7 @@ def main() -> int:
                         help="one aggregator's link; two get half each")  # fmt: skip
     parser.add_argument("--json", type=Path)
     args = parser.parse_args()
-    size = _bytes(args.size)
+    size = args.size
     with tempfile.TemporaryDirectory(prefix="inalab-cluster-bench-") as tmp:
         tls, run = Path(tmp) / "pki", Path(tmp)
         ips = ",".join(f"10.80.0.{100 + k}" for k in range(2))

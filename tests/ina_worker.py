@@ -57,7 +57,6 @@ def main(spec: dict) -> tuple[dict, int]:
     digests: list[str] = []
     seconds: list[float] = []
     with _session(spec) as s:
-        started = time.monotonic()
         for call in range(spec["calls"]):
             x = inputs(spec["seed"], spec["rank"], call, spec["elements"], spec["dtype"])
             started = time.monotonic()

@@ -31,7 +31,7 @@ from typing import Any
 
 import numpy as np
 import pytest
-from cluster import Cluster
+from cluster import Cluster, one_armed_server
 from ina_worker import inputs
 
 from controller.switch import SwitchController, WorkerAddress
@@ -89,35 +89,12 @@ def cluster() -> Iterator[Cluster]:
 def _serving(machine: Any, pki: dict[str, TlsFiles], run: Path,
              *extra: str) -> Iterator[dict[str, Any]]:  # fmt: skip
     """``inalab switch --one-armed eth0`` on ``machine`` (and ``extra`` arguments); its
-    ready file's content, with its log and process."""
-    ready, log = run / "ready.json", run / "switch.log"
-    env = {**os.environ, "PYTHONPATH": str(REPO)}
-    with log.open("w") as out:
-        proc = subprocess.Popen(
-            machine.command([sys.executable, "-m", "emulation.cli", "switch", "-v",
-                             "--one-armed", "eth0", "--lanes", str(LANES), "--slots", "64",
-                             "--p4runtime", f"{machine.ip}:9559",
-                             "--p4runtime-tls", str(pki["switch"]), "--ready-file", str(ready),
-                             *extra]),
-            stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=env,
-        )  # fmt: skip
-    try:
-        deadline = time.monotonic() + 60
-        while not (ready.exists() and ready.stat().st_size):
-            assert proc.poll() is None, log.read_text()
-            assert time.monotonic() < deadline, log.read_text()
-            time.sleep(0.1)
-        info = json.loads(ready.read_text())
-        yield {**info, "log": log, "proc": proc}
-    finally:
-        if proc.poll() is None:
-            proc.terminate()
-        try:
-            code = proc.wait(timeout=30)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            raise
-    assert code in (0, -signal.SIGKILL), log.read_text()
+    ready file's content, with its log and process; it must end cleanly or killed."""
+    with one_armed_server(machine, run, str(pki["switch"]), "-v", "--lanes", str(LANES),
+                          "--slots", "64", *extra) as info:  # fmt: skip
+        yield info
+    code = info["proc"].returncode
+    assert code in (0, -signal.SIGKILL), info["log"].read_text()
 
 
 @pytest.fixture(scope="module")
@@ -367,7 +344,6 @@ def test_loss_duplication_and_reordering_on_the_aggregators_links_change_no_bit(
                 for command in lane_commands("eth0"):
                     subprocess.run(machine.command(command), check=True, capture_output=True)
             stats = tmp_path / f"{name}-links.json"
-            (tmp_path / name).mkdir()
             lossy.append(stack.enter_context(_serving(
                 machine, pki, tmp_path / name, "--link", f"1:{FAULTS}", "--link-stats",
                 str(stats))))  # fmt: skip
