@@ -111,9 +111,20 @@ def pytest_configure(config: pytest.Config) -> None:
         raise pytest.UsageError(f"{REQUIRE_ENV} asks for what is missing: {'; '.join(missing)}")
 
 
+# Host-library modules whose code is the same whichever engine runs: a test importing
+# only these gains nothing from the Python-engine run.
+_ENGINE_FREE = frozenset({"protocol", "scapy_layer", "units", "quantize"})
+
+
 @functools.cache
 def _imports_hostlib(path: Path) -> bool:
-    return re.search(r"^(from|import) hostlib\b", path.read_text(), re.MULTILINE) is not None
+    """Whether the file imports a host-library module an engine runs (``hostlib.ina``,
+    ``.session``, ``.ring``, ``.transport``...), not just the wire format's."""
+    text = path.read_text()
+    modules = re.findall(r"^\s*(?:from|import) hostlib\.?(\w*)", text, re.MULTILINE)
+    modules += re.findall(r"^\s*from hostlib import ([\w, ()]+)", text, re.MULTILINE)
+    names = {n.strip(" ()") for part in modules for n in part.split(",")}
+    return bool(names - _ENGINE_FREE)
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
