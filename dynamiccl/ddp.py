@@ -25,6 +25,7 @@ from dynamiccl.torch_backend import (
     GroupExchange,
     InaOptions,
     InaProcessGroup,
+    InaSetupError,
     connect_session,
     ina_action,
     ina_allreduce_,
@@ -82,7 +83,19 @@ class InaHookState:
 
     @classmethod
     def from_process_group(cls, group: InaProcessGroup) -> Self:
-        """Share the session and chooser of an ``"ina"`` process group (not owned)."""
+        """Share the session and chooser of an ``"ina"`` process group (not owned).
+
+        Raises:
+            InaSetupError: the group runs CollNet (machines of several ranks): its ranks
+                have no session of their own; DDP through the group's own allreduce
+                (no hook) goes through the switch already.
+        """
+        if group.session is None or group.collnet is not None:
+            raise InaSetupError(
+                "the ina group runs CollNet (machines of several ranks), so its ranks have "
+                "no INA session of their own: use DDP without this hook (the group's "
+                "allreduce goes through the switch), or INALAB_COLLNET=0"
+            )
         return cls(group.session, group.size(), group.options.chooser, group)
 
     def close(self) -> None:

@@ -71,9 +71,20 @@ name sends an allreduce to Gloo (so the policy's ``ring`` and ``tree`` mean Gloo
 reduce-scatter or all-gather to hostlib's ring. A :class:`~dynamiccl.actions.Action`:
 its algorithm with its lanes and window on hostlib. What cannot run here runs on
 hostlib's ring with the action's lanes and window, with a warning logged once per kind:
-CollNet (this backend has no host-local group), INA without switch slots, an algorithm
-that does not run the collective (``all_gather`` is the ring's only). Nothing a chooser
+CollNet without machines of several ranks, INA without switch slots, an algorithm that
+does not run the collective (``all_gather`` is the ring's only). Nothing a chooser
 returns fails the job.
+
+Several ranks per machine (``torchrun --nproc-per-node P`` on several nodes), where rank
+0 installs the job: the ranks say which machine they are on (:data:`ENV_HOST`, by
+default :func:`host_key`) and, as NCCL's CollNet with SHARP, each machine's first rank
+alone is a worker of the switch (:func:`connect_collnet`): an ``"ina"`` allreduce adds
+the machine's ranks through shared memory (:mod:`hostlib.collnet`, the segment named in
+the store), the heads add the machines' sums through the switch, and every rank copies
+the result out; a reduce-scatter is that allreduce, each rank keeping its part. The
+switch then carries one machine's traffic per head instead of P ranks'. Ring, tree and
+Gloo calls still run between all ranks. ``INALAB_COLLNET=0`` keeps every rank a worker
+of the switch.
 
 Every rank must make the same sequence of calls with the same sizes and the same picks
 (the session's slot sets and the ring's messages follow it), so a chooser must decide
@@ -85,6 +96,8 @@ from __future__ import annotations
 import json
 import logging
 import os
+import secrets
+import socket
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -104,12 +117,13 @@ from dynamiccl.actions import (
     algorithms_for,
 )
 from dynamiccl.learning import AgreedLearner
+from hostlib.collnet import SHM_PREFIX, CollNetAllreduce, LocalGroup, ina_inter
 from hostlib.communicator import Communicator
 from hostlib.ina import Addr, InaError, JobSpec, RetryPolicy
 from hostlib.p2p import PeerSpec
 from hostlib.protocol import DEFAULT_SLOTS_PER_JOB
 from hostlib.ring import RingAllreduce
-from hostlib.session import InaSession, StripedInaSession
+from hostlib.session import InaSession, StripedInaSession, part_bounds
 from hostlib.transport.udp import UdpTransport, route_source
 
 if TYPE_CHECKING:
@@ -123,7 +137,10 @@ __all__ = [
     "ENV_AGENT_SYNC_EVERY",
     "ENV_BIND",
     "ENV_CHOOSER",
+    "ENV_COLLNET",
+    "ENV_COLLNET_BYTES",
     "ENV_DEVICE_ID",
+    "ENV_HOST",
     "ENV_JOB",
     "ENV_LANES",
     "ENV_P4RUNTIME",
@@ -137,8 +154,10 @@ __all__ = [
     "Aggregator",
     "AlwaysIna",
     "Chooser",
+    "CollNetMember",
     "Exchange",
     "GroupExchange",
+    "HostLayout",
     "InaOptions",
     "InaProcessGroup",
     "InaSetupError",
@@ -146,8 +165,11 @@ __all__ = [
     "StoreExchange",
     "choose_for",
     "chooser_from_env",
+    "connect_collnet",
     "connect_peers",
     "connect_session",
+    "host_key",
+    "host_layout",
     "ina_action",
     "ina_allreduce_",
     "parse_addr",
@@ -207,8 +229,21 @@ ENV_AGENT_SAVE = "INALAB_AGENT_SAVE"
 """``agent`` chooser: where rank 0 saves the agent's state when the group shuts down."""
 ENV_AGENT_SYNC_EVERY = "INALAB_AGENT_SYNC_EVERY"
 """``agent`` chooser: calls between the ranks' agreements on times (default 16)."""
+ENV_HOST = "INALAB_HOST"
+"""The name of this rank's machine (default :func:`host_key`: hostname, boot id and
+network namespace). Ranks that give the same name must share ``/dev/shm``: where rank 0
+installs the job and the ranks sit on several machines, some with several ranks, each
+machine's first rank alone is the switch's worker and its other ranks add into it
+through shared memory (CollNet, :mod:`hostlib.collnet`), as NCCL's CollNet does."""
+ENV_COLLNET = "INALAB_COLLNET"
+"""``0``: every rank is a worker of the switch, whatever machine it is on (default
+``1``: CollNet where :data:`ENV_HOST` says machines have several ranks)."""
+ENV_COLLNET_BYTES = "INALAB_COLLNET_BYTES"
+"""CollNet: the largest piece of a call the ranks of a machine reduce through shared
+memory at once, in bytes (default 16 MiB); each machine maps ``(ranks + 1)`` times it."""
 
 INA_DTYPES = (torch.float32, torch.int32)
+DEFAULT_COLLNET_BYTES = 16 * 2**20
 
 
 class InaSetupError(RuntimeError):
@@ -295,6 +330,10 @@ class InaOptions:
             otherwise reads the switch's).
         p4runtime_tls: mutual TLS files for ``p4runtime`` (``INALAB_P4RUNTIME_TLS``:
             ``CERT,KEY,CA``); required when it is not a loopback address.
+        host: this rank's machine (:data:`ENV_HOST`); ``None``: :func:`host_key`.
+        collnet: CollNet across machines with several ranks (:data:`ENV_COLLNET`);
+            only where rank 0 installs the job.
+        collnet_bytes: CollNet's shared-memory piece (:data:`ENV_COLLNET_BYTES`).
 
     Raises:
         ValueError: a field out of range, or a job installed already without ``lanes``.
@@ -315,6 +354,9 @@ class InaOptions:
     lanes: int | None = None
     p4runtime_tls: TlsFiles | None = None
     stripes: tuple[Aggregator, ...] = ()
+    host: str | None = None
+    collnet: bool = True
+    collnet_bytes: int = DEFAULT_COLLNET_BYTES
 
     def __post_init__(self) -> None:
         if not 0 <= self.job_id <= 0xFFFF:
@@ -325,6 +367,8 @@ class InaOptions:
             raise ValueError(f"deadline {self.deadline} must be positive")
         if not 0 <= self.bind_port <= 0xFFFF:
             raise ValueError(f"bind port {self.bind_port} outside 0..65535")
+        if self.collnet_bytes < 64:
+            raise ValueError(f"collnet bytes {self.collnet_bytes} below 64")
         if self.p4runtime is None and self.lanes is None:
             raise ValueError("a job installed already (no p4runtime) needs lanes")
         if self.p4runtime is None and self.stripes:
@@ -409,9 +453,24 @@ class InaOptions:
                 num_workers=number(ENV_WORKERS),
                 lanes=number(ENV_LANES),
                 p4runtime_tls=TlsFiles.from_env(env),
+                host=env.get(ENV_HOST) or None,
+                collnet=_flag(env, ENV_COLLNET, default=True),
+                collnet_bytes=number(ENV_COLLNET_BYTES) or DEFAULT_COLLNET_BYTES,
             )
         except ValueError as exc:  # ProfileError is a ValueError
             raise InaSetupError(f"bad INALAB_* setting: {exc}") from None
+
+
+def _flag(env: Mapping[str, str], name: str, default: bool) -> bool:
+    """A ``0``/``1`` variable (absent or empty: ``default``).
+
+    Raises:
+        ValueError: another value.
+    """
+    value = env.get(name, "")
+    if value not in ("", "0", "1"):
+        raise ValueError(f"{name}={value!r}: give 0 or 1")
+    return default if value == "" else value == "1"
 
 
 def chooser_from_env(env: Mapping[str, str]) -> Chooser:
@@ -666,6 +725,173 @@ def connect_peers(
         raise
 
 
+# ----------------------------------------------------------------- machines (CollNet)
+def host_key() -> str:
+    """This machine as ranks that can share memory tell it apart: hostname, boot id and
+    network namespace (so namespaces that stand in for machines, as the cluster tests'
+    do, count as machines of their own)."""
+    parts = [socket.gethostname()]
+    try:
+        with open("/proc/sys/kernel/random/boot_id", encoding="ascii") as f:
+            parts.append(f.read().strip())
+        parts.append(os.readlink("/proc/self/ns/net"))
+    except OSError:  # not Linux: the hostname alone
+        pass
+    return "/".join(parts)
+
+
+@dataclass(frozen=True)
+class HostLayout:
+    """Which ranks share a machine.
+
+    Attributes:
+        hosts: each machine's ranks in rank order; machines in the order of their first
+            rank, so rank 0 is machine 0's first.
+    """
+
+    hosts: tuple[tuple[int, ...], ...]
+
+    @classmethod
+    def from_keys(cls, keys: Sequence[str]) -> HostLayout:
+        """The layout of ranks whose machines are ``keys[rank]``."""
+        machines: dict[str, list[int]] = {}
+        for rank, key in enumerate(keys):
+            machines.setdefault(key, []).append(rank)
+        return cls(tuple(tuple(ranks) for ranks in machines.values()))
+
+    @property
+    def collnet(self) -> bool:
+        """Whether CollNet applies: several machines, one at least with several ranks. On
+        one machine every rank stays a worker of the switch (NCCL, too, uses CollNet only
+        across nodes)."""
+        return len(self.hosts) > 1 and any(len(ranks) > 1 for ranks in self.hosts)
+
+    def place(self, rank: int) -> tuple[int, int]:
+        """``(machine, local rank)`` of ``rank``; local rank 0 is the machine's head.
+
+        Raises:
+            ValueError: a rank on no machine.
+        """
+        for host, ranks in enumerate(self.hosts):
+            if rank in ranks:
+                return host, ranks.index(rank)
+        raise ValueError(f"rank {rank} is on no machine of {self.hosts}")
+
+    def __str__(self) -> str:
+        return f"{len(self.hosts)} machines of {'/'.join(str(len(h)) for h in self.hosts)} ranks"
+
+
+def host_layout(options: InaOptions, exchange: Exchange) -> HostLayout:
+    """Every rank's machine (:attr:`InaOptions.host`, else :func:`host_key`), gathered
+    over ``exchange``; every rank of the group must call this."""
+    keys = exchange.gather(options.host or host_key())
+    every = json.loads(exchange.share(None if keys is None else json.dumps(keys)))
+    return HostLayout.from_keys([str(k) for k in every])
+
+
+@dataclass
+class CollNetMember:
+    """This rank's part in CollNet: its machine's shared-memory group and allreduce, and
+    (the machine's head alone) the INA session whose job has one worker per machine.
+
+    Attributes:
+        layout: the group's machines.
+        host: this rank's machine.
+        local_rank: its rank there (0: the head).
+        group: the machine's shared memory and barrier.
+        allreduce: this rank's side of the machine's calls.
+        session: the head's INA session (``None`` on the other ranks).
+        lanes: the switch's lanes per packet.
+        slots: the job's slots per set.
+    """
+
+    layout: HostLayout
+    host: int
+    local_rank: int
+    group: LocalGroup
+    allreduce: CollNetAllreduce
+    session: InaSession | StripedInaSession | None
+    lanes: int
+    slots: int
+
+    def close(self) -> None:
+        """Unmap the machine's segment (the head unlinks it) and close the session."""
+        self.allreduce.close()
+        try:
+            if self.local_rank == 0:
+                self.group.unlink()
+            else:
+                self.group.close()
+        finally:
+            if self.session is not None:
+                self.session.close()
+
+    def abort(self) -> None:
+        """Break the machine's barrier (a sibling waiting in a call fails at once), then
+        :meth:`close`."""
+        self.group.barrier.abort()
+        self.close()
+
+
+def connect_collnet(
+    options: InaOptions, store: dist.Store, rank: int, layout: HostLayout, timeout: timedelta
+) -> CollNetMember:
+    """Join the INA job as CollNet does: each machine's head rank is the job's worker
+    (its rank at the switch: its machine's index; rank 0 installs the job for the heads),
+    and the ranks of each machine meet in a shared-memory segment the head creates and
+    names in ``store``. Every rank of the group must call this.
+
+    Raises:
+        InaSetupError: the job could not be installed, or the head could not make the
+            segment (on every rank of that machine).
+        The errors of :func:`connect_session`, and :class:`~hostlib.collnet.CollNetError`:
+            the segment did not appear.
+    """
+    host, local = layout.place(rank)
+    prefix = f"ina/job{options.job_id}"
+    # The heads are the job's workers, numbered by machine; the other ranks (never rank
+    # 0) only read rank 0's outcome.
+    heads = StoreExchange(store, host if local == 0 else rank, len(layout.hosts), prefix)
+    session: InaSession | StripedInaSession | None = None
+    if local == 0:
+        session = connect_session(options, heads, timeout)
+        lanes, slots = session.spec.lanes, session.spec.slots
+    else:
+        info = json.loads(heads.share(None))
+        if "error" in info:
+            raise InaSetupError(f"job {options.job_id}: {info['error']}")
+        lanes, slots = int(info["lanes"]), options.slots
+    size, key = len(layout.hosts[host]), f"{prefix}/collnet/{host}"
+    wait = (options.deadline or timeout.total_seconds()) + 10.0  # beyond the head's INA
+    try:
+        if local == 0:
+            name = f"{SHM_PREFIX}job{options.job_id}-{os.getpid()}-{secrets.token_hex(4)}"
+            try:
+                group = LocalGroup.join(name, size, options.collnet_bytes, 0, timeout=wait)
+            except OSError as exc:
+                store.set(key, json.dumps({"error": f"{type(exc).__name__}: {exc}"}))
+                raise InaSetupError(f"machine {host}: no shared memory for CollNet: {exc}") from exc
+            store.set(key, json.dumps({"name": name, "tracker": group.tracker}))
+        else:
+            made = json.loads(store.get(key))
+            if "error" in made:
+                why = made["error"]
+                raise InaSetupError(f"machine {host}: no shared memory for CollNet: {why}")
+            tracker = None if made["tracker"] is None else (made["tracker"][0], made["tracker"][1])
+            group = LocalGroup.join(made["name"], size, options.collnet_bytes, local, wait, tracker)
+        try:
+            inter = None if session is None else ina_inter(session)
+            allreduce = CollNetAllreduce(group, local, inter)
+        except BaseException:
+            group.unlink() if local == 0 else group.close()
+            raise
+    except BaseException:
+        if session is not None:
+            session.close()
+        raise
+    return CollNetMember(layout, host, local, group, allreduce, session, lanes, slots)
+
+
 # ----------------------------------------------------------------- choosing
 def choose_for(chooser: Chooser, collective: str, size_bytes: int) -> str | Action:
     """The chooser's answer for one call: ``choose_call(collective, size_bytes)`` when it
@@ -689,6 +915,7 @@ def resolve_action(
     lanes: int,
     window: int,
     warn: Warn | None = None,
+    collnet: bool = False,
 ) -> Action | None:
     """What runs a call of ``collective`` that the chooser answered ``choice`` for.
 
@@ -701,9 +928,11 @@ def resolve_action(
             switch to use.
         lanes: the ring's packet width for a name.
         window: the ring's window for a name.
-        warn: told when an action cannot run as chosen: CollNet (no host-local group
-            here), INA without slots, an algorithm that does not run ``collective``;
+        warn: told when an action cannot run as chosen: CollNet without a host-local
+            group, INA without slots, an algorithm that does not run ``collective``;
             the ring runs it then, with the action's lanes and window.
+        collnet: whether the group has CollNet's host-local groups (then a CollNet
+            action runs with the switch's lanes and a window within its slots).
 
     Returns:
         The action to run on hostlib, or ``None``: Gloo.
@@ -721,16 +950,16 @@ def resolve_action(
     why = ""
     if choice.algorithm not in supported:
         why = f"{choice.algorithm} does not run {collective}"
-    elif choice.algorithm == "collnet":
-        why = "the ina backend has no host-local group for collnet"
-    elif choice.algorithm == "ina" and slots < 1:
-        why = "no switch slots for ina"
+    elif choice.algorithm == "collnet" and not collnet:
+        why = "no machine has several ranks (or INALAB_COLLNET=0): no host-local group"
+    elif choice.algorithm in ("ina", "collnet") and slots < 1:
+        why = f"no switch slots for {choice.algorithm}"
     if why:
         if warn is not None:
             warn(f"{choice.algorithm}/{collective}", f"{why}: {fallback} runs {choice} instead")
         return fallback
-    if choice.algorithm == "ina":
-        return Action("ina", switch_lanes, min(choice.window, slots))
+    if choice.algorithm in ("ina", "collnet"):
+        return Action(choice.algorithm, switch_lanes, min(choice.window, slots))
     return choice
 
 
@@ -889,7 +1118,12 @@ class InaProcessGroup(dist.ProcessGroup):
     directly only for a group of your own (every rank at once: it sets up the job).
 
     Attributes:
-        session: this rank's INA session.
+        session: this rank's INA session; ``None`` on a CollNet rank that is not its
+            machine's head (the head's is in :attr:`collnet` too).
+        collnet: this rank's CollNet membership where machines have several ranks
+            (:class:`CollNetMember`), else ``None``: then every ``"ina"`` allreduce and
+            reduce-scatter is CollNet's (the machine's ranks add in shared memory, the
+            heads through the switch).
         peers: this rank's host-to-host session (ring and tree), by default with the
             switch's packet width and the job's slots as its window.
 
@@ -920,18 +1154,33 @@ class InaProcessGroup(dist.ProcessGroup):
         if torch.cuda.is_available():
             self._register_backend(torch.device("cuda"), gloo_type, self._gloo)
         prefix = f"ina/job{options.job_id}"
-        self.session = connect_session(options, StoreExchange(store, rank, world_size, prefix),
-                                       timeout)  # fmt: skip
+        self.collnet: CollNetMember | None = None
+        self.session: InaSession | StripedInaSession | None
+        layout = None
+        if options.collnet and not options.installed:
+            layout = host_layout(options, StoreExchange(store, rank, world_size, f"{prefix}/hosts"))
+        if layout is not None and layout.collnet:
+            self.collnet = connect_collnet(options, store, rank, layout, timeout)
+            self.session = self.collnet.session
+            self._lanes, self._slots = self.collnet.lanes, self.collnet.slots
+            if rank == 0:
+                log.info("ina job %d: CollNet on %s", options.job_id, layout)
+        else:
+            exchange = StoreExchange(store, rank, world_size, prefix)
+            self.session = connect_session(options, exchange, timeout)
+            self._lanes, self._slots = self.session.spec.lanes, self.session.spec.slots
         try:
-            spec = self.session.spec
             exchange = StoreExchange(store, rank, world_size, f"{prefix}/peers")
-            self.peers = connect_peers(options, exchange, spec.lanes, spec.slots, timeout)
+            self.peers = connect_peers(options, exchange, self._lanes, self._slots, timeout)
         except BaseException:
-            self.session.close()
+            self._close_ina()
             raise
         # Every action of every collective that runs on hostlib, mapped onto the wire in
-        # hostlib's one place (the tree on the ring's socket).
-        self.comm = Communicator(rank, world_size, ina=self.session, ring=self.peers)
+        # hostlib's one place (the tree on the ring's socket). Under CollNet the switch
+        # is reached only through the machine's group.
+        ina = None if self.collnet is not None else self.session
+        group = None if self.collnet is None else self.collnet.allreduce
+        self.comm = Communicator(rank, world_size, ina=ina, ring=self.peers, collnet=group)
         self._chooser: Chooser = options.chooser
         self._bound: list[Chooser] = []
         self._bind(options.chooser)
@@ -962,31 +1211,38 @@ class InaProcessGroup(dist.ProcessGroup):
         them to it, once."""
         bind = getattr(chooser, "bind", None)
         if callable(bind) and not any(c is chooser for c in self._bound):
-            spec = self.session.spec
-            bind(spec.lanes, spec.slots)
+            bind(self._lanes, self._slots)
             self._bound.append(chooser)
 
     def _plan(self, collective: str, size_bytes: int) -> Action | None:
         """What runs this call (``None``: Gloo), from the chooser."""
         self.last_action = None  # until the call runs on hostlib
         choice = choose_for(self._chooser, collective, size_bytes)
-        spec, peers = self.session.spec, self.peers.spec
+        peers = self.peers.spec
         return resolve_action(
             choice,
             collective,
-            switch_lanes=spec.lanes,
-            slots=spec.slots,
+            switch_lanes=self._lanes,
+            slots=self._slots,
             lanes=peers.lanes,
             window=peers.window,
             warn=self._warn_once,
+            collnet=self.collnet is not None,
         )
+
+    def _on_wire(self, action: Action) -> Action:
+        """What runs ``action``: under CollNet, an INA action is CollNet's (the switch
+        knows the machines' heads alone)."""
+        if self.collnet is not None and action.algorithm == "ina":
+            return Action("collnet", action.lanes, action.window)
+        return action
 
     def _observed(self, collective: str, size_bytes: int, action: Action, start: float) -> None:
         """Record the call's action as :attr:`last_action`; tell a learning chooser
         (``dynamiccl.learning.AgreedLearner``) the call's time if it ran as chosen; when
         an agreement is due (at the same call on every rank), agree on the times with the
         other ranks."""
-        self.last_action = action
+        self.last_action = self._on_wire(action)
         learner = self._chooser
         if not isinstance(learner, AgreedLearner) or learner.agent is None:
             return
@@ -1056,7 +1312,8 @@ class InaProcessGroup(dist.ProcessGroup):
         return _completed(tensors)
 
     def _allreduce_(self, tensor: torch.Tensor, action: Action) -> None:
-        _in_place(tensor, lambda host: self.comm.allreduce(host, action, inplace=True))
+        wire = self._on_wire(action)
+        _in_place(tensor, lambda host: self.comm.allreduce(host, wire, inplace=True))
 
     def _adds(self, op: Any) -> bool:
         """Whether reduce op ``op`` runs on hostlib (SUM, AVG); the others run on Gloo, as
@@ -1098,7 +1355,13 @@ class InaProcessGroup(dist.ProcessGroup):
         if action is None or action.algorithm != "ina":
             action = self._ring(action)
         start = time.perf_counter()
-        part = self.comm.reduce_scatter(_host_flat(input), action)
+        if self._on_wire(action).algorithm == "collnet":
+            # CollNet's allreduce, of which this rank keeps its part.
+            total = self.comm.allreduce(_host_flat(input), self._on_wire(action))
+            lo, hi = part_bounds(total.numel(), self.size(), self.rank())
+            part = total[lo:hi]
+        else:
+            part = self.comm.reduce_scatter(_host_flat(input), action)
         output.detach().copy_(part.reshape(output.shape))
         self._observed("reduce_scatter", _nbytes(input), action, start)
         if _kind(opts.reduceOp) == dist.ReduceOp.AVG:
@@ -1207,7 +1470,7 @@ class InaProcessGroup(dist.ProcessGroup):
                 learner.save()
             except OSError as exc:
                 log.warning("ina backend: agent state not saved: %s", exc)
-        self.session.close()
+        self._close_ina()
         # A peer whose last ack from us was lost needs us a little longer, if any call ran.
         self.peers.close(linger=0.0 if self.peers.endpoint.call == 0 else None)
         if not self.options.remove_on_shutdown or self.options.installed:
@@ -1228,8 +1491,18 @@ class InaProcessGroup(dist.ProcessGroup):
     def abort(self) -> None:
         if not self._closed:
             self._closed = True
-            self.session.close()
+            if self.collnet is not None:
+                self.collnet.abort()
+            else:
+                self._close_ina()
             self.peers.close(linger=0.0)
+
+    def _close_ina(self) -> None:
+        """Close the INA session, or this rank's CollNet membership (its session too)."""
+        if self.collnet is not None:
+            self.collnet.close()
+        elif self.session is not None:
+            self.session.close()
 
     def _wait_for_count(self, key: str, count: int, seconds: float = 10.0) -> None:
         deadline = time.monotonic() + seconds

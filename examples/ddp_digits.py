@@ -144,7 +144,10 @@ def run_rank(epochs: int, seed: int) -> dict[str, Any]:
             accuracy = train(rank, world_size, data, epochs, seed)
             group = dist.group.WORLD
             if isinstance(group, InaProcessGroup):  # packets this rank sent the switch
-                report["ina_packets"] = group.session.packets
+                # (under CollNet only each machine's head sends any)
+                session = group.session
+                report["ina_packets"] = 0 if session is None else session.packets
+                report["collnet"] = group.collnet is not None
         finally:
             dist.destroy_process_group()
         report[backend] = {"accuracy": accuracy, "seconds": round(time.perf_counter() - start, 2)}

@@ -47,7 +47,7 @@ import numpy as np
 if TYPE_CHECKING:
     from multiprocessing.synchronize import Barrier
 
-    from hostlib.session import InaSession
+    from hostlib.session import InaSession, StripedInaSession
 
 __all__ = [
     "SHM_PREFIX",
@@ -141,6 +141,73 @@ class LocalGroup:
         self._owner_pid = os.getpid()
         self._tracker = _tracker_id()
 
+    @classmethod
+    def join(
+        cls,
+        name: str,
+        local_size: int,
+        capacity: int,
+        local_rank: int,
+        timeout: float = 60.0,
+        creator_tracker: tuple[int, int] | None = None,
+    ) -> LocalGroup:
+        """The group of ``local_size`` ranks started apart (torchrun's local ranks, which
+        share no parent to hand them a ``multiprocessing`` barrier), by the segment's
+        ``name``, agreed on beforehand (the ``"ina"`` torch backend agrees on it through
+        the c10d store): local rank 0 creates the segment and owns it (:meth:`unlink`),
+        the others attach, waiting up to ``timeout`` for it to appear, and :meth:`close`
+        it. The barrier lives at the segment's end
+        (:class:`~hostlib.shmbarrier.ShmBarrier`), one handle per rank.
+
+        ``creator_tracker``, on the other ranks: local rank 0's :attr:`tracker` (passed
+        along with the name), so that a rank sharing its resource tracker (a
+        ``multiprocessing`` sibling) leaves the registration alone, and one with a
+        tracker of its own (torchrun's) withdraws it; ``None``: withdraw it.
+
+        Raises:
+            ValueError: sizes out of range, or a local rank outside ``0..local_size-1``.
+            CollNetError: the segment did not appear within ``timeout``.
+            FileExistsError: local rank 0 found a segment of that name already.
+        """
+        from hostlib.shmbarrier import ShmBarrier, barrier_bytes
+
+        if local_size < 1 or capacity < 1 or not 0 <= local_rank < local_size:
+            raise ValueError(f"no local rank {local_rank} of {local_size} with capacity {capacity}")
+        group = cls.__new__(cls)
+        group.local_size, group.capacity, group.timeout = local_size, capacity, float(timeout)
+        group.stride = -(-capacity // _ALIGN) * _ALIGN
+        group.header_bytes = -(-local_size * _SLOT_BYTES // _ALIGN) * _ALIGN
+        data = group.header_bytes + (local_size + 1) * group.stride
+        group.size = data + barrier_bytes(local_size)
+        # The creator's tracker unlinks a segment it was left with; another rank's must
+        # not: attach() unregisters where the tracker is not the creator's.
+        group.name = name
+        group._tracker = _tracker_id() if local_rank == 0 else creator_tracker
+        if local_rank == 0:
+            shm = shared_memory.SharedMemory(name=name, create=True, size=group.size)
+            group._owner_pid = os.getpid()
+        else:
+            deadline = time.monotonic() + timeout
+            while True:
+                try:
+                    shm = _attach(name, creator_tracker)
+                    break
+                except FileNotFoundError:
+                    if time.monotonic() > deadline:
+                        raise CollNetError(f"no segment {name!r} after {timeout} s: is "
+                                           "local rank 0 up?", "join") from None  # fmt: skip
+                    time.sleep(0.01)
+            group._owner_pid = -1  # not this process's to unlink
+        group._shm = shm
+        barrier = ShmBarrier(cast(memoryview, shm.buf)[data : group.size], local_size, local_rank)
+        group.barrier = barrier  # type: ignore[assignment]  # wait/abort as Barrier's
+        return group
+
+    @property
+    def tracker(self) -> tuple[int, int] | None:
+        """The creator's resource tracker (see :meth:`join`)."""
+        return self._tracker
+
     def __getstate__(self) -> dict[str, Any]:
         state = self.__dict__.copy()
         state["_shm"] = None  # children attach by name; only the creator holds the segment
@@ -173,10 +240,23 @@ class LocalGroup:
         """
         if os.getpid() != self._owner_pid:
             raise CollNetError("only the process that created a LocalGroup unlinks it", "unlink")
+        shm = self._close_own()
+        if shm is not None:
+            shm.unlink()
+
+    def close(self) -> None:
+        """A group joined by name (:meth:`join`), on a rank other than 0: drop this
+        process's mapping. Rank 0 unlinks instead."""
+        self._close_own()
+
+    def _close_own(self) -> shared_memory.SharedMemory | None:
+        release = getattr(self.barrier, "release", None)  # a ShmBarrier (join) views it
+        if release is not None:
+            release()
         shm, self._shm = self._shm, None
         if shm is not None:
             shm.close()
-            shm.unlink()
+        return shm
 
     def __enter__(self) -> LocalGroup:
         return self
@@ -279,6 +359,22 @@ class CollNetAllreduce:
             self._fail(buf, exc)
             raise
 
+    def allreduce_pieces(self, x: np.ndarray, *, window: int | None = None) -> np.ndarray:
+        """:meth:`allreduce` of a 1-D array of any size: in pieces of the group's capacity,
+        one call each (every local rank cuts its array alike, since all pass the same
+        size). A new array.
+
+        Raises:
+            The errors of :meth:`allreduce`.
+        """
+        step = max(1, self.group.capacity // x.itemsize) if isinstance(x, np.ndarray) else 0
+        if not step or x.ndim != 1 or x.size <= step:
+            return self.allreduce(x, window=window)
+        out = np.empty_like(x)
+        for lo in range(0, x.size, step):
+            out[lo : lo + step] = self.allreduce(x[lo : lo + step], window=window)
+        return out
+
     def _gather(
         self, buf: memoryview, x: np.ndarray, code: int
     ) -> tuple[list[np.ndarray], np.ndarray]:
@@ -378,7 +474,7 @@ class CollNetAllreduce:
         self.close()
 
 
-def ina_inter(session: InaSession) -> Inter:
+def ina_inter(session: InaSession | StripedInaSession) -> Inter:
     """The head's inter-host step as an INA allreduce over ``session``: the session's job
     has one worker per host (the heads), and its rank is the host's index. It takes a
     ``window`` keyword (the session's per-call window)."""

@@ -115,7 +115,7 @@ class Communicator:
         if algo == "collnet":
             group = self._need(self.collnet, algo)
             return reduce_flat(
-                x, inplace, lambda flat, _: group.allreduce(flat, window=window), out=out
+                x, inplace, lambda flat, _: group.allreduce_pieces(flat, window=window), out=out
             )
         if algo == "tree" and self.tree is not None:
             return self.tree.allreduce(x, inplace, lanes=lanes, window=window, out=out)

@@ -472,19 +472,25 @@ class _TcpPinger(threading.Thread):
 
 @pytest.mark.slow
 @pytest.mark.timeout(420)
-@pytest.mark.parametrize("aggregators", [1, 2])
-def test_torchrun_ranks_on_four_machines_train_ddp_through_the_servers(
+@pytest.mark.parametrize(
+    ("machines", "aggregators"), [(4, 1), (4, 2), (2, 1)], ids=["4x1-1", "4x1-2", "2x2-1"]
+)
+def test_torchrun_ranks_on_the_machines_train_ddp_through_the_servers(
     cluster: Cluster,
     server: dict[str, Any],
     server2: dict[str, Any],
     pki: dict[str, TlsFiles],
+    machines: int,
     aggregators: int,
 ) -> None:
     """The README's deployment: torchrun on each worker machine (static rendezvous at
     machine w0), the ``"ina"`` backend told only the servers' data and P4Runtime
     addresses and the controller's certificate; each rank binds the address its routes
-    use toward each server, and rank 0 installs the job on each over mutual TLS."""
+    use toward each server, and rank 0 installs the job on each over mutual TLS. Four
+    machines of one rank, or two of two (``--nproc-per-node 2``): then CollNet, each
+    machine's first rank the server's worker, its second adding in shared memory."""
     servers = [server, server2][:aggregators]
+    per_machine = RANKS // machines
     env = {
         **os.environ,
         "PYTHONPATH": str(REPO),
@@ -508,10 +514,11 @@ def test_torchrun_ranks_on_four_machines_train_ddp_through_the_servers(
     try:
         for p in pings:
             p.start()
-        for r in range(RANKS):
-            argv = [torchrun, "--nnodes", str(RANKS), "--nproc-per-node", "1", "--node-rank",
-                    str(r), "--master-addr", cluster["w0"].ip, "--master-port", "29500",
-                    str(REPO / "examples" / "ddp_digits.py"), "--epochs", "2"]  # fmt: skip
+        for r in range(machines):
+            argv = [torchrun, "--nnodes", str(machines), "--nproc-per-node", str(per_machine),
+                    "--node-rank", str(r), "--master-addr", cluster["w0"].ip,
+                    "--master-port", "29500", str(REPO / "examples" / "ddp_digits.py"),
+                    "--epochs", "2"]  # fmt: skip
             procs.append(subprocess.Popen(cluster[f"w{r}"].command(argv),
                                           stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                                           text=True, env=env))  # fmt: skip
@@ -533,7 +540,10 @@ def test_torchrun_ranks_on_four_machines_train_ddp_through_the_servers(
         # One model trained twice from one seed: INA's float32 sums are within its bound
         # of Gloo's, which leaves the accuracy on 360 test digits where Gloo's is.
         assert abs(r["ina"]["accuracy"] - r["gloo"]["accuracy"]) <= 0.02, r
-        assert r["ina"]["accuracy"] > 0.5 and r["ina_packets"] > 0, r
+        assert r["ina"]["accuracy"] > 0.5, r
+        # torchrun numbers a machine's ranks in a row: its first is the server's worker.
+        head = r["rank"] % per_machine == 0
+        assert r["collnet"] == (per_machine > 1) and (r["ina_packets"] > 0) == head, r
     completed = 0
     for s, was in zip(servers, before, strict=True):
         with _controller(s, pki) as ctl:
@@ -541,4 +551,9 @@ def test_torchrun_ranks_on_four_machines_train_ddp_through_the_servers(
             done = ctl.counters()["completed"] - was
             assert done > 0, s  # every aggregator took its stripes
             completed += done
-    assert completed == reports[0]["ina_packets"], (completed, reports[0])
+    rank0 = next(r for r in reports if r["rank"] == 0)
+    assert completed == rank0["ina_packets"], (completed, rank0)
+    # Every machine's head unlinked the segment its ranks shared.
+    for r in range(machines):
+        left = cluster[f"w{r}"].command(["sh", "-c", "ls /dev/shm | grep -c inalab-cn-job1- || true"])
+        assert subprocess.run(left, capture_output=True, text=True).stdout.strip() == "0"

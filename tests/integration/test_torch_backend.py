@@ -639,6 +639,11 @@ def test_what_an_action_resolves_to() -> None:
         "collnet/allreduce", "ina/all_gather", "tree/reduce_scatter", "ina/allreduce",
         "ina/allreduce",
     ]  # fmt: skip
+    # Where machines have several ranks: CollNet as chosen, the switch's lanes and a
+    # window within its slots.
+    collnet = resolve_action(Action("collnet", 256, 64), "allreduce", switch_lanes=64,
+                             slots=16, lanes=128, window=8, collnet=True)  # fmt: skip
+    assert collnet == Action("collnet", 64, 16)
     with pytest.raises(ActionError, match="broadcast"):
         resolve("ina", "broadcast")
     with pytest.raises(ActionError, match="not an algorithm name"):
