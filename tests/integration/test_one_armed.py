@@ -555,5 +555,6 @@ def test_torchrun_ranks_on_the_machines_train_ddp_through_the_servers(
     assert completed == rank0["ina_packets"], (completed, rank0)
     # Every machine's head unlinked the segment its ranks shared.
     for r in range(machines):
-        left = cluster[f"w{r}"].command(["sh", "-c", "ls /dev/shm | grep -c inalab-cn-job1- || true"])
+        count = "ls /dev/shm | grep -c inalab-cn-job1- || true"
+        left = cluster[f"w{r}"].command(["sh", "-c", count])
         assert subprocess.run(left, capture_output=True, text=True).stdout.strip() == "0"
