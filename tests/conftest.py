@@ -129,7 +129,7 @@ def _imports_hostlib(path: Path) -> bool:
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     for item in items:
-        if _imports_hostlib(Path(item.path)):
+        if _imports_hostlib(Path(item.path)) and item.get_closest_marker("engine_neutral") is None:
             # The host-library tests, which CI runs again on the Python engine
             # (INALAB_HOST_ENGINE=python), the specification the native one is held to.
             item.add_marker(pytest.mark.hostlib)

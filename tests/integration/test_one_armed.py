@@ -59,6 +59,7 @@ WORKER_MBIT, AGG_MBIT = 1000.0, 4000.0
 pytestmark = [
     pytest.mark.root,
     pytest.mark.ebpf,
+    pytest.mark.engine_neutral,  # a deployment: the engines' own tests run twice
     pytest.mark.skipif(shutil.which("openssl") is None, reason="needs openssl"),
 ]
 

@@ -34,7 +34,10 @@ REPO = Path(__file__).resolve().parents[2]
 MAKE_CERTS = REPO / "examples" / "make-certs.sh"
 CLI = [sys.executable, "-m", "emulation.cli"]
 
-pytestmark = pytest.mark.skipif(shutil.which("openssl") is None, reason="needs openssl")
+pytestmark = [
+    pytest.mark.skipif(shutil.which("openssl") is None, reason="needs openssl"),
+    pytest.mark.engine_neutral,  # the control plane: the engines' own tests run twice
+]
 
 
 def _make(dir: Path, *names: str) -> None:

@@ -33,6 +33,8 @@ from emulation.softswitch.process import SoftSwitchProcess  # noqa: E402
 from hostlib.ina import InaError  # noqa: E402
 
 WORLD = 4
+pytestmark = pytest.mark.engine_neutral  # teardown: the engines' own tests run twice
+
 TIMEOUT = timedelta(seconds=30)
 """The group's timeout: whatever happens, destroy_process_group must end within it."""
 DEADLINE = 2.0
