@@ -34,8 +34,9 @@ def test_every_marker_of_pyproject_has_a_probe() -> None:
     pyproject = Path(__file__).parents[2] / "pyproject.toml"
     markers = tomllib.loads(pyproject.read_text())["tool"]["pytest"]["ini_options"]["markers"]
     declared = {line.split(":")[0] for line in markers}
-    # slow and hostlib select tests (conftest sets hostlib); the rest name capabilities.
-    assert declared - {"slow", "hostlib"} == set(PROBES)
+    # slow, hostlib and engine_neutral select tests (conftest sets hostlib unless a module
+    # is engine_neutral); the rest name capabilities.
+    assert declared - {"slow", "hostlib", "engine_neutral"} == set(PROBES)
 
 
 def test_root_probe_agrees_with_the_process() -> None:
