@@ -818,10 +818,7 @@ class CollNetMember:
         """Unmap the machine's segment (the head unlinks it) and close the session."""
         self.allreduce.close()
         try:
-            if self.local_rank == 0:
-                self.group.unlink()
-            else:
-                self.group.close()
+            self.group.leave()
         finally:
             if self.session is not None:
                 self.session.close()
@@ -883,7 +880,7 @@ def connect_collnet(
             inter = None if session is None else ina_inter(session)
             allreduce = CollNetAllreduce(group, local, inter)
         except BaseException:
-            group.unlink() if local == 0 else group.close()
+            group.leave()
             raise
     except BaseException:
         if session is not None:
@@ -1355,9 +1352,10 @@ class InaProcessGroup(dist.ProcessGroup):
         if action is None or action.algorithm != "ina":
             action = self._ring(action)
         start = time.perf_counter()
-        if self._on_wire(action).algorithm == "collnet":
+        wire = self._on_wire(action)
+        if wire.algorithm == "collnet":
             # CollNet's allreduce, of which this rank keeps its part.
-            total = self.comm.allreduce(_host_flat(input), self._on_wire(action))
+            total = self.comm.allreduce(_host_flat(input), wire)
             lo, hi = part_bounds(total.numel(), self.size(), self.rank())
             part = total[lo:hi]
         else:

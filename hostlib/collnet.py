@@ -249,6 +249,14 @@ class LocalGroup:
         process's mapping. Rank 0 unlinks instead."""
         self._close_own()
 
+    def leave(self) -> None:
+        """This process is done with the group: :meth:`unlink` in the creator,
+        :meth:`close` elsewhere."""
+        if os.getpid() == self._owner_pid:
+            self.unlink()
+        else:
+            self.close()
+
     def _close_own(self) -> shared_memory.SharedMemory | None:
         release = getattr(self.barrier, "release", None)  # a ShmBarrier (join) views it
         if release is not None:
