@@ -576,3 +576,11 @@ class Terminal:
         # A terminal turns "\n" into "\r\n"; tests match the text as written.
         self.output += data.decode(errors="replace").replace("\r\n", "\n")
         return bool(data)
+
+
+def tcp_init_method() -> str:
+    """A ``tcp://`` init method for ``torch.distributed`` on a free loopback port (the
+    window before rank 0 binds it is accepted)."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return f"tcp://127.0.0.1:{s.getsockname()[1]}"

@@ -15,7 +15,6 @@ second job.
 from __future__ import annotations
 
 import json
-import socket
 from collections import Counter
 from collections.abc import Iterator
 from datetime import timedelta
@@ -23,6 +22,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from helpers import tcp_init_method
 
 torch = pytest.importorskip("torch")
 
@@ -94,12 +94,6 @@ def switch(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SoftSwitchProce
         yield sw
 
 
-def _init_method() -> str:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return f"tcp://127.0.0.1:{s.getsockname()[1]}"
-
-
 def _rank(
     rank: int, init: str, sw: tuple[Any, ...], steps: int, state: str | None, save: str, out: str
 ) -> None:
@@ -134,7 +128,7 @@ def _rank(
 def _run(sw: SoftSwitchProcess, job_id: int, steps: int, state: str | None, save: Path,
          out: Path) -> list[dict[str, Any]]:  # fmt: skip
     where = (sw.data_addr, sw.p4runtime_address, sw.device_id, job_id)
-    mp.spawn(_rank, args=(_init_method(), where, steps, state, str(save), str(out)),
+    mp.spawn(_rank, args=(tcp_init_method(), where, steps, state, str(save), str(out)),
              nprocs=WORLD)  # fmt: skip
     return [json.loads(Path(f"{out}.{r}").read_text()) for r in range(WORLD)]
 

@@ -16,6 +16,7 @@ from typing import Any
 
 import numpy as np
 import pytest
+from helpers import tcp_init_method
 
 torch = pytest.importorskip("torch")
 
@@ -58,12 +59,6 @@ def _options(sw: SoftSwitchProcess, job_id: int, **kw: Any) -> InaOptions:
     )
 
 
-def _init_method() -> str:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return f"tcp://127.0.0.1:{s.getsockname()[1]}"
-
-
 def _inputs(rank: int, count: int, dtype: str) -> np.ndarray:
     rng = np.random.default_rng(1000 + rank)
     if dtype == "int32":
@@ -77,7 +72,7 @@ def _expected(world: int, count: int, dtype: str) -> tuple[np.ndarray, np.ndarra
 
 
 def _spawn(fn: Any, world: int, *args: Any) -> None:
-    mp.spawn(fn, args=(world, _init_method(), *args), nprocs=world)
+    mp.spawn(fn, args=(world, tcp_init_method(), *args), nprocs=world)
 
 
 # ----------------------------------------------------------------- spawned ranks

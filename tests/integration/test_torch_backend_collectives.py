@@ -20,7 +20,6 @@ import faulthandler
 import logging
 import math
 import signal
-import socket
 from collections.abc import Callable, Iterator
 from datetime import timedelta
 from pathlib import Path
@@ -28,6 +27,7 @@ from typing import Any
 
 import numpy as np
 import pytest
+from helpers import tcp_init_method
 
 torch = pytest.importorskip("torch")
 
@@ -56,12 +56,6 @@ OPS = ASYNC_OPS + SYNC_OPS
 def switch(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SoftSwitchProcess]:
     with SoftSwitchProcess(tmp_path_factory.mktemp("collectives-switch")) as sw:
         yield sw
-
-
-def _init_method() -> str:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return f"tcp://127.0.0.1:{s.getsockname()[1]}"
 
 
 # ----------------------------------------------------------------- one call
@@ -287,7 +281,7 @@ def _run_mixed(switch: SoftSwitchProcess, tmp_path: Path, job_id: int, seed: int
         slots=16,
     )
     progress = mp.get_context("spawn").Array("i", WORLD)
-    args = (WORLD, _init_method(), options, seed, burst, calls, str(tmp_path), progress)
+    args = (WORLD, tcp_init_method(), options, seed, burst, calls, str(tmp_path), progress)
     steps = burst * len(OPS) + calls
     try:
         mp.spawn(_mixed_rank, args=args, nprocs=WORLD)
@@ -431,4 +425,4 @@ def test_avg_the_ops_left_to_gloo_and_the_coalescing_manager(switch: SoftSwitchP
         job_id=82,
         device_id=switch.device_id,
     )
-    mp.spawn(_ops_rank, args=(3, _init_method(), options), nprocs=3)
+    mp.spawn(_ops_rank, args=(3, tcp_init_method(), options), nprocs=3)

@@ -11,13 +11,13 @@ from __future__ import annotations
 
 import dataclasses
 import os
-import socket
 from collections.abc import Iterator
 from datetime import timedelta
 from typing import Any
 
 import numpy as np
 import pytest
+from helpers import tcp_init_method
 
 torch = pytest.importorskip("torch")
 
@@ -43,12 +43,6 @@ WORLD = 4
 def switch(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SoftSwitchProcess]:
     with SoftSwitchProcess(tmp_path_factory.mktemp("collnet-switch")) as sw:
         yield sw
-
-
-def _init_method() -> str:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return f"tcp://127.0.0.1:{s.getsockname()[1]}"
 
 
 def _inputs(rank: int, count: int, dtype: str) -> np.ndarray:
@@ -149,12 +143,12 @@ def test_two_machines_of_two_ranks_run_collnet_through_the_switch(
     switch: SoftSwitchProcess,
 ) -> None:
     options = _options(switch, 301, collnet_bytes=16384)
-    mp.spawn(_collnet_rank, args=(WORLD, _init_method(), options), nprocs=WORLD)
+    mp.spawn(_collnet_rank, args=(WORLD, tcp_init_method(), options), nprocs=WORLD)
     assert not [n for n in os.listdir("/dev/shm") if n.startswith(f"{SHM_PREFIX}job301-")]
 
 
 def test_collnet_off_keeps_every_rank_a_worker_of_the_switch(switch: SoftSwitchProcess) -> None:
-    mp.spawn(_every_rank_a_worker, args=(WORLD, _init_method(), _options(switch, 302)),
+    mp.spawn(_every_rank_a_worker, args=(WORLD, tcp_init_method(), _options(switch, 302)),
              nprocs=WORLD)  # fmt: skip
 
 

@@ -14,7 +14,6 @@ from __future__ import annotations
 import json
 import os
 import signal
-import socket
 import time
 from collections.abc import Iterator
 from datetime import timedelta
@@ -22,6 +21,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from helpers import tcp_init_method
 
 torch = pytest.importorskip("torch")
 
@@ -45,12 +45,6 @@ DEADLINE = 2.0
 def switch(tmp_path: Path) -> Iterator[SoftSwitchProcess]:
     with SoftSwitchProcess(tmp_path / "switch") as sw:
         yield sw
-
-
-def _init_method() -> str:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return f"tcp://127.0.0.1:{s.getsockname()[1]}"
 
 
 def _udp_sockets() -> int:
@@ -116,7 +110,7 @@ def _run(switch: SoftSwitchProcess, tmp_path: Path, job_id: int, kill: str) -> l
         deadline=DEADLINE,
     )
     ctx = mp.get_context("spawn")
-    init = _init_method()
+    init = tcp_init_method()
     readies = [ctx.Event() for _ in range(WORLD)]
     procs = [
         ctx.Process(target=_rank, args=(r, init, options, readies[r], str(tmp_path)))

@@ -25,7 +25,6 @@ from __future__ import annotations
 
 import itertools
 import json
-import socket
 from collections.abc import Iterator
 from datetime import timedelta
 from pathlib import Path
@@ -33,6 +32,7 @@ from typing import Any
 
 import numpy as np
 import pytest
+from helpers import tcp_init_method
 
 torch = pytest.importorskip("torch")
 
@@ -75,12 +75,6 @@ class RecordingChooser:
 def switch(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SoftSwitchProcess]:
     with SoftSwitchProcess(tmp_path_factory.mktemp("training-switch")) as sw:
         yield sw
-
-
-def _init_method() -> str:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return f"tcp://127.0.0.1:{s.getsockname()[1]}"
 
 
 def _model(dtype: Any = None) -> Any:
@@ -269,7 +263,8 @@ def test_training_through_the_switch_matches_gloo(
     )
     with switch.controller() as ctl:
         before = ctl.counters()
-    mp.spawn(_train_rank, args=(WORLD, _init_method(), options, kind, str(tmp_path)), nprocs=WORLD)
+    args = (WORLD, tcp_init_method(), options, kind, str(tmp_path))
+    mp.spawn(_train_rank, args=args, nprocs=WORLD)
     with switch.controller() as ctl:
         after = ctl.counters()
         assert options.job_id not in [j.job_id for j in ctl.installed_jobs()]
