@@ -60,6 +60,8 @@ __all__ = [
     "SWITCH_DROPS",
     "SWITCH_SLOTS",
     "SWITCH_STATS",
+    "TNA_LANES_PER_PACKET",
+    "TNA_SWITCH_SLOTS",
     "Header",
     "PacketType",
     "ProtocolError",
@@ -80,6 +82,15 @@ LANES_PER_PACKET = 64
 """int32 lanes per packet on the P4 target: one register array per lane, unrolled (a P4
 program has no loops); 64 lanes = 256 B payload, SwitchML's 256 B unit. The soft switch
 accepts any value up to :data:`MAX_LANES` as a start-up option (jumbo datagrams)."""
+
+TNA_LANES_PER_PACKET = 28
+"""int32 lanes per packet of the Tofino (TNA) program, p4/tna/: one 32-bit register a lane,
+4 stateful ALUs a stage and 7 stages after the slot's bookkeeping (p4/README.md, "Tofino");
+a job on a Tofino switch runs with ``lanes=TNA_LANES_PER_PACKET``."""
+
+TNA_SWITCH_SLOTS = 8192
+"""Slots per set of the Tofino program's pool: SwitchML's, one 16,384-cell register per
+lane holding both sets."""
 
 MAX_LANES = 2048
 """Largest lane count the soft switch accepts: 8 KiB payload fits a 9000 B jumbo frame."""

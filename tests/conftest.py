@@ -4,10 +4,10 @@ pytest's default (prepend) import mode puts this file's directory on ``sys.path`
 is what lets test modules ``import helpers`` (tests/ is deliberately not a package).
 
 Capability markers (declared in pyproject.toml) are honoured here: a test marked
-``root``, ``mininet``, ``bmv2``, ``ebpf``, ``gpu`` or ``rdma`` is skipped, with the reason, when a
-probe of this machine finds the capability missing, unless ``INALAB_REQUIRE`` names it:
-then the session stops (CI must not pass by skipping). ``slow`` tests always run unless
-deselected with ``-m "not slow"``.
+``root``, ``mininet``, ``bmv2``, ``tofino``, ``ebpf``, ``gpu`` or ``rdma`` is skipped, with the
+reason, when a probe of this machine finds the capability missing, unless
+``INALAB_REQUIRE`` names it: then the session stops (CI must not pass by skipping).
+``slow`` tests always run unless deselected with ``-m "not slow"``.
 
 Temporary files go under pytest's base temporary directory (``TMPDIR`` is pointed there
 for the session, subprocesses included), so a run that makes its own (``inalab bench``
@@ -35,6 +35,10 @@ def _is_root() -> bool:
 
 def _has_mininet() -> bool:
     return _is_root() and shutil.which("mnexec") is not None
+
+
+def _has_tofino_compiler() -> bool:
+    return shutil.which("p4c-barefoot") is not None
 
 
 def _has_bmv2() -> bool:
@@ -71,6 +75,7 @@ PROBES: dict[str, tuple[Callable[[], bool], str]] = {
     "root": (_is_root, "needs root"),
     "mininet": (_has_mininet, "needs root and Mininet's mnexec"),
     "bmv2": (_has_bmv2, "needs simple_switch_grpc and p4c-bm2-ss on PATH"),
+    "tofino": (_has_tofino_compiler, "needs p4c-barefoot (p4c's Tofino backend) on PATH"),
     "ebpf": (_has_ebpf, "needs root, clang and libbpf (the eBPF data plane)"),
     "gpu": (_has_gpu, "needs a CUDA GPU"),
     "rdma": (_has_rdma, "needs an RDMA device (pyverbs found none)"),

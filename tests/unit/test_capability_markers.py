@@ -30,6 +30,11 @@ def test_bmv2_probe_means_simple_switch_grpc_and_p4c() -> None:
     assert shutil.which("simple_switch_grpc") and shutil.which("p4c-bm2-ss")
 
 
+@pytest.mark.tofino
+def test_tofino_probe_means_p4c_barefoot() -> None:
+    assert shutil.which("p4c-barefoot")
+
+
 def test_every_marker_of_pyproject_has_a_probe() -> None:
     pyproject = Path(__file__).parents[2] / "pyproject.toml"
     markers = tomllib.loads(pyproject.read_text())["tool"]["pytest"]["ini_options"]["markers"]
@@ -48,8 +53,8 @@ def test_required_capabilities_are_checked_by_name() -> None:
     missing = required_missing("root, gpu")
     assert ("gpu: needs a CUDA GPU" in missing) != capability("gpu")
     assert ("root: needs root" in missing) != capability("root")
-    with pytest.raises(pytest.UsageError, match="'tofino' is not one of"):
-        required_missing("tofino")
+    with pytest.raises(pytest.UsageError, match="'fpga' is not one of"):
+        required_missing("fpga")
 
 
 def test_temporary_files_land_under_pytests_base_directory(

@@ -1,0 +1,177 @@
+/* ina_tna.p4: the INA aggregation switch for Tofino 1 (TNA), the semantics of
+ * ../ina.p4 (v1model) and of the soft switch's Pipeline.process in Tofino's terms.
+ *
+ * p4/README.md ("Tofino") gives the pass structure and the stage budget; each control's
+ * file says what it does. A packet's way through ingress, by stage:
+ *   0  header checks (gateways), jobs, workers, upstream, the drop simulator's draw
+ *   1  masks (the sender's bit), seq (check, or advance in pass 2), drop simulator
+ *   2  checks: the first failing check, or what the packet does with its slot's
+ *      missing-workers register (join, peek, start, take)
+ *   3  next_step: the packet's fate from the slot's missing workers; the final flag
+ *   4- values: the lanes and the exponent (write, add, read), then results: where the
+ *      packet goes, and the counters
+ * A use's first packet is resubmitted once (seq.p4). Egress addresses each replica of a
+ * multicast result, runs the egress drop simulator and counts what leaves.
+ */
+#include <core.p4>
+#include <tna.p4>
+
+#include "configuration.p4"
+#include "headers.p4"
+#include "parsers.p4"
+#include "drop_simulator.p4"
+#include "jobs.p4"
+#include "workers.p4"
+#include "upstream.p4"
+#include "masks.p4"
+#include "seq.p4"
+#include "checks.p4"
+#include "next_step.p4"
+#include "values.p4"
+#include "results.p4"
+#include "forwarder.p4"
+#include "replicas.p4"
+
+@pa_auto_init_metadata
+control InaIngress(inout tna_headers_t hdr,
+                   inout tna_ingress_metadata_t meta,
+                   in ingress_intrinsic_metadata_t ig_intr_md,
+                   in ingress_intrinsic_metadata_from_parser_t ig_prsr_md,
+                   inout ingress_intrinsic_metadata_for_deparser_t ig_dprsr_md,
+                   inout ingress_intrinsic_metadata_for_tm_t ig_tm_md) {
+    // STAT_RECEIVED and STAT_COMPLETED have counters of their own (a counter counts once
+    // a pass); ina_stats counts each packet's outcome, indexed by STAT_*.
+    @name(".Ingress.received")
+    Counter<bit<64>, bit<1>>(1, CounterType_t.PACKETS) received;
+    @name(".Ingress.completed")
+    Counter<bit<64>, bit<1>>(1, CounterType_t.PACKETS) completed;
+    @name(".Ingress.ina_stats")
+    Counter<bit<64>, bit<8>>(NUM_STATS, CounterType_t.PACKETS) ina_stats;
+    @name(".Ingress.drops")
+    Counter<bit<64>, bit<8>>(NUM_DROP_REASONS, CounterType_t.PACKETS) drops;
+
+    Hash<tna_index_t>(HashAlgorithm_t.IDENTITY) index;
+
+    TnaIngressDropSimulator() drop_simulator;
+    TnaUpstream() upstream;
+    TnaJobs() jobs;
+    TnaWorkers() workers;
+    TnaMasks() masks;
+    TnaSeq() seq;
+    TnaChecks() checks;
+    TnaNextStep() next_step;
+    TnaValues() values;
+    TnaResults() results;
+    TnaForwarder() forwarder;
+
+    apply {
+        hdr.bridge.setValid();
+        hdr.bridge.ingress_port = ig_intr_md.ingress_port;
+        meta.drop_reason = TNA_NO_DROP;
+        if (meta.is_ina == 0) {
+            forwarder.apply(hdr, ig_tm_md, ig_dprsr_md);
+        } else {
+            if (meta.second_pass == 0) {
+                received.count(0);
+            }
+            if (hdr.ina.version == PROTOCOL_VERSION) {
+                meta.version_ok = 1;
+            }
+            if (hdr.ina.ptype == PTYPE_DATA) {
+                meta.is_data = 1;
+            }
+            if (hdr.ina.ptype == PTYPE_RESULT) {
+                meta.is_result = 1;
+            }
+            if (hdr.ina.num_lanes == (bit<16>)TNA_LANES_PER_PACKET) {
+                meta.lanes_ok = 1;
+            }
+            if (hdr.ina_data.isValid()
+                    && hdr.udp.length == (bit<16>)(UDP_HEADER_BYTES + TNA_PAYLOAD_BYTES)
+                    && hdr.ipv4.total_len
+                       == (bit<16>)(IPV4_HEADER_BYTES + UDP_HEADER_BYTES + TNA_PAYLOAD_BYTES)) {
+                meta.length_ok = 1;
+            }
+            drop_simulator.apply(meta);
+            upstream.apply(hdr, meta);
+            jobs.apply(hdr, meta);
+            workers.apply(hdr, meta);
+            masks.apply(hdr, meta);
+            meta.slot_diff = meta.slot - meta.slot_count;
+            if (meta.job_hit == 1) {
+                seq.apply(hdr, meta);
+            }
+            meta.index = index.get({meta.abs_slot[15:15], meta.abs_slot[12:0]});
+            checks.apply(hdr, meta);
+            if (meta.mode != MODE_NONE) {
+                next_step.apply(hdr, meta);
+            }
+            values.apply(hdr, meta);
+            if (meta.drop_reason != TNA_NO_DROP) {
+                drops.count(meta.drop_reason);
+                ig_dprsr_md.drop_ctl = 1;
+            } else if (meta.resubmit == 1) {
+                meta.resubmit_data.setValid();
+                meta.resubmit_data.pass = TNA_PASS_SECOND;
+                ig_dprsr_md.resubmit_type = 1;
+            } else {
+                results.apply(hdr, meta, ig_intr_md, ig_tm_md, ig_dprsr_md);
+                ina_stats.count(meta.stat);
+                if (meta.complete == 1) {
+                    completed.count(0);
+                }
+            }
+        }
+    }
+}
+
+@pa_auto_init_metadata
+control InaEgress(inout tna_headers_t hdr,
+                  inout tna_egress_metadata_t meta,
+                  in egress_intrinsic_metadata_t eg_intr_md,
+                  in egress_intrinsic_metadata_from_parser_t eg_prsr_md,
+                  inout egress_intrinsic_metadata_for_deparser_t eg_dprsr_md,
+                  inout egress_intrinsic_metadata_for_output_port_t eg_oport_md) {
+    // Egress counts STAT_RESULTS_SENT and STAT_SENT_UPSTREAM, and DROP_SIM_EGRESS.
+    @name(".Egress.ina_stats")
+    Counter<bit<64>, bit<8>>(NUM_STATS, CounterType_t.PACKETS) ina_stats;
+    @name(".Egress.drops")
+    Counter<bit<64>, bit<8>>(NUM_DROP_REASONS, CounterType_t.PACKETS) drops;
+
+    TnaReplicas() replicas;
+    TnaEgressDropSimulator() drop_simulator;
+
+    apply {
+        if (hdr.bridge.result == 1 || hdr.bridge.upward == 1) {
+            if (hdr.bridge.multicast == 1) {
+                replicas.apply(hdr, meta, eg_intr_md);
+            }
+            if (meta.no_replica == 1) {
+                eg_dprsr_md.drop_ctl = 1;
+            } else {
+                drop_simulator.apply(meta);
+                if (meta.sim_drop == 1) {
+                    drops.count((bit<8>)DROP_SIM_EGRESS);
+                    eg_dprsr_md.drop_ctl = 1;
+                } else if (hdr.bridge.upward == 1) {
+                    ina_stats.count((bit<8>)STAT_SENT_UPSTREAM);
+                } else {
+                    ina_stats.count((bit<8>)STAT_RESULTS_SENT);
+                }
+            }
+        } else if (hdr.bridge.flooded == 1) {
+            if (eg_intr_md.egress_port == hdr.bridge.ingress_port) {
+                eg_dprsr_md.drop_ctl = 1;
+            }
+        }
+    }
+}
+
+Pipeline(InaIngressParser(),
+         InaIngress(),
+         InaIngressDeparser(),
+         InaEgressParser(),
+         InaEgress(),
+         InaEgressDeparser()) pipe;
+
+Switch(pipe) main;
