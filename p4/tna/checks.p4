@@ -81,6 +81,7 @@ control TnaChecks(in tna_headers_t hdr, inout tna_ingress_metadata_t meta) {
             meta.second_pass: ternary @name("second_pass");
             meta.sim_drop: ternary @name("sim_drop");
             hdr.ina.isValid(): ternary @name("ina_valid");
+            hdr.udp.length: ternary @name("udp_length");
             meta.version_ok: ternary @name("version_ok");
             meta.is_data: ternary @name("is_data");
             meta.is_result: ternary @name("is_result");

@@ -45,7 +45,7 @@ _BANNER = """\
 
 # Key order of checks.p4's table `checks`.
 _CHECK_KEYS = (
-    "second_pass", "sim_drop", "ina_valid", "version_ok", "is_data", "is_result",
+    "second_pass", "sim_drop", "ina_valid", "udp_length", "version_ok", "is_data", "is_result",
     "has_upstream", "job_hit", "rank_ok", "worker_hit", "upstream_ip_diff",
     "upstream_port_diff", "slot_diff", "lanes_ok", "length_ok", "seq_diff",
 )  # fmt: skip
@@ -88,9 +88,9 @@ def _lane(n: int) -> str:
     Register<bit<32>, tna_index_t>(TNA_REGISTER_SIZE, 0) {name};
     RegisterAction<bit<32>, tna_index_t, bit<32>>({name}) {name}_op = {{
         void apply(inout bit<32> value, out bit<32> result) {{
-            if (meta.lane_op == LANE_OP_WRITE) {{
+            if (meta.lane_op == (bit<8>)LANE_OP_WRITE) {{
                 value = hdr.ina_data.{name};
-            }} else if (meta.lane_op == LANE_OP_ADD) {{
+            }} else if (meta.lane_op == (bit<8>)LANE_OP_ADD) {{
                 value = value + hdr.ina_data.{name};
             }}
             result = value;
@@ -143,14 +143,14 @@ signed max, read): a max and the choice of operation need three comparisons."""
     };
 
     apply {
-        if (meta.lane_op == LANE_OP_WRITE) {
+        if (meta.lane_op == (bit<8>)LANE_OP_WRITE) {
             hdr.ina.exponent = exponent_write.execute(meta.index);
-        } else if (meta.lane_op == LANE_OP_ADD) {
+        } else if (meta.lane_op == (bit<8>)LANE_OP_ADD) {
             hdr.ina.exponent = exponent_max.execute(meta.index);
-        } else if (meta.lane_op == LANE_OP_READ) {
+        } else if (meta.lane_op == (bit<8>)LANE_OP_READ) {
             hdr.ina.exponent = exponent_read.execute(meta.index);
         }
-        if (meta.lane_op != LANE_OP_NONE) {
+        if (meta.lane_op != (bit<8>)LANE_OP_NONE) {
 """
         + executes
         + "        }\n    }\n}\n\n#endif  // _INA_TNA_VALUES_P4_\n"
@@ -199,6 +199,10 @@ def render_checks() -> str:
         _check(drop("DROP_SIM_INGRESS"), second_pass=0, sim_drop=1),
         "            // 2.-3. truncated, version, type (a RESULT only from an upstream switch)\n",
         _check(drop("DROP_TRUNCATED"), ina_valid=False),
+        # A frame padded to Ethernet's 60 bytes can complete the INA header of a shorter
+        # datagram: the UDP length (8 + 16 at least) says what the sender sent.
+        _check(drop("DROP_TRUNCATED"), udp_length=(0x0000, 0xFFF0)),
+        _check(drop("DROP_TRUNCATED"), udp_length=(0x0010, 0xFFF8)),
         _check(drop("DROP_MALFORMED"), version_ok=0),
         _check(drop("DROP_MALFORMED"), is_data=0, is_result=0),
         _check(drop("DROP_MALFORMED"), is_data=0, has_upstream=0),

@@ -14,8 +14,9 @@
  *   peek,  otherwise             a use in progress: stale
  *   start                        the first contribution: write; `final` cleared; with
  *                                one worker the slot completes at once
- *   take,  nothing missing       the upstream switch's RESULT: write it, set `final`
- *                                (multicast unless it was set: a duplicate)
+ *   take,  nothing missing       the upstream switch's RESULT: set `final`; if it was
+ *                                clear, write the lanes and multicast, else a duplicate
+ *                                (the lanes keep the first copy)
  *   take,  otherwise             stale
  */
 #ifndef _INA_TNA_NEXT_STEP_P4_
@@ -38,9 +39,16 @@ control TnaNextStep(in tna_headers_t hdr, inout tna_ingress_metadata_t meta) {
         }
     };
 
-    RegisterAction<bit<8>, tna_index_t, bit<8>>(final) final_set = {
-        void apply(inout bit<8> value, out bit<8> before) {
-            before = value;
+    // The upstream's RESULT: the slot becomes final, and the lanes take the RESULT only
+    // if it was not final already (a later copy is a duplicate, stored nowhere). The
+    // answer is the lanes' operation itself, so the stages after need no gateway on it.
+    RegisterAction<bit<8>, tna_index_t, bit<8>>(final) final_take = {
+        void apply(inout bit<8> value, out bit<8> lane_op) {
+            if (value == 0) {
+                lane_op = (bit<8>)LANE_OP_WRITE;
+            } else {
+                lane_op = (bit<8>)LANE_OP_NONE;
+            }
             value = 1;
         }
     };
@@ -48,14 +56,14 @@ control TnaNextStep(in tna_headers_t hdr, inout tna_ingress_metadata_t meta) {
     @name(".Ingress.next_step.answer")
     action answer() {
         meta.answer = 1;
-        meta.lane_op = LANE_OP_READ;
+        meta.lane_op = (bit<8>)LANE_OP_READ;
         meta.stat = (bit<8>)STAT_RETRANSMITS_ANSWERED;
     }
 
     @name(".Ingress.next_step.answer_upstream")
     action answer_upstream() {
         meta.answer = 1;
-        meta.lane_op = LANE_OP_READ;
+        meta.lane_op = (bit<8>)LANE_OP_READ;
         meta.stat = (bit<8>)STAT_RETRANSMITS_ANSWERED;
         meta.was_final = final_read.execute(meta.index);
     }
@@ -67,13 +75,13 @@ control TnaNextStep(in tna_headers_t hdr, inout tna_ingress_metadata_t meta) {
 
     @name(".Ingress.next_step.add")
     action add() {
-        meta.lane_op = LANE_OP_ADD;
+        meta.lane_op = (bit<8>)LANE_OP_ADD;
         meta.stat = (bit<8>)STAT_AGGREGATED;
     }
 
     @name(".Ingress.next_step.add_complete")
     action add_complete() {
-        meta.lane_op = LANE_OP_ADD;
+        meta.lane_op = (bit<8>)LANE_OP_ADD;
         meta.stat = (bit<8>)STAT_AGGREGATED;
         meta.complete = 1;
     }
@@ -90,14 +98,14 @@ control TnaNextStep(in tna_headers_t hdr, inout tna_ingress_metadata_t meta) {
 
     @name(".Ingress.next_step.first")
     action first() {
-        meta.lane_op = LANE_OP_WRITE;
+        meta.lane_op = (bit<8>)LANE_OP_WRITE;
         meta.stat = (bit<8>)STAT_AGGREGATED;
         meta.was_final = final_clear.execute(meta.index);
     }
 
     @name(".Ingress.next_step.first_complete")
     action first_complete() {
-        meta.lane_op = LANE_OP_WRITE;
+        meta.lane_op = (bit<8>)LANE_OP_WRITE;
         meta.stat = (bit<8>)STAT_AGGREGATED;
         meta.complete = 1;
         meta.was_final = final_clear.execute(meta.index);
@@ -105,10 +113,9 @@ control TnaNextStep(in tna_headers_t hdr, inout tna_ingress_metadata_t meta) {
 
     @name(".Ingress.next_step.take_result")
     action take_result() {
-        meta.lane_op = LANE_OP_WRITE;
         meta.take_result = 1;
         meta.stat = (bit<8>)STAT_RESULTS_FROM_UPSTREAM;
-        meta.was_final = final_set.execute(meta.index);
+        meta.lane_op = final_take.execute(meta.index);
     }
 
     @name(".Ingress.next_step.next_step")

@@ -80,7 +80,7 @@ control TnaResults(inout tna_headers_t hdr,
                 to_group();
             }
         } else if (meta.take_result == 1) {
-            if (meta.was_final == 0) {
+            if (meta.lane_op == (bit<8>)LANE_OP_WRITE) {
                 to_group();
             } else {
                 meta.stat = (bit<8>)STAT_DUPLICATES_IGNORED;

@@ -69,13 +69,13 @@ struct tna_ingress_metadata_t {
     bit<8> drop_reason;
     bit<3> mode;
     bit<32> missing;      // the slot's missing workers before this packet
-    bit<2> lane_op;       // LANE_OP_*
+    bit<8> lane_op;       // LANE_OP_* (8 bits: final_take's output is one)
     bit<8> stat;          // the ina_stats counter this packet counts
     bit<1> complete;
     bit<1> answer;        // a finished use's retransmission: unicast the result back
     bit<1> resubmit;
     bit<1> take_result;   // the upstream's RESULT: multicast unless the slot was final
-    bit<8> was_final;     // next_step.p4's final register before this packet
+    bit<8> was_final;     // the final register before this packet (answer_upstream)
     tna_index_t index;    // the (set, slot) register index: {pool_set, abs_slot[12:0]}
 }
 

@@ -18,9 +18,9 @@ control TnaValues(inout tna_headers_t hdr, in tna_ingress_metadata_t meta) {
     Register<bit<32>, tna_index_t>(TNA_REGISTER_SIZE, 0) lane_00;
     RegisterAction<bit<32>, tna_index_t, bit<32>>(lane_00) lane_00_op = {
         void apply(inout bit<32> value, out bit<32> result) {
-            if (meta.lane_op == LANE_OP_WRITE) {
+            if (meta.lane_op == (bit<8>)LANE_OP_WRITE) {
                 value = hdr.ina_data.lane_00;
-            } else if (meta.lane_op == LANE_OP_ADD) {
+            } else if (meta.lane_op == (bit<8>)LANE_OP_ADD) {
                 value = value + hdr.ina_data.lane_00;
             }
             result = value;
@@ -31,9 +31,9 @@ control TnaValues(inout tna_headers_t hdr, in tna_ingress_metadata_t meta) {
     Register<bit<32>, tna_index_t>(TNA_REGISTER_SIZE, 0) lane_01;
     RegisterAction<bit<32>, tna_index_t, bit<32>>(lane_01) lane_01_op = {
         void apply(inout bit<32> value, out bit<32> result) {
-            if (meta.lane_op == LANE_OP_WRITE) {
+            if (meta.lane_op == (bit<8>)LANE_OP_WRITE) {
                 value = hdr.ina_data.lane_01;
-            } else if (meta.lane_op == LANE_OP_ADD) {
+            } else if (meta.lane_op == (bit<8>)LANE_OP_ADD) {
                 value = value + hdr.ina_data.lane_01;
             }
             result = value;
@@ -44,9 +44,9 @@ control TnaValues(inout tna_headers_t hdr, in tna_ingress_metadata_t meta) {
     Register<bit<32>, tna_index_t>(TNA_REGISTER_SIZE, 0) lane_02;
     RegisterAction<bit<32>, tna_index_t, bit<32>>(lane_02) lane_02_op = {
         void apply(inout bit<32> value, out bit<32> result) {
-            if (meta.lane_op == LANE_OP_WRITE) {
+            if (meta.lane_op == (bit<8>)LANE_OP_WRITE) {
                 value = hdr.ina_data.lane_02;
-            } else if (meta.lane_op == LANE_OP_ADD) {
+            } else if (meta.lane_op == (bit<8>)LANE_OP_ADD) {
                 value = value + hdr.ina_data.lane_02;
             }
             result = value;
@@ -57,9 +57,9 @@ control TnaValues(inout tna_headers_t hdr, in tna_ingress_metadata_t meta) {
     Register<bit<32>, tna_index_t>(TNA_REGISTER_SIZE, 0) lane_03;
     RegisterAction<bit<32>, tna_index_t, bit<32>>(lane_03) lane_03_op = {
         void apply(inout bit<32> value, out bit<32> result) {
-            if (meta.lane_op == LANE_OP_WRITE) {
+            if (meta.lane_op == (bit<8>)LANE_OP_WRITE) {
                 value = hdr.ina_data.lane_03;
-            } else if (meta.lane_op == LANE_OP_ADD) {
+            } else if (meta.lane_op == (bit<8>)LANE_OP_ADD) {
                 value = value + hdr.ina_data.lane_03;
             }
             result = value;
@@ -70,9 +70,9 @@ control TnaValues(inout tna_headers_t hdr, in tna_ingress_metadata_t meta) {
     Register<bit<32>, tna_index_t>(TNA_REGISTER_SIZE, 0) lane_04;
     RegisterAction<bit<32>, tna_index_t, bit<32>>(lane_04) lane_04_op = {
         void apply(inout bit<32> value, out bit<32> result) {
-            if (meta.lane_op == LANE_OP_WRITE) {
+            if (meta.lane_op == (bit<8>)LANE_OP_WRITE) {
                 value = hdr.ina_data.lane_04;
-            } else if (meta.lane_op == LANE_OP_ADD) {
+            } else if (meta.lane_op == (bit<8>)LANE_OP_ADD) {
                 value = value + hdr.ina_data.lane_04;
             }
             result = value;
@@ -83,9 +83,9 @@ control TnaValues(inout tna_headers_t hdr, in tna_ingress_metadata_t meta) {
     Register<bit<32>, tna_index_t>(TNA_REGISTER_SIZE, 0) lane_05;
     RegisterAction<bit<32>, tna_index_t, bit<32>>(lane_05) lane_05_op = {
         void apply(inout bit<32> value, out bit<32> result) {
-            if (meta.lane_op == LANE_OP_WRITE) {
+            if (meta.lane_op == (bit<8>)LANE_OP_WRITE) {
                 value = hdr.ina_data.lane_05;
-            } else if (meta.lane_op == LANE_OP_ADD) {
+            } else if (meta.lane_op == (bit<8>)LANE_OP_ADD) {
                 value = value + hdr.ina_data.lane_05;
             }
             result = value;
@@ -96,9 +96,9 @@ control TnaValues(inout tna_headers_t hdr, in tna_ingress_metadata_t meta) {
     Register<bit<32>, tna_index_t>(TNA_REGISTER_SIZE, 0) lane_06;
     RegisterAction<bit<32>, tna_index_t, bit<32>>(lane_06) lane_06_op = {
         void apply(inout bit<32> value, out bit<32> result) {
-            if (meta.lane_op == LANE_OP_WRITE) {
+            if (meta.lane_op == (bit<8>)LANE_OP_WRITE) {
                 value = hdr.ina_data.lane_06;
-            } else if (meta.lane_op == LANE_OP_ADD) {
+            } else if (meta.lane_op == (bit<8>)LANE_OP_ADD) {
                 value = value + hdr.ina_data.lane_06;
             }
             result = value;
@@ -109,9 +109,9 @@ control TnaValues(inout tna_headers_t hdr, in tna_ingress_metadata_t meta) {
     Register<bit<32>, tna_index_t>(TNA_REGISTER_SIZE, 0) lane_07;
     RegisterAction<bit<32>, tna_index_t, bit<32>>(lane_07) lane_07_op = {
         void apply(inout bit<32> value, out bit<32> result) {
-            if (meta.lane_op == LANE_OP_WRITE) {
+            if (meta.lane_op == (bit<8>)LANE_OP_WRITE) {
                 value = hdr.ina_data.lane_07;
-            } else if (meta.lane_op == LANE_OP_ADD) {
+            } else if (meta.lane_op == (bit<8>)LANE_OP_ADD) {
                 value = value + hdr.ina_data.lane_07;
             }
             result = value;
@@ -122,9 +122,9 @@ control TnaValues(inout tna_headers_t hdr, in tna_ingress_metadata_t meta) {
     Register<bit<32>, tna_index_t>(TNA_REGISTER_SIZE, 0) lane_08;
     RegisterAction<bit<32>, tna_index_t, bit<32>>(lane_08) lane_08_op = {
         void apply(inout bit<32> value, out bit<32> result) {
-            if (meta.lane_op == LANE_OP_WRITE) {
+            if (meta.lane_op == (bit<8>)LANE_OP_WRITE) {
                 value = hdr.ina_data.lane_08;
-            } else if (meta.lane_op == LANE_OP_ADD) {
+            } else if (meta.lane_op == (bit<8>)LANE_OP_ADD) {
                 value = value + hdr.ina_data.lane_08;
             }
             result = value;
@@ -135,9 +135,9 @@ control TnaValues(inout tna_headers_t hdr, in tna_ingress_metadata_t meta) {
     Register<bit<32>, tna_index_t>(TNA_REGISTER_SIZE, 0) lane_09;
     RegisterAction<bit<32>, tna_index_t, bit<32>>(lane_09) lane_09_op = {
         void apply(inout bit<32> value, out bit<32> result) {
-            if (meta.lane_op == LANE_OP_WRITE) {
+            if (meta.lane_op == (bit<8>)LANE_OP_WRITE) {
                 value = hdr.ina_data.lane_09;
-            } else if (meta.lane_op == LANE_OP_ADD) {
+            } else if (meta.lane_op == (bit<8>)LANE_OP_ADD) {
                 value = value + hdr.ina_data.lane_09;
             }
             result = value;
@@ -148,9 +148,9 @@ control TnaValues(inout tna_headers_t hdr, in tna_ingress_metadata_t meta) {
     Register<bit<32>, tna_index_t>(TNA_REGISTER_SIZE, 0) lane_10;
     RegisterAction<bit<32>, tna_index_t, bit<32>>(lane_10) lane_10_op = {
         void apply(inout bit<32> value, out bit<32> result) {
-            if (meta.lane_op == LANE_OP_WRITE) {
+            if (meta.lane_op == (bit<8>)LANE_OP_WRITE) {
                 value = hdr.ina_data.lane_10;
-            } else if (meta.lane_op == LANE_OP_ADD) {
+            } else if (meta.lane_op == (bit<8>)LANE_OP_ADD) {
                 value = value + hdr.ina_data.lane_10;
             }
             result = value;
@@ -161,9 +161,9 @@ control TnaValues(inout tna_headers_t hdr, in tna_ingress_metadata_t meta) {
     Register<bit<32>, tna_index_t>(TNA_REGISTER_SIZE, 0) lane_11;
     RegisterAction<bit<32>, tna_index_t, bit<32>>(lane_11) lane_11_op = {
         void apply(inout bit<32> value, out bit<32> result) {
-            if (meta.lane_op == LANE_OP_WRITE) {
+            if (meta.lane_op == (bit<8>)LANE_OP_WRITE) {
                 value = hdr.ina_data.lane_11;
-            } else if (meta.lane_op == LANE_OP_ADD) {
+            } else if (meta.lane_op == (bit<8>)LANE_OP_ADD) {
                 value = value + hdr.ina_data.lane_11;
             }
             result = value;
@@ -174,9 +174,9 @@ control TnaValues(inout tna_headers_t hdr, in tna_ingress_metadata_t meta) {
     Register<bit<32>, tna_index_t>(TNA_REGISTER_SIZE, 0) lane_12;
     RegisterAction<bit<32>, tna_index_t, bit<32>>(lane_12) lane_12_op = {
         void apply(inout bit<32> value, out bit<32> result) {
-            if (meta.lane_op == LANE_OP_WRITE) {
+            if (meta.lane_op == (bit<8>)LANE_OP_WRITE) {
                 value = hdr.ina_data.lane_12;
-            } else if (meta.lane_op == LANE_OP_ADD) {
+            } else if (meta.lane_op == (bit<8>)LANE_OP_ADD) {
                 value = value + hdr.ina_data.lane_12;
             }
             result = value;
@@ -187,9 +187,9 @@ control TnaValues(inout tna_headers_t hdr, in tna_ingress_metadata_t meta) {
     Register<bit<32>, tna_index_t>(TNA_REGISTER_SIZE, 0) lane_13;
     RegisterAction<bit<32>, tna_index_t, bit<32>>(lane_13) lane_13_op = {
         void apply(inout bit<32> value, out bit<32> result) {
-            if (meta.lane_op == LANE_OP_WRITE) {
+            if (meta.lane_op == (bit<8>)LANE_OP_WRITE) {
                 value = hdr.ina_data.lane_13;
-            } else if (meta.lane_op == LANE_OP_ADD) {
+            } else if (meta.lane_op == (bit<8>)LANE_OP_ADD) {
                 value = value + hdr.ina_data.lane_13;
             }
             result = value;
@@ -200,9 +200,9 @@ control TnaValues(inout tna_headers_t hdr, in tna_ingress_metadata_t meta) {
     Register<bit<32>, tna_index_t>(TNA_REGISTER_SIZE, 0) lane_14;
     RegisterAction<bit<32>, tna_index_t, bit<32>>(lane_14) lane_14_op = {
         void apply(inout bit<32> value, out bit<32> result) {
-            if (meta.lane_op == LANE_OP_WRITE) {
+            if (meta.lane_op == (bit<8>)LANE_OP_WRITE) {
                 value = hdr.ina_data.lane_14;
-            } else if (meta.lane_op == LANE_OP_ADD) {
+            } else if (meta.lane_op == (bit<8>)LANE_OP_ADD) {
                 value = value + hdr.ina_data.lane_14;
             }
             result = value;
@@ -213,9 +213,9 @@ control TnaValues(inout tna_headers_t hdr, in tna_ingress_metadata_t meta) {
     Register<bit<32>, tna_index_t>(TNA_REGISTER_SIZE, 0) lane_15;
     RegisterAction<bit<32>, tna_index_t, bit<32>>(lane_15) lane_15_op = {
         void apply(inout bit<32> value, out bit<32> result) {
-            if (meta.lane_op == LANE_OP_WRITE) {
+            if (meta.lane_op == (bit<8>)LANE_OP_WRITE) {
                 value = hdr.ina_data.lane_15;
-            } else if (meta.lane_op == LANE_OP_ADD) {
+            } else if (meta.lane_op == (bit<8>)LANE_OP_ADD) {
                 value = value + hdr.ina_data.lane_15;
             }
             result = value;
@@ -226,9 +226,9 @@ control TnaValues(inout tna_headers_t hdr, in tna_ingress_metadata_t meta) {
     Register<bit<32>, tna_index_t>(TNA_REGISTER_SIZE, 0) lane_16;
     RegisterAction<bit<32>, tna_index_t, bit<32>>(lane_16) lane_16_op = {
         void apply(inout bit<32> value, out bit<32> result) {
-            if (meta.lane_op == LANE_OP_WRITE) {
+            if (meta.lane_op == (bit<8>)LANE_OP_WRITE) {
                 value = hdr.ina_data.lane_16;
-            } else if (meta.lane_op == LANE_OP_ADD) {
+            } else if (meta.lane_op == (bit<8>)LANE_OP_ADD) {
                 value = value + hdr.ina_data.lane_16;
             }
             result = value;
@@ -239,9 +239,9 @@ control TnaValues(inout tna_headers_t hdr, in tna_ingress_metadata_t meta) {
     Register<bit<32>, tna_index_t>(TNA_REGISTER_SIZE, 0) lane_17;
     RegisterAction<bit<32>, tna_index_t, bit<32>>(lane_17) lane_17_op = {
         void apply(inout bit<32> value, out bit<32> result) {
-            if (meta.lane_op == LANE_OP_WRITE) {
+            if (meta.lane_op == (bit<8>)LANE_OP_WRITE) {
                 value = hdr.ina_data.lane_17;
-            } else if (meta.lane_op == LANE_OP_ADD) {
+            } else if (meta.lane_op == (bit<8>)LANE_OP_ADD) {
                 value = value + hdr.ina_data.lane_17;
             }
             result = value;
@@ -252,9 +252,9 @@ control TnaValues(inout tna_headers_t hdr, in tna_ingress_metadata_t meta) {
     Register<bit<32>, tna_index_t>(TNA_REGISTER_SIZE, 0) lane_18;
     RegisterAction<bit<32>, tna_index_t, bit<32>>(lane_18) lane_18_op = {
         void apply(inout bit<32> value, out bit<32> result) {
-            if (meta.lane_op == LANE_OP_WRITE) {
+            if (meta.lane_op == (bit<8>)LANE_OP_WRITE) {
                 value = hdr.ina_data.lane_18;
-            } else if (meta.lane_op == LANE_OP_ADD) {
+            } else if (meta.lane_op == (bit<8>)LANE_OP_ADD) {
                 value = value + hdr.ina_data.lane_18;
             }
             result = value;
@@ -265,9 +265,9 @@ control TnaValues(inout tna_headers_t hdr, in tna_ingress_metadata_t meta) {
     Register<bit<32>, tna_index_t>(TNA_REGISTER_SIZE, 0) lane_19;
     RegisterAction<bit<32>, tna_index_t, bit<32>>(lane_19) lane_19_op = {
         void apply(inout bit<32> value, out bit<32> result) {
-            if (meta.lane_op == LANE_OP_WRITE) {
+            if (meta.lane_op == (bit<8>)LANE_OP_WRITE) {
                 value = hdr.ina_data.lane_19;
-            } else if (meta.lane_op == LANE_OP_ADD) {
+            } else if (meta.lane_op == (bit<8>)LANE_OP_ADD) {
                 value = value + hdr.ina_data.lane_19;
             }
             result = value;
@@ -278,9 +278,9 @@ control TnaValues(inout tna_headers_t hdr, in tna_ingress_metadata_t meta) {
     Register<bit<32>, tna_index_t>(TNA_REGISTER_SIZE, 0) lane_20;
     RegisterAction<bit<32>, tna_index_t, bit<32>>(lane_20) lane_20_op = {
         void apply(inout bit<32> value, out bit<32> result) {
-            if (meta.lane_op == LANE_OP_WRITE) {
+            if (meta.lane_op == (bit<8>)LANE_OP_WRITE) {
                 value = hdr.ina_data.lane_20;
-            } else if (meta.lane_op == LANE_OP_ADD) {
+            } else if (meta.lane_op == (bit<8>)LANE_OP_ADD) {
                 value = value + hdr.ina_data.lane_20;
             }
             result = value;
@@ -291,9 +291,9 @@ control TnaValues(inout tna_headers_t hdr, in tna_ingress_metadata_t meta) {
     Register<bit<32>, tna_index_t>(TNA_REGISTER_SIZE, 0) lane_21;
     RegisterAction<bit<32>, tna_index_t, bit<32>>(lane_21) lane_21_op = {
         void apply(inout bit<32> value, out bit<32> result) {
-            if (meta.lane_op == LANE_OP_WRITE) {
+            if (meta.lane_op == (bit<8>)LANE_OP_WRITE) {
                 value = hdr.ina_data.lane_21;
-            } else if (meta.lane_op == LANE_OP_ADD) {
+            } else if (meta.lane_op == (bit<8>)LANE_OP_ADD) {
                 value = value + hdr.ina_data.lane_21;
             }
             result = value;
@@ -304,9 +304,9 @@ control TnaValues(inout tna_headers_t hdr, in tna_ingress_metadata_t meta) {
     Register<bit<32>, tna_index_t>(TNA_REGISTER_SIZE, 0) lane_22;
     RegisterAction<bit<32>, tna_index_t, bit<32>>(lane_22) lane_22_op = {
         void apply(inout bit<32> value, out bit<32> result) {
-            if (meta.lane_op == LANE_OP_WRITE) {
+            if (meta.lane_op == (bit<8>)LANE_OP_WRITE) {
                 value = hdr.ina_data.lane_22;
-            } else if (meta.lane_op == LANE_OP_ADD) {
+            } else if (meta.lane_op == (bit<8>)LANE_OP_ADD) {
                 value = value + hdr.ina_data.lane_22;
             }
             result = value;
@@ -317,9 +317,9 @@ control TnaValues(inout tna_headers_t hdr, in tna_ingress_metadata_t meta) {
     Register<bit<32>, tna_index_t>(TNA_REGISTER_SIZE, 0) lane_23;
     RegisterAction<bit<32>, tna_index_t, bit<32>>(lane_23) lane_23_op = {
         void apply(inout bit<32> value, out bit<32> result) {
-            if (meta.lane_op == LANE_OP_WRITE) {
+            if (meta.lane_op == (bit<8>)LANE_OP_WRITE) {
                 value = hdr.ina_data.lane_23;
-            } else if (meta.lane_op == LANE_OP_ADD) {
+            } else if (meta.lane_op == (bit<8>)LANE_OP_ADD) {
                 value = value + hdr.ina_data.lane_23;
             }
             result = value;
@@ -330,9 +330,9 @@ control TnaValues(inout tna_headers_t hdr, in tna_ingress_metadata_t meta) {
     Register<bit<32>, tna_index_t>(TNA_REGISTER_SIZE, 0) lane_24;
     RegisterAction<bit<32>, tna_index_t, bit<32>>(lane_24) lane_24_op = {
         void apply(inout bit<32> value, out bit<32> result) {
-            if (meta.lane_op == LANE_OP_WRITE) {
+            if (meta.lane_op == (bit<8>)LANE_OP_WRITE) {
                 value = hdr.ina_data.lane_24;
-            } else if (meta.lane_op == LANE_OP_ADD) {
+            } else if (meta.lane_op == (bit<8>)LANE_OP_ADD) {
                 value = value + hdr.ina_data.lane_24;
             }
             result = value;
@@ -343,9 +343,9 @@ control TnaValues(inout tna_headers_t hdr, in tna_ingress_metadata_t meta) {
     Register<bit<32>, tna_index_t>(TNA_REGISTER_SIZE, 0) lane_25;
     RegisterAction<bit<32>, tna_index_t, bit<32>>(lane_25) lane_25_op = {
         void apply(inout bit<32> value, out bit<32> result) {
-            if (meta.lane_op == LANE_OP_WRITE) {
+            if (meta.lane_op == (bit<8>)LANE_OP_WRITE) {
                 value = hdr.ina_data.lane_25;
-            } else if (meta.lane_op == LANE_OP_ADD) {
+            } else if (meta.lane_op == (bit<8>)LANE_OP_ADD) {
                 value = value + hdr.ina_data.lane_25;
             }
             result = value;
@@ -356,9 +356,9 @@ control TnaValues(inout tna_headers_t hdr, in tna_ingress_metadata_t meta) {
     Register<bit<32>, tna_index_t>(TNA_REGISTER_SIZE, 0) lane_26;
     RegisterAction<bit<32>, tna_index_t, bit<32>>(lane_26) lane_26_op = {
         void apply(inout bit<32> value, out bit<32> result) {
-            if (meta.lane_op == LANE_OP_WRITE) {
+            if (meta.lane_op == (bit<8>)LANE_OP_WRITE) {
                 value = hdr.ina_data.lane_26;
-            } else if (meta.lane_op == LANE_OP_ADD) {
+            } else if (meta.lane_op == (bit<8>)LANE_OP_ADD) {
                 value = value + hdr.ina_data.lane_26;
             }
             result = value;
@@ -369,9 +369,9 @@ control TnaValues(inout tna_headers_t hdr, in tna_ingress_metadata_t meta) {
     Register<bit<32>, tna_index_t>(TNA_REGISTER_SIZE, 0) lane_27;
     RegisterAction<bit<32>, tna_index_t, bit<32>>(lane_27) lane_27_op = {
         void apply(inout bit<32> value, out bit<32> result) {
-            if (meta.lane_op == LANE_OP_WRITE) {
+            if (meta.lane_op == (bit<8>)LANE_OP_WRITE) {
                 value = hdr.ina_data.lane_27;
-            } else if (meta.lane_op == LANE_OP_ADD) {
+            } else if (meta.lane_op == (bit<8>)LANE_OP_ADD) {
                 value = value + hdr.ina_data.lane_27;
             }
             result = value;
@@ -401,14 +401,14 @@ control TnaValues(inout tna_headers_t hdr, in tna_ingress_metadata_t meta) {
     };
 
     apply {
-        if (meta.lane_op == LANE_OP_WRITE) {
+        if (meta.lane_op == (bit<8>)LANE_OP_WRITE) {
             hdr.ina.exponent = exponent_write.execute(meta.index);
-        } else if (meta.lane_op == LANE_OP_ADD) {
+        } else if (meta.lane_op == (bit<8>)LANE_OP_ADD) {
             hdr.ina.exponent = exponent_max.execute(meta.index);
-        } else if (meta.lane_op == LANE_OP_READ) {
+        } else if (meta.lane_op == (bit<8>)LANE_OP_READ) {
             hdr.ina.exponent = exponent_read.execute(meta.index);
         }
-        if (meta.lane_op != LANE_OP_NONE) {
+        if (meta.lane_op != (bit<8>)LANE_OP_NONE) {
             hdr.ina_data.lane_00 = lane_00_op.execute(meta.index);
             hdr.ina_data.lane_01 = lane_01_op.execute(meta.index);
             hdr.ina_data.lane_02 = lane_02_op.execute(meta.index);

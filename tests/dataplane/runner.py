@@ -38,7 +38,7 @@ from hostlib.protocol import (
 )
 
 VECTOR_DIR = Path(__file__).parent / "vectors"
-TARGETS = ("soft", "soft-ports", "ebpf", "one-armed", "bmv2")
+TARGETS = ("soft", "soft-ports", "ebpf", "one-armed", "bmv2", "tna-model")
 """Target names a vector's ``targets`` field may list."""
 
 HEADER_FIELDS: dict[str, tuple[int, int]] = {

@@ -1,4 +1,5 @@
-"""Every data-plane vector on every target: the soft switch always, bmv2 where it exists.
+"""Every data-plane vector on every target: the soft switch and the Tofino program's model
+(tna_target.py) always, bmv2 where it exists.
 
 A target that cannot run here (no simple_switch_grpc or p4c, a vector for another target)
 skips with its reason; a vector whose expectation fails names its file and step.
@@ -29,6 +30,10 @@ available target in the full run."""
 def _target(name: str) -> Target:
     if name == "soft":
         return SoftSwitchTarget()
+    if name == "tna-model":
+        from tna_target import TnaModelTarget  # the TNA program's Python model, in process
+
+        return TnaModelTarget()
     from bmv2_target import (  # veths, raw sockets
         Bmv2Target,
         EbpfTarget,
@@ -46,6 +51,7 @@ def _params() -> list[object]:
     for vector in VECTORS:
         quick = [] if vector.name in QUICK_VECTORS else [pytest.mark.slow]
         params.append(pytest.param(vector, "soft", id=f"{vector.name}-soft", marks=quick))
+        params.append(pytest.param(vector, "tna-model", id=f"{vector.name}-tna-model"))
         ports = [pytest.mark.root, pytest.mark.slow]
         params.append(
             pytest.param(vector, "soft-ports", id=f"{vector.name}-soft-ports", marks=ports)

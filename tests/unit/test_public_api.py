@@ -43,6 +43,8 @@ PINNED = {
         "SWITCH_DROPS",
         "SWITCH_SLOTS",
         "SWITCH_STATS",
+        "TNA_LANES_PER_PACKET",
+        "TNA_SWITCH_SLOTS",
         "Header",
         "PacketType",
         "ProtocolError",

@@ -1,0 +1,731 @@
+"""An executable model of the Tofino (TNA) program p4/tna/ina_tna.p4, pass by pass.
+
+What a Tofino runs, transcribed control by control so that the data-plane vectors
+(tests/dataplane) can hold the TNA program to the soft switch's reference semantics
+(emulation/softswitch/pipeline.py) without Tofino hardware or its model: the registers
+by their P4 names, one Python function per RegisterAction, executed under the stateful
+ALU's limits (:mod:`emulation.tnamodel.stateful`); the const tables read from the
+program's generated entries (:mod:`emulation.tnamodel.program`); the other tables,
+multicast groups and counters as data. A frame goes through ingress pass 1, a resubmitted
+pass 2 when the program resubmits it, and egress once per replica.
+
+It is a model, not the program: the ingress and egress drop simulators draw from a
+seeded ``random.Random`` (Tofino's Random extern cannot be seeded), and the parsers and
+the traffic manager are the program's intent, not Tofino's every corner (a frame arrives
+as built unless ``min_frame`` pads it as an Ethernet wire would).
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import random
+from dataclasses import dataclass, field
+from typing import NamedTuple
+
+from emulation.tnamodel.actions import (
+    advance,
+    below,
+    check,
+    exponent_max,
+    exponent_read,
+    exponent_write,
+    final_clear,
+    final_read,
+    final_take,
+    lane_op,
+    missing_join,
+    missing_peek,
+    missing_start,
+)
+from emulation.tnamodel.packet import (
+    Ethernet,
+    Headers,
+    Ipv4,
+    Udp,
+    deparse,
+    ina_or_zero,
+    ipv4_checksum,
+    parse,
+)
+from emulation.tnamodel.program import (
+    P4_DIR,
+    TNA_DIR,
+    ConstTable,
+    Entry,
+    load_constants,
+    load_table,
+)
+from emulation.tnamodel.stateful import (
+    PassState,
+    Register,
+    RegisterAction,
+    TofinoLimitError,
+)
+
+__all__ = ["TableError", "TnaModel", "TofinoLimitError"]
+
+
+class TableError(ValueError):
+    """A table, group or register write the program's tables cannot hold."""
+
+
+@dataclass
+class Meta:
+    """tna_ingress_metadata_t (and the egress metadata's fields), zeroed per pass as
+    @pa_auto_init_metadata does."""
+
+    second_pass: int = 0
+    version_ok: int = 0
+    is_data: int = 0
+    is_result: int = 0
+    lanes_ok: int = 0
+    length_ok: int = 0
+    job_hit: int = 0
+    num_workers: int = 0
+    mgid: int = 0
+    abs_slot: int = 0
+    slot_count: int = 0
+    slot: int = 0
+    slot_diff: int = 0
+    worker_hit: int = 0
+    rank_ok: int = 0
+    not_bit: int = 0
+    others: int = 0
+    has_upstream: int = 0
+    upstream: Upstream | None = None
+    upstream_ip_diff: int = 0
+    upstream_port_diff: int = 0
+    draw: int = 0
+    sim_drop: int = 0
+    seq_diff: int = 0
+    drop_reason: int = 0
+    mode: int = 0
+    missing: int = 0
+    lane_op: int = 0
+    stat: int = 0
+    complete: int = 0
+    answer: int = 0
+    resubmit: int = 0
+    take_result: int = 0
+    was_final: int = 0
+    index: int = 0
+    no_replica: int = 0
+
+
+@dataclass
+class Bridge:
+    """bridge_h: what ingress tells egress."""
+
+    result: int = 0
+    upward: int = 0
+    multicast: int = 0
+    flooded: int = 0
+    ingress_port: int = 0
+
+
+@dataclass
+class Phv:
+    """A packet in a pass: its headers and metadata (what a RegisterAction reads)."""
+
+    hdr: Headers
+    meta: Meta
+
+
+@dataclass
+class _Tm:
+    """The ingress deparser's and traffic manager's inputs."""
+
+    drop: bool = False
+    resubmit: bool = False
+    ucast_port: int | None = None
+    mcast_grp: int = 0
+
+
+class Job(NamedTuple):
+    """set_job's parameters."""
+
+    num_workers: int
+    slot_base: int
+    slot_count: int
+    mgid: int
+
+
+class Upstream(NamedTuple):
+    """set_upstream's parameters (addresses as the P4 fields' integers)."""
+
+    rank: int
+    dst_ip: int
+    dst_port: int
+    dst_mac: int
+    egress_port: int
+
+
+class Destination(NamedTuple):
+    """set_destination's parameters."""
+
+    dst_mac: int
+    dst_ip: int
+    dst_port: int
+
+
+@dataclass
+class _Tables:
+    """The control plane's tables (the const ones are the program's)."""
+
+    jobs: dict[int, Job] = field(default_factory=dict)
+    workers: set[tuple[int, int, int, int]] = field(default_factory=set)
+    upstream: dict[int, Upstream] = field(default_factory=dict)
+    forward: dict[int, tuple[str, int]] = field(default_factory=dict)
+    replicas: dict[tuple[int, int, int], Destination] = field(default_factory=dict)
+    groups: dict[int, tuple[tuple[int, int], ...]] = field(default_factory=dict)
+
+
+TABLE_ACTIONS: dict[str, tuple[str, ...]] = {
+    "Ingress.upstream.upstream": ("set_upstream", "upstream_miss"),
+    "Ingress.jobs.jobs": ("set_job", "job_miss"),
+    "Ingress.workers.workers": ("worker_hit", "worker_miss"),
+    "Ingress.masks.masks": ("set_mask", "mask_miss"),
+    "Ingress.checks.checks": ("drop", "join", "peek", "start", "take"),
+    "Ingress.next_step.next_step": (
+        "answer", "answer_upstream", "duplicate", "add", "add_complete", "resubmit",
+        "stale", "first", "first_complete", "take_result",
+    ),
+    "Ingress.forwarder.forward": ("set_egress_port", "flood", "forward_drop"),
+    "Egress.replicas.replicas": ("set_destination", "replica_miss"),
+}  # fmt: skip
+"""The program's tables and the actions each may run (short names; the full name is
+the table's control and the action, e.g. ``Ingress.jobs.set_job``): what this model
+implements, held to the P4Info by tests/unit/test_tna_model.py."""
+
+
+def _ip(text: str) -> int:
+    return int(ipaddress.IPv4Address(text))
+
+
+def _mac(text: str) -> int:
+    return int(text.replace(":", ""), 16)
+
+
+class TnaModel:
+    """The TNA program with its state: registers, tables, multicast groups, counters.
+
+    Args:
+        lanes: lanes per packet (the program's TNA_LANES_PER_PACKET; gen_tna.py writes
+            the program for any count 1..99). Default: p4/tna/configuration.p4's.
+        slots: slots per set, a power of two (TNA_SWITCH_SLOTS); the register index is
+            {set, abs_slot's low log2(slots) bits}.
+        seed: the drop simulators' random stream.
+        min_frame: frames shorter than this many bytes arrive zero-padded to it, as an
+            Ethernet wire delivers them (60 without the FCS); 0, the default, takes a
+            frame as built, as veths do.
+
+    Raises:
+        ValueError: lanes outside 1..99, slots not a power of two up to 2**15.
+        ProgramError: the P4 sources cannot be read.
+    """
+
+    def __init__(
+        self, lanes: int | None = None, slots: int | None = None, seed: int = 0, min_frame: int = 0
+    ) -> None:
+        self.c = load_constants(P4_DIR / "configuration.p4", TNA_DIR / "configuration.p4")
+        self.lanes = self.c["TNA_LANES_PER_PACKET"] if lanes is None else lanes
+        self.slots = self.c["TNA_SWITCH_SLOTS"] if slots is None else slots
+        if not 1 <= self.lanes <= 99:
+            raise ValueError(f"lanes {self.lanes} outside 1..99 (two-digit lane names)")
+        if not (0 < self.slots <= 1 << 15 and self.slots & (self.slots - 1) == 0):
+            raise ValueError(f"slots {self.slots}: a power of two up to 2**15")
+        self.payload_bytes = self.c["HEADER_SIZE"] + self.lanes * self.c["LANE_BYTES"]
+        self._random = random.Random(seed)
+        self.min_frame = min_frame
+        self.registers = self._registers()
+        self.tables = _Tables()
+        self.const_tables = self._const_tables()
+        self.passes: list[str] = []
+        """The passes the last frame took (``ingress pass 1``, ``ingress pass 2``,
+        ``egress to port P rid R``), for tests of the pass structure."""
+        self.counters: dict[str, list[int]] = {
+            "Ingress.received": [0],
+            "Ingress.completed": [0],
+            "Ingress.ina_stats": [0] * self.c["NUM_STATS"],
+            "Ingress.drops": [0] * self.c["NUM_DROP_REASONS"],
+            "Egress.ina_stats": [0] * self.c["NUM_STATS"],
+            "Egress.drops": [0] * self.c["NUM_DROP_REASONS"],
+        }
+
+    # ----------------------------------------------------------------- program state
+    def _registers(self) -> dict[str, Register]:
+        size, c = 2 * self.slots, self.c
+        ra = RegisterAction
+        registers = [
+            Register("Ingress.seq", 32, size, [ra("check", check, 32), ra("advance", advance, 32)]),
+            Register("Ingress.missing", 32, size, [
+                ra("missing_join", missing_join, 32), ra("missing_peek", missing_peek, 32),
+                ra("missing_start", missing_start, 32),
+            ]),
+            Register("Ingress.final", 8, size, [
+                ra("final_read", final_read, 8), ra("final_clear", final_clear, 8),
+                ra("final_take", final_take(c["LANE_OP_WRITE"], c["LANE_OP_NONE"]), 8),
+            ]),
+            Register("Ingress.exponents.exponent", 8, size, [
+                ra("exponent_write", exponent_write, 8), ra("exponent_max", exponent_max, 8),
+                ra("exponent_read", exponent_read, 8),
+            ]),
+            Register("Ingress.drop_simulator.probability", 32, 1, [ra("below", below, 8)]),
+            Register("Egress.drop_simulator.probability", 32, 1, [ra("below", below, 8)]),
+        ]  # fmt: skip
+        write, add = self.c["LANE_OP_WRITE"], self.c["LANE_OP_ADD"]
+        registers += [
+            Register(
+                f"Ingress.values.lane_{n:02d}",
+                32,
+                size,
+                [ra(f"lane_{n:02d}_op", lane_op(n, write, add), 32)],
+            )
+            for n in range(self.lanes)
+        ]
+        return {r.name: r for r in registers}
+
+    def _const_tables(self) -> dict[str, ConstTable]:
+        def table(control: str, name: str) -> ConstTable:
+            entries = TNA_DIR / f"{control}_entries.p4"
+            return load_table(TNA_DIR / f"{control}.p4", name, entries, self.c)
+
+        return {
+            "Ingress.masks.masks": table("masks", "masks"),
+            "Ingress.checks.checks": table("checks", "checks"),
+            "Ingress.next_step.next_step": table("next_step", "next_step"),
+        }
+
+    # ----------------------------------------------------------------- control plane
+    def set_job(
+        self, job_id: int, num_workers: int, slot_base: int, slot_count: int, mgid: int
+    ) -> None:
+        """Ingress.jobs.jobs: job_id -> set_job(num_workers, slot_base, slot_count, mgid).
+
+        Raises:
+            TableError: a field outside its width, or a range leaving the set's slots
+                (jobs.p4: the controller keeps slot_base + slot_count <= the set's slots).
+        """
+        _check_bits("job_id", job_id, 16)
+        _check_bits("num_workers", num_workers, 8)
+        _check_bits("mgid", mgid, 16)
+        if slot_base < 0 or slot_count < 1 or slot_base + slot_count > self.slots:
+            raise TableError(f"slots {slot_base}+{slot_count} leave the set of {self.slots}")
+        self.tables.jobs[job_id] = Job(num_workers, slot_base, slot_count, mgid)
+
+    def worker_hit(self, job_id: int, rank: int, ipv4_src: str, udp_src_port: int) -> None:
+        """Ingress.workers.workers: (job_id, rank, ipv4_src, udp_src_port) -> worker_hit."""
+        _check_bits("rank", rank, 8)
+        self.tables.workers.add((job_id, rank, _ip(ipv4_src), udp_src_port))
+
+    def set_upstream(
+        self, job_id: int, rank: int, dst_ip: str, dst_port: int, dst_mac: str, egress_port: int
+    ) -> None:
+        """Ingress.upstream.upstream: job_id -> set_upstream(rank, dst_ip, dst_port,
+        dst_mac, egress_port)."""
+        _check_bits("rank", rank, 8)
+        up = Upstream(rank, _ip(dst_ip), dst_port, _mac(dst_mac), egress_port)
+        self.tables.upstream[job_id] = up
+
+    def set_destination(
+        self, job_id: int, egress_rid: int, egress_port: int, dst_mac: str, dst_ip: str,
+        dst_port: int,
+    ) -> None:  # fmt: skip
+        """Egress.replicas.replicas: (job_id, egress_rid, egress_port) ->
+        set_destination(dst_mac, dst_ip, dst_port)."""
+        dest = Destination(_mac(dst_mac), _ip(dst_ip), dst_port)
+        self.tables.replicas[(job_id, egress_rid, egress_port)] = dest
+
+    def set_egress_port(self, eth_dst: str, port: int) -> None:
+        """Ingress.forwarder.forward: eth_dst -> set_egress_port(port)."""
+        self.tables.forward[_mac(eth_dst)] = ("port", port)
+
+    def flood(self, eth_dst: str, mgid: int) -> None:
+        """Ingress.forwarder.forward: eth_dst -> flood(mgid)."""
+        self.tables.forward[_mac(eth_dst)] = ("flood", mgid)
+
+    def set_group(self, mgid: int, members: list[tuple[int, int]]) -> None:
+        """Multicast group ``mgid`` (1..65535): its replicas as (egress port, rid).
+
+        Raises:
+            TableError: mgid 0 (no group on Tofino) or outside 16 bits.
+        """
+        if not 1 <= mgid <= 0xFFFF:
+            raise TableError(f"multicast group {mgid} outside 1..65535")
+        self.tables.groups[mgid] = tuple(members)
+
+    def set_drops(self, ingress: float, egress: float) -> None:
+        """The drop simulators' probabilities: round(p * 2**31) in each probability register.
+
+        Raises:
+            ValueError: a probability outside 0..1.
+        """
+        for name, p in (("ingress", ingress), ("egress", egress)):
+            if not 0.0 <= p <= 1.0:
+                raise ValueError(f"{name} drop probability {p} outside 0..1")
+        self.registers["Ingress.drop_simulator.probability"].cells[0] = round(ingress * 2**31)
+        self.registers["Egress.drop_simulator.probability"].cells[0] = round(egress * 2**31)
+
+    def statistics(self) -> dict[str, int]:
+        """The counters by protocol name (``received``, ..., ``drop_<reason>``): a
+        statistic sums its cells of Ingress and Egress (as controller.stats reads them);
+        ``received`` and ``completed`` have counters of their own."""
+        out: dict[str, int] = {}
+        for const, index in self.c.items():
+            if const.startswith("STAT_"):
+                name = const[5:].lower()
+                cells = (self.counters["Ingress.ina_stats"], self.counters["Egress.ina_stats"])
+            elif const.startswith("DROP_"):
+                name = "drop_" + const[5:].lower()
+                cells = (self.counters["Ingress.drops"], self.counters["Egress.drops"])
+            else:
+                continue
+            out[name] = sum(c[index] for c in cells)
+        out["received"] += self.counters["Ingress.received"][0]
+        out["completed"] += self.counters["Ingress.completed"][0]
+        return out
+
+    # ----------------------------------------------------------------- data path
+    def process(self, port: int, frame: bytes) -> list[tuple[int, bytes]]:
+        """Run ``frame`` arriving on ``port`` through the program: ingress, a resubmitted
+        second pass if the program asks, the traffic manager, egress per replica.
+
+        Returns:
+            The frames that leave, as (egress port, bytes), in replica order.
+
+        Raises:
+            TofinoLimitError: the program broke a Tofino limit on this frame.
+        """
+        self.passes = []
+        frame = frame.ljust(self.min_frame, b"\0")
+        tm, bridge, out = self._ingress(port, frame, second_pass=False)
+        if tm.resubmit:
+            tm, bridge, out = self._ingress(port, frame, second_pass=True)
+            if tm.resubmit:
+                raise TofinoLimitError("Tofino 1 resubmits a packet once")
+        if tm.drop:
+            return []
+        copies: list[tuple[int, int]] = []
+        if tm.mcast_grp:
+            copies += self.tables.groups.get(tm.mcast_grp, ())
+        if tm.ucast_port is not None:
+            copies.append((tm.ucast_port, 0))
+        sent = []
+        for egress_port, rid in copies:
+            frame_out = self._egress(bridge, out, egress_port, rid)
+            if frame_out is not None:
+                sent.append((egress_port, frame_out))
+        return sent
+
+    def _count(self, counter: str, index: int) -> None:
+        cells = self.counters[counter]
+        if not 0 <= index < len(cells):
+            raise TofinoLimitError(f"{counter}[{index}] outside its {len(cells)} cells")
+        cells[index] += 1
+
+    def _execute(self, register: str, action: str, phv: Phv, state: PassState) -> int:
+        return self.registers[register].execute(action, phv.meta.index, phv, state)
+
+    # ----------------------------------------------------------------- ingress
+    def _ingress(self, port: int, frame: bytes, second_pass: bool) -> tuple[_Tm, Bridge, bytes]:
+        """One ingress pass (InaIngress): the traffic manager's orders, the bridge header
+        and the deparsed frame."""
+        hdr = parse(frame, self.c["INA_UDP_PORT"], self.lanes)
+        phv = Phv(hdr, Meta(second_pass=int(second_pass), drop_reason=self.c["TNA_NO_DROP"]))
+        state = PassState("ingress pass 2" if second_pass else "ingress pass 1")
+        self.passes.append(state.name)
+        bridge, tm = Bridge(ingress_port=port), _Tm()
+        if not hdr.is_ina:
+            self._forwarder(hdr, bridge, tm)
+        else:
+            self._ina_ingress(phv, state, bridge, tm, port)
+        return tm, bridge, deparse(hdr)
+
+    def _forwarder(self, hdr: Headers, bridge: Bridge, tm: _Tm) -> None:
+        dst = int.from_bytes(hdr.ethernet.dst) if hdr.ethernet is not None else 0
+        action, param = self.tables.forward.get(dst, ("drop", 0))
+        if action == "port":
+            tm.ucast_port = param
+        elif action == "flood":
+            tm.mcast_grp = param
+            bridge.flooded = 1
+        else:
+            tm.drop = True
+
+    def _ina_ingress(self, phv: Phv, state: PassState, bridge: Bridge, tm: _Tm, port: int) -> None:
+        meta, c = phv.meta, self.c
+        if not meta.second_pass:
+            self._count("Ingress.received", 0)
+        self._header_flags(phv)
+        meta.draw = self._random.getrandbits(31)
+        meta.sim_drop = self._execute("Ingress.drop_simulator.probability", "below", phv, state)
+        self._upstream(phv)
+        self._jobs(phv)
+        self._workers(phv)
+        self._masks(phv)
+        meta.slot_diff = (meta.slot - meta.slot_count) & 0xFFFF
+        meta.index = self._index(meta.abs_slot)
+        if meta.job_hit:
+            action = "advance" if meta.second_pass else "check"
+            meta.seq_diff = self._execute("Ingress.seq", action, phv, state)
+        self._checks(phv, state)
+        if meta.mode != c["MODE_NONE"]:
+            self._next_step(phv, state)
+        self._values(phv, state)
+        if meta.drop_reason != c["TNA_NO_DROP"]:
+            self._count("Ingress.drops", meta.drop_reason)
+            tm.drop = True
+        elif meta.resubmit:
+            tm.resubmit = True
+        else:
+            self._results(phv, bridge, tm, port)
+            self._count("Ingress.ina_stats", meta.stat)
+            if meta.complete:
+                self._count("Ingress.completed", 0)
+
+    def _index(self, abs_slot: int) -> int:
+        """{abs_slot[15], abs_slot's slot bits}: the (set, slot) register index."""
+        return (abs_slot >> 15 & 1) * self.slots + (abs_slot & (self.slots - 1))
+
+    def _header_flags(self, phv: Phv) -> None:
+        hdr, meta, c = phv.hdr, phv.meta, self.c
+        ina = hdr.ina
+        if ina is not None:
+            meta.version_ok = int(ina.version == c["PROTOCOL_VERSION"])
+            meta.is_data = int(ina.ptype == c["PTYPE_DATA"])
+            meta.is_result = int(ina.ptype == c["PTYPE_RESULT"])
+            meta.lanes_ok = int(ina.num_lanes == self.lanes)
+        if hdr.lanes is not None and hdr.udp is not None and hdr.ipv4 is not None:
+            udp_len = c["UDP_HEADER_BYTES"] + self.payload_bytes
+            meta.length_ok = int(
+                hdr.udp.length == udp_len and hdr.ipv4.total_len == c["IPV4_HEADER_BYTES"] + udp_len
+            )
+
+    def _upstream(self, phv: Phv) -> None:
+        hdr, meta = phv.hdr, phv.meta
+        up = self.tables.upstream.get(ina_or_zero(hdr).job_id)
+        if up is None:
+            return  # upstream_miss
+        meta.has_upstream = 1
+        meta.upstream = up
+        meta.upstream_ip_diff = up.dst_ip ^ int.from_bytes(_ipv4(hdr).src)
+        meta.upstream_port_diff = up.dst_port ^ _udp(hdr).src_port
+
+    def _jobs(self, phv: Phv) -> None:
+        ina, meta = ina_or_zero(phv.hdr), phv.meta
+        job = self.tables.jobs.get(ina.job_id)
+        if job is None:
+            return  # job_miss
+        meta.job_hit = 1
+        meta.num_workers = job.num_workers
+        meta.abs_slot = (job.slot_base + ina.pool_index) & 0xFFFF
+        meta.slot_count = job.slot_count
+        meta.slot = ina.pool_index & self.c["SLOT_MASK"]
+        meta.mgid = job.mgid
+
+    def _workers(self, phv: Phv) -> None:
+        hdr = phv.hdr
+        ina = ina_or_zero(hdr)
+        key = (ina.job_id, ina.rank, int.from_bytes(_ipv4(hdr).src), _udp(hdr).src_port)
+        phv.meta.worker_hit = int(key in self.tables.workers)
+
+    def _masks(self, phv: Phv) -> None:
+        meta = phv.meta
+        keys = {"rank": ina_or_zero(phv.hdr).rank, "num_workers": meta.num_workers}
+        entry = self.const_tables["Ingress.masks.masks"].apply(keys)
+        if entry.action == "set_mask":
+            meta.rank_ok = 1
+            meta.not_bit, meta.others = entry.args
+        elif entry.action != "mask_miss":
+            raise TableError(f"masks: unknown action {entry.action}")
+
+    def _checks(self, phv: Phv, state: PassState) -> None:
+        hdr, meta, c = phv.hdr, phv.meta, self.c
+        keys = {
+            "second_pass": meta.second_pass, "sim_drop": meta.sim_drop,
+            "ina_valid": int(hdr.ina is not None), "udp_length": _udp(hdr).length,
+            "version_ok": meta.version_ok,
+            "is_data": meta.is_data, "is_result": meta.is_result,
+            "has_upstream": meta.has_upstream, "job_hit": meta.job_hit,
+            "rank_ok": meta.rank_ok, "worker_hit": meta.worker_hit,
+            "upstream_ip_diff": meta.upstream_ip_diff,
+            "upstream_port_diff": meta.upstream_port_diff, "slot_diff": meta.slot_diff,
+            "lanes_ok": meta.lanes_ok, "length_ok": meta.length_ok, "seq_diff": meta.seq_diff,
+        }  # fmt: skip
+        entry = self.const_tables["Ingress.checks.checks"].apply(keys)
+        modes = {
+            "join": ("MODE_JOIN", "missing_join"), "peek": ("MODE_PEEK", "missing_peek"),
+            "start": ("MODE_START", "missing_start"), "take": ("MODE_RESULT", "missing_peek"),
+        }  # fmt: skip
+        if entry.action == "drop":
+            meta.drop_reason = entry.args[0]
+            meta.mode = c["MODE_NONE"]
+        elif entry.action in modes:
+            mode, action = modes[entry.action]
+            meta.mode = c[mode]
+            meta.missing = self._execute("Ingress.missing", action, phv, state)
+        else:
+            raise TableError(f"checks: unknown action {entry.action}")
+
+    def _next_step(self, phv: Phv, state: PassState) -> None:
+        meta = phv.meta
+        keys = {
+            "mode": meta.mode, "missing": meta.missing, "rank": ina_or_zero(phv.hdr).rank,
+            "has_upstream": meta.has_upstream, "num_workers": meta.num_workers,
+        }  # fmt: skip
+        entry = self.const_tables["Ingress.next_step.next_step"].apply(keys)
+        self._next_step_action(entry, phv, state)
+
+    def _next_step_action(self, entry: Entry, phv: Phv, state: PassState) -> None:
+        """next_step.p4's actions: the lane operation, the statistic, the fate flags and
+        the `final` register's RegisterAction."""
+        meta, c = phv.meta, self.c
+        op = {"answer": "READ", "answer_upstream": "READ", "add": "ADD", "add_complete": "ADD",
+              "first": "WRITE", "first_complete": "WRITE"}  # fmt: skip
+        stat = {"answer": "RETRANSMITS_ANSWERED", "answer_upstream": "RETRANSMITS_ANSWERED",
+                "duplicate": "DUPLICATES_IGNORED", "add": "AGGREGATED",
+                "add_complete": "AGGREGATED", "first": "AGGREGATED",
+                "first_complete": "AGGREGATED", "take_result": "RESULTS_FROM_UPSTREAM"}  # fmt: skip
+        final = {"answer_upstream": "final_read", "first": "final_clear",
+                 "first_complete": "final_clear"}  # fmt: skip
+        action = entry.action
+        if action not in op and action not in ("duplicate", "resubmit", "stale", "take_result"):
+            raise TableError(f"next_step: unknown action {action}")
+        if action in op:
+            meta.lane_op = c["LANE_OP_" + op[action]]
+        if action in stat:
+            meta.stat = c["STAT_" + stat[action]]
+        meta.answer = int(action in ("answer", "answer_upstream"))
+        meta.complete = int(action in ("add_complete", "first_complete"))
+        meta.take_result = int(action == "take_result")
+        meta.resubmit = int(action == "resubmit")
+        if action == "stale":
+            meta.drop_reason = c["DROP_STALE"]
+        if action in final:
+            meta.was_final = self._execute("Ingress.final", final[action], phv, state)
+        elif action == "take_result":
+            meta.lane_op = self._execute("Ingress.final", "final_take", phv, state)
+
+    def _values(self, phv: Phv, state: PassState) -> None:
+        """TnaValues: the exponent's RegisterAction for the lane operation, then every
+        lane's; the packet takes the slot's values."""
+        hdr, meta, c = phv.hdr, phv.meta, self.c
+        exponent = {
+            c["LANE_OP_WRITE"]: "exponent_write", c["LANE_OP_ADD"]: "exponent_max",
+            c["LANE_OP_READ"]: "exponent_read",
+        }.get(meta.lane_op)  # fmt: skip
+        if exponent is not None:
+            ina = ina_or_zero(hdr)
+            ina.exponent = self._execute("Ingress.exponents.exponent", exponent, phv, state)
+        if meta.lane_op != c["LANE_OP_NONE"]:
+            lanes = hdr.lanes
+            if lanes is None:
+                raise TofinoLimitError("a lane operation on a packet without lanes")
+            for n in range(self.lanes):
+                name = f"lane_{n:02d}"
+                lanes[n] = self._execute(f"Ingress.values.{name}", f"{name}_op", phv, state)
+
+    def _results(self, phv: Phv, bridge: Bridge, tm: _Tm, port: int) -> None:
+        """TnaResults: where a packet that passed every check goes."""
+        meta, c = phv.meta, self.c
+        if meta.answer:
+            if meta.has_upstream and meta.was_final == 0:
+                meta.stat = c["STAT_UPSTREAM_RESENT"]
+                self._to_upstream(phv, bridge, tm)
+            else:
+                _swap_addresses(phv.hdr, bridge, c["PTYPE_RESULT"])
+                tm.ucast_port = port
+        elif meta.complete:
+            if meta.has_upstream:
+                self._to_upstream(phv, bridge, tm)
+            else:
+                self._to_group(phv, bridge, tm)
+        elif meta.take_result:
+            if meta.lane_op == c["LANE_OP_WRITE"]:
+                self._to_group(phv, bridge, tm)
+            else:
+                meta.stat = c["STAT_DUPLICATES_IGNORED"]
+                tm.drop = True
+        else:
+            tm.drop = True  # consume
+
+    def _to_upstream(self, phv: Phv, bridge: Bridge, tm: _Tm) -> None:
+        hdr, up = phv.hdr, phv.meta.upstream
+        if up is None:
+            raise TableError("to_upstream without an upstream entry")
+        eth, ip, udp, ina = _eth(hdr), _ipv4(hdr), _udp(hdr), ina_or_zero(hdr)
+        eth.src, eth.dst = eth.dst, up.dst_mac.to_bytes(6)
+        ip.src, ip.dst = ip.dst, up.dst_ip.to_bytes(4)
+        udp.src_port, udp.dst_port, udp.checksum = self.c["INA_UDP_PORT"], up.dst_port, 0
+        ina.ptype, ina.rank = self.c["PTYPE_DATA"], up.rank
+        tm.ucast_port = up.egress_port
+        bridge.upward = 1
+
+    def _to_group(self, phv: Phv, bridge: Bridge, tm: _Tm) -> None:
+        _swap_addresses(phv.hdr, bridge, self.c["PTYPE_RESULT"])
+        tm.mcast_grp = phv.meta.mgid
+        bridge.multicast = 1
+
+    # ----------------------------------------------------------------- egress
+    def _egress(self, bridge: Bridge, frame: bytes, port: int, rid: int) -> bytes | None:
+        """One replica through InaEgress; its bytes, or None when egress drops it."""
+        c = self.c
+        if not (bridge.result or bridge.upward):
+            if bridge.flooded and port == bridge.ingress_port:
+                return None
+            return frame
+        hdr = parse(frame, None, None)
+        phv = Phv(hdr, Meta())
+        state = PassState(f"egress to port {port} rid {rid}")
+        self.passes.append(state.name)
+        if bridge.multicast:
+            key = (ina_or_zero(hdr).job_id, rid, port)
+            dest = self.tables.replicas.get(key)
+            if dest is None:
+                return None  # replica_miss: dropped uncounted
+            _eth(hdr).dst = dest.dst_mac.to_bytes(6)
+            _ipv4(hdr).dst = dest.dst_ip.to_bytes(4)
+            _udp(hdr).dst_port = dest.dst_port
+        phv.meta.draw = self._random.getrandbits(31)
+        register = "Egress.drop_simulator.probability"
+        if self.registers[register].execute("below", 0, phv, state):
+            self._count("Egress.drops", c["DROP_SIM_EGRESS"])
+            return None
+        stat = "STAT_SENT_UPSTREAM" if bridge.upward else "STAT_RESULTS_SENT"
+        self._count("Egress.ina_stats", c[stat])
+        ip = _ipv4(hdr)
+        ip.hdr_checksum = ipv4_checksum(ip)
+        return deparse(hdr)
+
+
+# --------------------------------------------------------------------- headers
+def _swap_addresses(hdr: Headers, bridge: Bridge, ptype_result: int) -> None:
+    eth, ip, udp = _eth(hdr), _ipv4(hdr), _udp(hdr)
+    eth.src, eth.dst = eth.dst, eth.src
+    ip.src, ip.dst = ip.dst, ip.src
+    udp.src_port, udp.dst_port, udp.checksum = udp.dst_port, udp.src_port, 0
+    ina_or_zero(hdr).ptype = ptype_result
+    bridge.result = 1
+
+
+def _eth(hdr: Headers) -> Ethernet:
+    if hdr.ethernet is None:
+        raise TableError("an INA packet without Ethernet")  # the parser guarantees it
+    return hdr.ethernet
+
+
+def _ipv4(hdr: Headers) -> Ipv4:
+    if hdr.ipv4 is None:
+        raise TableError("an INA packet without IPv4")
+    return hdr.ipv4
+
+
+def _udp(hdr: Headers) -> Udp:
+    if hdr.udp is None:
+        raise TableError("an INA packet without UDP")
+    return hdr.udp
+
+
+def _check_bits(name: str, value: int, bits: int) -> None:
+    if not 0 <= value < 1 << bits:
+        raise TableError(f"{name} {value} outside {bits} bits")

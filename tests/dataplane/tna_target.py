@@ -1,0 +1,158 @@
+"""The ``tna-model`` target: the TNA program's Python model (emulation.tnamodel), in process.
+
+No Tofino, no veths, no root: each vector port ``p`` is a port of the model with the
+runner's port identity (:func:`runner.port_identity`), and frames are the Ethernet/IPv4/UDP
+frames the bmv2 target builds, handed to ``TnaModel.process``; what it returns is queued
+on the egress port. The tables are written as the controller writes the program's
+(the same tables, actions and parameters): jobs, workers, a multicast group per job
+with one replica per rank (rid = rank), the replicas' destinations, the upstream entry,
+and a host route per port in the forwarder. The model has the vector's lanes.
+"""
+
+from __future__ import annotations
+
+import struct
+from collections import deque
+from pathlib import Path
+
+from runner import COUNTERS, Forward, PortIdentity, Received, Vector, VectorFailure, port_identity
+
+from emulation.tnamodel import TnaModel
+from hostlib.protocol import INA_UDP_PORT
+
+SWITCH_MAC = "02:00:00:00:00:fe"
+SWITCH_IP = "10.0.0.254"
+"""The switch's INA endpoint on the wire, as on the bmv2 target."""
+_HEADERS = 14 + 20 + 8
+
+
+class TnaModelTarget:
+    """:class:`runner.Target` over :class:`emulation.tnamodel.TnaModel`."""
+
+    name = "tna-model"
+
+    def __init__(self, seed: int = 0) -> None:
+        self._seed = seed
+        self._model: TnaModel | None = None
+        self._queues: dict[int, deque[bytes]] = {}
+
+    def configure(self, vector: Vector, run_dir: Path) -> None:
+        self._model = model = TnaModel(lanes=vector.lanes, seed=self._seed)
+        self._queues = {port: deque() for port in vector.ports}
+        for port in vector.ports:
+            model.set_egress_port(port_identity(port).mac, port)
+        base = 0
+        for mgid, job in enumerate(vector.jobs, start=1):
+            model.set_job(job.job_id, len(job.workers), base, job.slot_count, mgid)
+            base += job.slot_count
+            model.set_group(mgid, [(port, rank) for rank, port in enumerate(job.workers)])
+            for rank, port in enumerate(job.workers):
+                me = port_identity(port)
+                model.worker_hit(job.job_id, rank, me.ip, me.udp_port)
+                model.set_destination(job.job_id, rank, port, me.mac, me.ip, me.udp_port)
+            if job.upstream is not None:
+                up = port_identity(job.upstream.port)
+                model.set_upstream(
+                    job.job_id, job.upstream.rank, up.ip, up.udp_port, up.mac, up.port
+                )
+        model.set_drops(*vector.drops)
+
+    def send(self, port: int, payload: bytes, to: Forward | None) -> None:
+        me = port_identity(port)
+        if to is None:
+            frame = udp_frame(me, SWITCH_MAC, SWITCH_IP, INA_UDP_PORT, payload)
+        else:
+            peer = port_identity(to.port)
+            frame = udp_frame(me, peer.mac, peer.ip, to.udp_dport, payload)
+        for out_port, out in self._require().process(port, frame):
+            if out_port not in self._queues:
+                raise VectorFailure(
+                    f"the model sent a frame out of port {out_port}, not a vector's"
+                )
+            self._queues[out_port].append(out)
+
+    def recv(self, port: int, timeout: float) -> Received | None:
+        queue = self._queues[port]
+        return datagram(port, queue.popleft()) if queue else None
+
+    def set_drops(self, ingress: float, egress: float) -> None:
+        self._require().set_drops(ingress, egress)
+
+    def counters(self) -> dict[str, int]:
+        return {k: v for k, v in self._require().statistics().items() if k in COUNTERS}
+
+    def close(self) -> None:
+        self._model = None
+        self._queues.clear()
+
+    def _require(self) -> TnaModel:
+        if self._model is None:
+            raise RuntimeError("target not configured")
+        return self._model
+
+
+def udp_frame(me: PortIdentity, dst_mac: str, dst_ip: str, dport: int, payload: bytes) -> bytes:
+    """An Ethernet/IPv4/UDP frame from port identity ``me`` (no options, UDP checksum 0)."""
+    udp = struct.pack("!HHHH", me.udp_port, dport, 8 + len(payload), 0)
+    ip = bytearray(
+        struct.pack(
+            "!BBHHHBBH4s4s",
+            0x45,
+            0,
+            20 + len(udp) + len(payload),
+            1,
+            0,
+            64,
+            17,
+            0,
+            _ip(me.ip),
+            _ip(dst_ip),
+        )
+    )
+    ip[10:12] = _checksum(bytes(ip)).to_bytes(2, "big")
+    return _mac(dst_mac) + _mac(me.mac) + b"\x08\x00" + bytes(ip) + udp + payload
+
+
+def datagram(port: int, frame: bytes) -> Received:
+    """The UDP payload of a frame the model sent out of ``port``, as the bmv2 target's
+    ``_datagram`` reads it, plus the IPv4 checksum egress recomputes.
+
+    Raises:
+        VectorFailure: not IPv4/UDP, not addressed to the port, a wrong IPv4 checksum,
+            or a source that is neither the switch nor a port.
+    """
+    me = port_identity(port)
+    if len(frame) < _HEADERS or frame[12:14] != b"\x08\x00" or frame[23] != 17:
+        raise VectorFailure(f"port {port} got a frame that is not IPv4/UDP: {frame.hex()}")
+    ip = frame[14:34]
+    if _checksum(ip) != 0:
+        raise VectorFailure(f"port {port} got an IPv4 header with a bad checksum: {ip.hex()}")
+    sport, dport, length, _ = struct.unpack_from("!HHHH", frame, 34)
+    if (frame[0:6], ip[16:20]) != (_mac(me.mac), _ip(me.ip)):
+        raise VectorFailure(f"port {port} got a frame for {frame[0:6].hex()} {ip[16:20].hex()}")
+    payload = frame[_HEADERS : _HEADERS + length - 8]
+    if ip[12:16] == _ip(SWITCH_IP) and sport == INA_UDP_PORT:
+        if frame[6:12] != _mac(SWITCH_MAC):
+            raise VectorFailure(f"port {port}: a result from MAC {frame[6:12].hex()}")
+        if dport != me.udp_port:
+            raise VectorFailure(f"port {port}: result to UDP {dport}, not {me.udp_port}")
+        return Received(payload, None)
+    src = next((p for p in range(1, 251) if _ip(port_identity(p).ip) == ip[12:16]), None)
+    if src is None:
+        raise VectorFailure(f"port {port} got a frame from unknown IP {ip[12:16].hex()}")
+    return Received(payload, Forward(src, dport))
+
+
+def _mac(text: str) -> bytes:
+    return bytes.fromhex(text.replace(":", ""))
+
+
+def _ip(text: str) -> bytes:
+    return bytes(int(part) for part in text.split("."))
+
+
+def _checksum(header: bytes) -> int:
+    total = sum(struct.unpack(f"!{len(header) // 2}H", header))
+    while total >> 16:
+        total = (total & 0xFFFF) + (total >> 16)
+    return ~total & 0xFFFF
