@@ -26,6 +26,7 @@ from p4.config.v1 import p4info_pb2
 
 __all__ = [
     "DEFAULT_P4INFO_PATH",
+    "TNA_P4INFO_PATH",
     "Action",
     "ActionRef",
     "Counter",
@@ -44,6 +45,10 @@ __all__ = [
 
 DEFAULT_P4INFO_PATH = Path(__file__).resolve().parents[1] / "p4" / "ina.p4info.txtpb"
 """``p4/ina.p4info.txtpb`` of the checkout this package was imported from."""
+
+TNA_P4INFO_PATH = DEFAULT_P4INFO_PATH.parent / "tna" / "ina_tna.p4info.txtpb"
+"""``p4/tna/ina_tna.p4info.txtpb``: the Tofino program's P4Info (p4c-barefoot's, standard
+registers and counters), beside the default."""
 
 Value = int | str | bytes
 """What a match field, action parameter or register cell accepts: an unsigned integer, an

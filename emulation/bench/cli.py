@@ -40,7 +40,7 @@ from emulation.bench.config import (
     format_size,
     size_sweep,
 )
-from hostlib.protocol import MAX_LANES, MAX_SLOT, MAX_WORKERS
+from hostlib.protocol import MAX_LANES, MAX_SLOT, MAX_WORKERS, TNA_LANES_PER_PACKET
 
 if TYPE_CHECKING:
     from dynamiccl.model import TopologySummary
@@ -113,12 +113,23 @@ def add_arguments(parser: argparse.ArgumentParser, emulated: bool = False) -> No
     if emulated:
         lanes_help += ", or 64 when the topology has a bmv2 switch: p4/'s fixed width"
     lanes_help += ")"
+    if not emulated:
+        lanes_help = lanes_help[:-1] + f"; with --program tna {TNA_LANES_PER_PACKET})"
     add(
         "--lanes",
         type=int_in(1, MAX_LANES),
-        default=None if emulated else DEFAULT_BENCH_LANES,
+        default=None,
         help=lanes_help,
     )
+    if not emulated:
+        add(
+            "--program",
+            choices=("v1model", "tna"),
+            default="v1model",
+            help="the P4 program whose P4Info the soft switch serves and whose names the "
+            "controller configures the job through: v1model (p4/ina.p4) or tna (p4/tna/, "
+            "Tofino's) (default v1model)",
+        )
     slots = DEFAULT_EMULATED_SLOTS if emulated else DEFAULT_BENCH_SLOTS
     add(
         "--slots",
@@ -168,6 +179,8 @@ def run(args: argparse.Namespace) -> int:
     bad arguments."""
     from emulation.bench.sweep import BenchError
 
+    if args.lanes is None:
+        args.lanes = _default_lanes(args)
     try:
         check_outputs(args)
         if args.switch_only:
@@ -263,7 +276,7 @@ def config_from_args(
             dtype=args.datatype,
             iters=args.iters,
             warmup=args.warmup_iters,
-            lanes=args.lanes,
+            lanes=args.lanes if args.lanes is not None else _default_lanes(args),
             slots=args.slots,
             window=args.window,
             loss=args.loss,
@@ -274,9 +287,15 @@ def config_from_args(
             if ranks_per_host is not None
             else (args.ranks_per_host if "collnet" in args.algos else 1),
             collective=args.collective,
+            program=getattr(args, "program", "v1model"),
         )
     except ValueError as exc:
         raise UsageError(str(exc)) from None
+
+
+def _default_lanes(args: argparse.Namespace) -> int:
+    """``--lanes``' default on loopback: the Tofino program's width with ``--program tna``."""
+    return TNA_LANES_PER_PACKET if getattr(args, "program", "") == "tna" else DEFAULT_BENCH_LANES
 
 
 def make_run_dir(given: Path | None, prefix: str = "inalab-bench-") -> Path:
@@ -512,6 +531,7 @@ def _metadata(args: argparse.Namespace, cfg: BenchConfig, run_dir: Path) -> dict
         "workers": cfg.workers,
         "lanes": cfg.lanes,
         "slots": cfg.slots,
+        "program": cfg.program,
         "window": cfg.p2p_window,
         "ranks_per_host": cfg.ranks_per_host,
         "loss": cfg.loss,

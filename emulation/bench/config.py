@@ -11,7 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from dynamiccl.model import ALGORITHMS as AUTO_CHOICES
-from hostlib.protocol import MAX_LANES, MAX_WORKERS
+from hostlib.protocol import MAX_LANES, MAX_WORKERS, TNA_LANES_PER_PACKET
 from hostlib.units import format_size, parse_size  # re-exported: the bench's size syntax
 
 __all__ = [
@@ -154,6 +154,9 @@ class BenchConfig:
             (CollNet's local reduce); ``workers`` must be a multiple of it.
         collective: one of :data:`COLLECTIVES`; reduce-scatter and all-gather sizes
             hold a whole number of elements per rank.
+        program: whose P4Info the loopback soft switch serves, so whose names the
+            controller configures the job through: ``"v1model"`` (``p4/ina.p4``) or
+            ``"tna"`` (``p4/tna/``, a Tofino switch's; ``lanes`` must be its 28).
 
     Raises:
         ValueError: any field out of range.
@@ -174,6 +177,7 @@ class BenchConfig:
     pcap_count: int = 0
     ranks_per_host: int = 1
     collective: str = "allreduce"
+    program: str = "v1model"
 
     @property
     def p2p_window(self) -> int:
@@ -213,6 +217,13 @@ class BenchConfig:
             problems.append("iters must be >= 1 and warmup >= 0")
         if not 1 <= self.lanes <= MAX_LANES:
             problems.append(f"lanes {self.lanes} outside 1..{MAX_LANES}")
+        if self.program not in ("v1model", "tna"):
+            problems.append(f"program {self.program!r} not v1model or tna")
+        elif self.program == "tna" and self.lanes != TNA_LANES_PER_PACKET:
+            problems.append(
+                f"lanes {self.lanes}: the Tofino program (--program tna) has "
+                f"{TNA_LANES_PER_PACKET}"
+            )
         if self.slots < 1:
             problems.append(f"slots {self.slots} must be positive")
         if self.window is not None and self.window < 1:

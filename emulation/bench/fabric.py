@@ -126,7 +126,7 @@ class LoopbackFabric:
 
         switch = SoftSwitchProcess(
             run_dir, lanes=cfg.lanes, slots=cfg.slots, seed=cfg.seed,
-            extra_args=_pcap_args(cfg, run_dir),
+            extra_args=(*_pcap_args(cfg, run_dir), "--program", cfg.program),
         )  # fmt: skip
         try:
             switch.start()

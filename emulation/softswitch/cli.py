@@ -37,6 +37,8 @@ from hostlib.protocol import (
     MAX_LANES,
     SLOT_MASK,
     SWITCH_SLOTS,
+    TNA_LANES_PER_PACKET,
+    TNA_SWITCH_SLOTS,
 )
 
 __all__ = [
@@ -52,6 +54,10 @@ log = logging.getLogger(__name__)
 
 DATAPATHS = ("python", "ebpf")
 """The data planes a switch with ports can run: the Python pipeline, or the eBPF program."""
+
+PROGRAMS = ("v1model", "tna")
+"""Whose P4Info the switch serves: ``p4/ina.p4``'s (v1model, bmv2) or ``p4/tna/``'s
+(Tofino), with the same pipeline behind either (the controller picks names by it)."""
 
 DEFAULT_P4RUNTIME_PORT = 9559
 """P4Runtime's IANA port, simple_switch_grpc's default too."""
@@ -151,16 +157,26 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="with --interface: aggregate nothing, forward INA packets like other frames",
     )
     a(
+        "--program",
+        choices=PROGRAMS,
+        default="v1model",
+        help="serve this P4 program's P4Info over P4Runtime: v1model (p4/ina.p4, bmv2's) or "
+        "tna (p4/tna/, a Tofino switch's: a controller configures the switch through the "
+        f"Tofino program's names; {TNA_LANES_PER_PACKET} lanes) (default v1model)",
+    )
+    a(
         "--lanes",
         type=int_in(1, MAX_LANES),
-        default=LANES_PER_PACKET,
-        help=f"int32 lanes per packet (default {LANES_PER_PACKET})",
+        default=None,
+        help=f"int32 lanes per packet (default {LANES_PER_PACKET}; with --program tna "
+        f"{TNA_LANES_PER_PACKET}, the only value it takes)",
     )
     a(
         "--slots",
         type=int_in(1, SLOT_MASK + 1),
-        default=SWITCH_SLOTS,
-        help=f"slots per set in the switch pool (default {SWITCH_SLOTS})",
+        default=None,
+        help=f"slots per set in the switch pool (default {SWITCH_SLOTS}; with --program tna "
+        f"{TNA_SWITCH_SLOTS}, the most it takes)",
     )
     a(
         "--drop-ingress",
@@ -253,6 +269,8 @@ def run(args: argparse.Namespace) -> int:
         args.datapath = "ebpf"
         args.interface = [(1, args.one_armed)]
     args.datapath = args.datapath or "python"
+    if (message := _resolve_program(args)) is not None:
+        return _usage_error(message)
     ports = dict(args.interface)
     if (message := _ports_error(args, ports)) is not None:
         return _usage_error(message)
@@ -281,6 +299,32 @@ def run(args: argparse.Namespace) -> int:
         where = f"data {data}, P4Runtime {_hostport(args.p4runtime)}"
         return _usage_error(f"cannot bind {where}: {exc}", status=1)
     return _serve(args, server)
+
+
+def _resolve_program(args: argparse.Namespace) -> str | None:
+    """Fill ``--lanes``/``--slots`` defaults for ``--program`` and load its P4Info into
+    ``args.p4info`` (None: the servers' default, v1model's sized to the pipeline); the
+    usage error, if any."""
+    tna = args.program == "tna"
+    if args.lanes is None:
+        args.lanes = TNA_LANES_PER_PACKET if tna else LANES_PER_PACKET
+    if args.slots is None:
+        args.slots = TNA_SWITCH_SLOTS if tna else SWITCH_SLOTS
+    args.p4info = None
+    if not tna:
+        return None
+    if args.lanes != TNA_LANES_PER_PACKET:
+        return f"--program tna: its program has {TNA_LANES_PER_PACKET} lanes, not {args.lanes}"
+    if args.slots > TNA_SWITCH_SLOTS:
+        return f"--program tna: its pool is {TNA_SWITCH_SLOTS} slots a set, not {args.slots}"
+    from controller.p4info import TNA_P4INFO_PATH, P4Info, P4InfoError
+    from emulation.softswitch.p4runtime import softswitch_p4info
+
+    try:
+        args.p4info = softswitch_p4info(P4Info.load(TNA_P4INFO_PATH), args.lanes, args.slots)
+    except (OSError, P4InfoError) as exc:
+        return f"--program tna: {TNA_P4INFO_PATH}: {exc}"
+    return None
 
 
 def _serve(args: argparse.Namespace, server: SwitchServer) -> int:
@@ -354,9 +398,11 @@ def _make_server(
             pipeline, ports, args.p4runtime, device_id=args.device_id, pcap=pcap,
             forward_only=args.forward_only, links=dict(args.link), seed=args.seed,
             link_stats=args.link_stats, arbitration=args.arbitration, tls=args.p4runtime_tls,
+            p4info=args.p4info,
         )  # fmt: skip
     return SwitchServer(pipeline, args.listen, args.p4runtime, device_id=args.device_id, pcap=pcap,
-                        arbitration=args.arbitration, tls=args.p4runtime_tls)  # fmt: skip
+                        arbitration=args.arbitration, tls=args.p4runtime_tls,
+                        p4info=args.p4info)  # fmt: skip
 
 
 def _make_ebpf_server(
@@ -381,6 +427,7 @@ def _make_ebpf_server(
         return EbpfSwitchServer(
             dataplane, ports, args.p4runtime, device_id=args.device_id, links=dict(args.link),
             link_stats=args.link_stats, arbitration=args.arbitration, tls=args.p4runtime_tls,
+            p4info=args.p4info,
         )  # fmt: skip
     except BaseException:
         dataplane.close()

@@ -103,6 +103,25 @@ _EGRESS_DROPS = {"sim_egress"}
 # --------------------------------------------------------------------- the P4Info
 
 
+_SLOT_REGISTERS = (
+    "Ingress.seq",
+    "Ingress.remaining",
+    "Ingress.final",
+    "Ingress.exponents.exponent",
+    "Ingress.missing",
+)
+"""Per-(set, slot) registers of either program: 2 * slots cells."""
+
+MISSING = "Ingress.missing"
+"""The Tofino program's register of the workers a slot's use still waits for (p4/tna/
+checks.p4), which the pipeline keeps as a bitmap per set and a count."""
+
+
+def is_tofino(p4info: P4Info) -> bool:
+    """Whether ``p4info`` is the Tofino program's (p4/tna/, ``arch: "tna"``)."""
+    return str(p4info.message.pkg_info.arch) == "tna"
+
+
 def softswitch_p4info(base: P4Info, lanes: int, slots: int) -> P4Info:
     """``base`` (``p4/ina.p4info.txtpb``) as p4c would emit it for this switch's sizes.
 
@@ -111,6 +130,12 @@ def softswitch_p4info(base: P4Info, lanes: int, slots: int) -> P4Info:
     lane (``Ingress.values.lane_NN``, id 0x1607NNNN) and per-(set, slot) registers of
     2 * ``slots`` cells (the bitmaps, one per set: ``slots``). Indices keep the P4
     layout: set * slots + slot, where ``slots`` is a bitmap register's size.
+
+    The Tofino program's P4Info (p4/tna/ina_tna.p4info.txtpb, :func:`is_tofino`) keeps its
+    lane registers and their p4c-barefoot ids: ``lanes`` must be its lane count.
+
+    Raises:
+        P4InfoError: no lane registers, or a Tofino P4Info of another lane count.
     """
     message = p4info_pb2.P4Info()
     message.CopyFrom(base.message)
@@ -123,6 +148,16 @@ def softswitch_p4info(base: P4Info, lanes: int, slots: int) -> P4Info:
         kept.append(reg)
     if lane_template is None:
         raise P4InfoError("the base P4Info has no lane registers")
+    if is_tofino(base):
+        have = len(message.registers) - len(kept)
+        if lanes != have:
+            raise P4InfoError(f"the Tofino program has {have} lanes, not {lanes}")
+        for reg in message.registers:
+            if reg.preamble.name in _SLOT_REGISTERS or reg.preamble.name.startswith(
+                _LANE_PREFIX
+            ):
+                reg.size = 2 * slots
+        return P4Info(message)
     template = p4info_pb2.Register()
     template.CopyFrom(lane_template)
     del message.registers[:]
@@ -130,12 +165,7 @@ def softswitch_p4info(base: P4Info, lanes: int, slots: int) -> P4Info:
         name = reg.preamble.name
         if name.startswith("Ingress.bitmap."):
             reg.size = slots
-        elif name in (
-            "Ingress.seq",
-            "Ingress.remaining",
-            "Ingress.final",
-            "Ingress.exponents.exponent",
-        ):
+        elif name in _SLOT_REGISTERS:
             reg.size = 2 * slots
         message.registers.append(reg)
     for lane in range(lanes):
@@ -363,6 +393,8 @@ class _Registers:
         for index in indices:
             _check_index(reg.name, index, reg.size)
         width = int(reg.bitwidth)
+        if reg.name == MISSING:
+            return [self._missing(index) for index in indices]
         if _register_cell(reg.name, 0) is None:  # a drop simulator's probability
             return [round(self._drops(register_id) * _SIM_SCALE)] * len(indices)
         cells = [_register_cell(reg.name, i) for i in indices]
@@ -373,6 +405,9 @@ class _Registers:
         reg = self.p4info.register(register_id)
         _check_index(reg.name, index, reg.size)
         width = int(reg.bitwidth)
+        if reg.name == MISSING:
+            self._clear_missing(index, value)
+            return
         cell = _register_cell(reg.name, index)
         if cell is None:
             if value > _SIM_SCALE:
@@ -382,6 +417,41 @@ class _Registers:
         if cell.array in SIGNED_REGISTERS and value >> (width - 1):
             value -= 1 << width  # the same bits in a signed array
         self.pipeline.register_write(cell, value)
+
+    def _missing(self, index: int) -> int:
+        """``Ingress.missing[index]`` from the pipeline's state: the job's workers not in
+        the set's bitmap while the use is in progress (its count not 0), else 0."""
+        slots = self.pipeline.slots
+        pool_set, slot = divmod(index, slots)
+        remaining, bitmap = self.pipeline.register_read(
+            [RegisterCell("remaining", index), RegisterCell(f"bitmap_set{pool_set}", slot)]
+        )
+        if remaining == 0:
+            return 0
+        workers = next(
+            (
+                len(job.workers)
+                for job in self.pipeline.jobs()
+                if job.slot_base is not None
+                and job.slot_base <= slot < job.slot_base + job.slot_count
+            ),
+            32,
+        )
+        return ((1 << workers) - 1) & ~bitmap
+
+    def _clear_missing(self, index: int, value: int) -> None:
+        """A write of ``Ingress.missing[index]``: 0 (what the controller writes to free a
+        slot) clears the use's count and the set's bitmap; the pipeline has no other
+        value's meaning."""
+        if value != 0:
+            raise _fail(
+                grpc.StatusCode.UNIMPLEMENTED,
+                f"{MISSING}: the soft switch keeps a bitmap and a count; it takes 0 (free "
+                f"the slot), not {value}",
+            )
+        pool_set, slot = divmod(index, self.pipeline.slots)
+        self.pipeline.register_write(RegisterCell("remaining", index), 0)
+        self.pipeline.register_write(RegisterCell(f"bitmap_set{pool_set}", slot), 0)
 
     def _drops(self, register_id: int) -> float:
         drops = self.pipeline.drops
@@ -433,6 +503,8 @@ class _Entities:
         self.registers = _Registers(pipeline, p4info)
         self.tables = {t.id: _Table(t) for t in p4info.tables}
         self.groups: dict[int, Any] = {}
+        names = {c.name for c in p4info.counters}
+        self.own_counters = frozenset(s for c, s in _OWN_COUNTERS.items() if c in names)
 
     # ---------------------------------------------------------------- writes
     def apply(self, update: Any) -> _Failure | None:
@@ -654,7 +726,7 @@ class _Entities:
         value = entry.data.packet_count
         if value < 0:
             raise _fail(grpc.StatusCode.INVALID_ARGUMENT, f"{counter.name}: count {value} < 0")
-        names = _counter_names(counter.name)
+        names = _counter_names(counter.name, self.own_counters)
         indices = [entry.index.index] if entry.HasField("index") else range(counter.size)
         cells = {i: names[i] if i < len(names) else None for i in indices}
         unbound = [i for i, name in cells.items() if name is None]
@@ -759,7 +831,7 @@ class _Entities:
         stats = self.pipeline.counters()
         out = []
         for counter in counters:
-            names = _counter_names(counter.name)
+            names = _counter_names(counter.name, self.own_counters)
             if want.HasField("index"):
                 _check_index(counter.name, want.index.index, counter.size)
             indices = [want.index.index] if want.HasField("index") else range(counter.size)
@@ -780,16 +852,27 @@ def _initial_default(p4info: P4Info, table: Any) -> int:
     return 0
 
 
-def _counter_names(counter: str) -> list[str | None]:
-    """Pipeline statistic at each index of a P4 counter (None: the other pipe counts it).
+_OWN_COUNTERS = {"Ingress.received": "received", "Ingress.completed": "completed"}
+"""The Tofino program's counters of one statistic each (a Tofino counter counts once a
+pass, so these are not cells of ``Ingress.ina_stats`` there)."""
+
+
+def _counter_names(counter: str, own: frozenset[str] = frozenset()) -> list[str | None]:
+    """Pipeline statistic at each index of a P4 counter (None: another counter counts it).
 
     configuration.p4 indexes Ingress/Egress.ina_stats by STAT_* and Ingress/Egress.drops
     by DROP_* (hostlib.protocol.SWITCH_STATS and SWITCH_DROPS); egress counts results
-    sent and egress drops, ingress the rest.
+    sent and egress drops, ingress the rest, but for the statistics in ``own`` (the
+    Tofino program's ``received`` and ``completed``, counters of their own).
     """
+    if counter in _OWN_COUNTERS:
+        return [_OWN_COUNTERS[counter]]
     egress = counter.startswith("Egress.")
     if counter.endswith(".ina_stats"):
-        return [n if (n in _EGRESS_STATS) == egress else None for n in SWITCH_STATS]
+        return [
+            n if (n in _EGRESS_STATS) == egress and n not in own else None
+            for n in SWITCH_STATS
+        ]
     if counter.endswith(".drops"):
         return ["drop_" + r if (r in _EGRESS_DROPS) == egress else None for r in SWITCH_DROPS]
     return []

@@ -18,7 +18,7 @@ def examples() -> dict[str, str]:
 
 
 def test_readme_has_examples() -> None:
-    assert {"pcap", "ctl", "tls"} <= set(examples())
+    assert {"pcap", "ctl", "tls", "tofino"} <= set(examples())
 
 
 def run_example(name: str, cwd: Path, timeout: float) -> str:
@@ -53,6 +53,15 @@ def test_ctl_example_installs_reads_and_removes_a_job(tmp_path: Path) -> None:
     assert "set 0: bitmap 00 ranks [] remaining 0 seq 0" in out
     assert "ingress 0.01 egress 0" in out
     assert "job 1 removed" in out
+
+
+@pytest.mark.timeout(200)
+def test_tofino_example_configures_the_tofino_programs_names(tmp_path: Path) -> None:
+    out = run_example("tofino", tmp_path, 180)
+    assert "job 1: 2 workers, slots 0+16" in out
+    assert "set 0: bitmap 00 ranks [] remaining 0 seq 0" in out
+    assert "job 1 removed" in out
+    assert "lanes=28" in out and "Out of bounds values : 0 OK" in out
 
 
 @pytest.mark.timeout(120)

@@ -117,7 +117,11 @@ def test_bench_flag_defaults() -> None:
     assert config_from_args(args).algos == ("ina", "gloo")
     assert args.datatype == "float32"
     assert args.loss == 0.0
-    assert args.lanes == DEFAULT_BENCH_LANES
+    # The lanes' default depends on --program: resolved with the rest of the run's flags.
+    assert args.lanes is None and args.program == "v1model"
+    assert config_from_args(args).lanes == DEFAULT_BENCH_LANES
+    tna = build_parser().parse_args(["bench", "--program", "tna"])
+    assert (config_from_args(tna).lanes, config_from_args(tna).program) == (28, "tna")
     assert args.slots == DEFAULT_BENCH_SLOTS
     assert args.timeout == 10.0
     assert args.json is None and args.plot is None and not args.switch_only

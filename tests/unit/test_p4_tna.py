@@ -243,3 +243,11 @@ def test_the_checks_run_in_the_soft_switchs_order() -> None:
     # stale is the default (an older seq), the egress simulator is egress's.
     checks = [r for r in order if r not in ("STALE", "SIM_INGRESS", "SIM_EGRESS")]
     assert seen == ["SIM_INGRESS", *checks]
+
+
+def test_the_readme_shows_the_committed_resources() -> None:
+    readme = (P4_DIR / "README.md").read_text()
+    heading = "### Resources (`tna/ina_tna.resources.txt`, from `pipe/logs/resources.json`)"
+    start = readme.index("```\n", readme.index(heading)) + len("```\n")
+    shown = readme[start : readme.index("```", start)]
+    assert shown == compile_tna.COMMITTED_RESOURCES.read_text()
