@@ -73,8 +73,11 @@ control InaIngress(inout headers_t hdr,
 
             // Checks, in pipeline.Pipeline.process order.
             if (meta.drop_reason == NO_DROP) {
-                if (!hdr.ina.isValid()) {
-                    // standard_metadata.parser_error is PacketTooShort (parsers.p4).
+                if (!hdr.ina.isValid()
+                        || (bit<32>)hdr.udp.length < UDP_HEADER_BYTES + HEADER_SIZE) {
+                    // standard_metadata.parser_error is PacketTooShort (parsers.p4); or a
+                    // frame padded to Ethernet's 60 bytes completed the header of a shorter
+                    // datagram, which its UDP length tells (as the soft switch on ports).
                     meta.drop_reason = DROP_TRUNCATED;
                 } else if (hdr.ina.version != PROTOCOL_VERSION) {
                     meta.drop_reason = DROP_MALFORMED;

@@ -6,7 +6,8 @@
  * A short INA packet ends the parse with error.PacketTooShort. v1model does not drop
  * it: ingress runs with standard_metadata.parser_error set and the headers extracted
  * so far still valid, so ingress tells the soft switch's two cases apart:
- *   - hdr.ina invalid: shorter than the 16-byte header   -> DROP_TRUNCATED;
+ *   - hdr.ina invalid: shorter than the 16-byte header   -> DROP_TRUNCATED (so is a UDP
+ *     length below 8 + 16: Ethernet padding completed the header, ina.p4);
  *   - hdr.ina valid, hdr.ina_data invalid: short payload -> DROP_BAD_LENGTH, after the
  *     checks that come first in pipeline.Pipeline.process.
  */

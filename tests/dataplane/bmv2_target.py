@@ -53,6 +53,8 @@ from emulation.softswitch import SoftSwitchProcess, SwitchStartError
 from hostlib.protocol import INA_UDP_PORT
 
 P4INFO = P4INFO_PATH
+ETHERNET_MIN_FRAME = 60
+"""Bytes of the shortest Ethernet frame without its FCS (IEEE 802.3): what a NIC pads to."""
 SWITCH_MAC = "02:00:00:00:00:fe"
 SWITCH_IP = "10.0.0.254"
 """The switch's INA endpoint on the wire: where workers send DATA, whence RESULTs come."""
@@ -201,7 +203,10 @@ class Bmv2Target:
             / UDP(sport=me.udp_port, dport=dport)
             / payload
         )
-        self._socks[port].send(bytes(frame))
+        # A NIC pads a frame to Ethernet's minimum (60 bytes without the FCS); a veth does
+        # not, so the padding is added here: a short datagram's padding must not pass for
+        # the rest of its INA header (DROP_TRUNCATED by its UDP length).
+        self._socks[port].send(bytes(frame).ljust(ETHERNET_MIN_FRAME, b"\0"))
         if dport == INA_UDP_PORT:
             self._ina_sent += 1
 
