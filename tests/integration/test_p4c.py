@@ -8,31 +8,20 @@ a size changed in a copy of the committed file.
 
 from __future__ import annotations
 
-import importlib.util
 import shutil
 import subprocess
 import sys
 from pathlib import Path
-from types import ModuleType
 
 import pytest
+from helpers import load_script
 
 pytestmark = [pytest.mark.bmv2, pytest.mark.slow]
 
 P4_DIR = Path(__file__).resolve().parents[2] / "p4"
 
 
-def _load_compile() -> ModuleType:
-    """Import p4/compile.py by path (p4/ is not a package)."""
-    spec = importlib.util.spec_from_file_location("p4_compile", P4_DIR / "compile.py")
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module  # dataclasses look their module up there
-    spec.loader.exec_module(module)
-    return module
-
-
-compile_py = _load_compile()
+compile_py = load_script(P4_DIR / "compile.py", "p4_compile")
 
 
 def _copy_sources(tmp_path: Path) -> Path:

@@ -8,30 +8,18 @@ violations in copies of the sources, so a check that passed everything would fai
 
 from __future__ import annotations
 
-import importlib.util
 import shutil
-import sys
 from pathlib import Path
-from types import ModuleType
 
 import pytest
+from helpers import load_script
 
 pytestmark = [pytest.mark.tofino]
 
 P4_DIR = Path(__file__).resolve().parents[2] / "p4"
 
 
-def _load_compile_tna() -> ModuleType:
-    """Import p4/compile_tna.py by path (p4/ is not a package)."""
-    spec = importlib.util.spec_from_file_location("p4_compile_tna_it", P4_DIR / "compile_tna.py")
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module  # dataclasses look their module up there
-    spec.loader.exec_module(module)
-    return module
-
-
-compile_tna = _load_compile_tna()
+compile_tna = load_script(P4_DIR / "compile_tna.py", "p4_compile_tna")
 
 
 def _copy_sources(tmp_path: Path) -> Path:
@@ -77,8 +65,8 @@ def test_a_register_action_with_three_comparisons_fails(tmp_path: Path) -> None:
     _edit(
         tna / "values.p4",
         "            if ((int<8>)value < (int<8>)hdr.ina.exponent) {",
-        "            if (meta.lane_op == LANE_OP_WRITE || (meta.lane_op == LANE_OP_ADD"
-        " && (int<8>)value < (int<8>)hdr.ina.exponent)) {",
+        "            if (meta.lane_op == (bit<8>)LANE_OP_WRITE"
+        " || (meta.lane_op == (bit<8>)LANE_OP_ADD && (int<8>)value < (int<8>)hdr.ina.exponent)) {",
     )
     with pytest.raises(compile_tna.CompileFailed, match="comparisons"):
         compile_tna.compile_tna(tmp_path / "out", tna / "ina_tna.p4")

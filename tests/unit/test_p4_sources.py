@@ -9,7 +9,6 @@ broken text and expect them to complain.
 from __future__ import annotations
 
 import ast
-import importlib.util
 import re
 import shutil
 import struct
@@ -20,6 +19,7 @@ from types import ModuleType
 from typing import Any
 
 import pytest
+from helpers import load_script
 
 from emulation.softswitch.pipeline import DropReason, Pipeline
 from hostlib.protocol import (
@@ -380,11 +380,7 @@ def const(consts: dict[str, tuple[int, int]], name: str) -> int:
 
 def load_gen_lanes() -> ModuleType:
     """Import p4/gen_lanes.py by path (p4/ is not a package)."""
-    spec = importlib.util.spec_from_file_location("gen_lanes", P4_DIR / "gen_lanes.py")
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load_script(P4_DIR / "gen_lanes.py", "gen_lanes")
 
 
 # ---------------------------------------------------------------------------- (1) annotations

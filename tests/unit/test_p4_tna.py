@@ -9,14 +9,12 @@ compiler itself.
 
 from __future__ import annotations
 
-import importlib.util
 import re
-import sys
 from pathlib import Path
-from types import ModuleType
 
 import pytest
 from google.protobuf import text_format
+from helpers import load_script
 from p4.config.v1 import p4info_pb2
 
 from emulation.softswitch.pipeline import DropReason
@@ -26,18 +24,8 @@ P4_DIR = Path(__file__).resolve().parents[2] / "p4"
 TNA_DIR = P4_DIR / "tna"
 
 
-def _load(path: Path, name: str) -> ModuleType:
-    """Import a script of p4/ by path (p4/ is not a package)."""
-    spec = importlib.util.spec_from_file_location(name, path)
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[name] = module  # dataclasses look their module up there
-    spec.loader.exec_module(module)
-    return module
-
-
-compile_tna = _load(P4_DIR / "compile_tna.py", "p4_compile_tna")
-gen_tna = _load(TNA_DIR / "gen_tna.py", "p4_gen_tna")
+compile_tna = load_script(P4_DIR / "compile_tna.py", "p4_compile_tna")
+gen_tna = load_script(TNA_DIR / "gen_tna.py", "p4_gen_tna")
 
 
 def _p4info(path: Path) -> p4info_pb2.P4Info:

@@ -3,26 +3,20 @@ bad ones are refused before any rank starts (running it is test_emulate_run's jo
 
 from __future__ import annotations
 
-import importlib.util
 import re
 import shlex
-import sys
 from pathlib import Path
 from types import ModuleType
 
 import pytest
+from helpers import load_script
 
 REPO = Path(__file__).resolve().parents[2]
 SCRIPT = REPO / "examples" / "train_mixed.py"
 
 
 def _example() -> ModuleType:
-    spec = importlib.util.spec_from_file_location("train_mixed", SCRIPT)
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module  # its dataclasses look their module up there
-    spec.loader.exec_module(module)
-    return module
+    return load_script(SCRIPT, "train_mixed")
 
 
 def _shown() -> list[list[str]]:
