@@ -56,6 +56,8 @@ from p4.config.v1 import p4info_pb2
 from p4.v1 import p4runtime_pb2, p4runtime_pb2_grpc
 
 from controller.p4info import P4Info, P4InfoError
+from controller.slots import MISSING
+from controller.stats import OWN_COUNTERS
 from emulation.softswitch.pipeline import (
     SIGNED_REGISTERS,
     JobTableError,
@@ -108,14 +110,11 @@ _SLOT_REGISTERS = (
     "Ingress.remaining",
     "Ingress.final",
     "Ingress.exponents.exponent",
-    "Ingress.missing",
+    MISSING,
 )
-"""Per-(set, slot) registers of either program: 2 * slots cells."""
-
-MISSING = "Ingress.missing"
-"""The Tofino program's register of the workers a slot's use still waits for (p4/tna/
-checks.p4), which the pipeline keeps as a bitmap per set and a count."""
-
+"""Per-(set, slot) registers of either program: 2 * slots cells (``MISSING``: the Tofino
+program's workers a use still waits for, which the pipeline keeps as a bitmap per set and
+a count)."""
 
 def is_tofino(p4info: P4Info) -> bool:
     """Whether ``p4info`` is the Tofino program's (p4/tna/, ``arch: "tna"``)."""
@@ -504,7 +503,7 @@ class _Entities:
         self.tables = {t.id: _Table(t) for t in p4info.tables}
         self.groups: dict[int, Any] = {}
         names = {c.name for c in p4info.counters}
-        self.own_counters = frozenset(s for c, s in _OWN_COUNTERS.items() if c in names)
+        self.own_counters = frozenset(s for c, s in OWN_COUNTERS.items() if c in names)
 
     # ---------------------------------------------------------------- writes
     def apply(self, update: Any) -> _Failure | None:
@@ -852,11 +851,6 @@ def _initial_default(p4info: P4Info, table: Any) -> int:
     return 0
 
 
-_OWN_COUNTERS = {"Ingress.received": "received", "Ingress.completed": "completed"}
-"""The Tofino program's counters of one statistic each (a Tofino counter counts once a
-pass, so these are not cells of ``Ingress.ina_stats`` there)."""
-
-
 def _counter_names(counter: str, own: frozenset[str] = frozenset()) -> list[str | None]:
     """Pipeline statistic at each index of a P4 counter (None: another counter counts it).
 
@@ -865,8 +859,8 @@ def _counter_names(counter: str, own: frozenset[str] = frozenset()) -> list[str 
     sent and egress drops, ingress the rest, but for the statistics in ``own`` (the
     Tofino program's ``received`` and ``completed``, counters of their own).
     """
-    if counter in _OWN_COUNTERS:
-        return [_OWN_COUNTERS[counter]]
+    if counter in OWN_COUNTERS:
+        return [OWN_COUNTERS[counter]]
     egress = counter.startswith("Egress.")
     if counter.endswith(".ina_stats"):
         return [
