@@ -76,7 +76,7 @@ typedef struct {
     int8_t *local_exp;   /* per block (float32) */
     int8_t *global_exp;  /* per block, from the results (float32) */
     /* policy */
-    double min_timeout, max_timeout, backoff, deadline_s;
+    double min_timeout, max_timeout, backoff, deadline_s, late_timer;
     /* the session's RTT estimator (read back by the binding) */
     double rto, srtt, rttvar;
     int64_t samples;
@@ -84,7 +84,7 @@ typedef struct {
     uint8_t *slotbuf; /* window x packet size */
     int64_t *outstanding;
     double *sent_at, *slot_rto, *slot_deadline;
-    char *resent, *queued;
+    char *resent, *queued, *rearmed;
     int64_t *slot_tx;
     int64_t done, tx, high_tx;
     int reorder;
@@ -96,7 +96,7 @@ typedef struct {
     uint8_t *fastbuf; /* copies of packets found lost, sent by the next on_timer */
     Py_ssize_t nfast, capfast;
     /* statistics */
-    int64_t sent, retransmitted, fast_retransmitted, stale, foreign;
+    int64_t sent, retransmitted, fast_retransmitted, stale, foreign, late_timers;
     size_t psize;
     int started;
 } InaCore;
@@ -278,6 +278,7 @@ static void build(InaCore *c, int64_t index) {
 }
 
 static int arm(InaCore *c, int32_t slot, int64_t index, double now) {
+    c->rearmed[slot] = 0;
     c->tx++;
     c->slot_tx[slot] = c->tx;
     if (order_push(c, c->tx, slot, index) < 0) return -1;
@@ -383,7 +384,8 @@ static double next_wakeup(InaCore *c) {
     return deadline;
 }
 
-/* Expired timers: resend each (its timeout backed off). Appends the slots to `slots`
+/* Expired timers: resend each (its timeout backed off), unless served late, which re-arms
+   it once (hostlib.ina.RetryPolicy.late_timer). Appends the slots to `slots`
    (room for window entries... the heap holds at most one live timer per slot). Returns
    the number of slots, -1 on no memory. Fast retransmissions stay in fastbuf. */
 static Py_ssize_t expire(InaCore *c, double now, int32_t *slots) {
@@ -392,7 +394,16 @@ static Py_ssize_t expire(InaCore *c, double now, int32_t *slots) {
         Timer t = heap_pop(c);
         if (c->outstanding[t.slot] != t.index || c->slot_deadline[t.slot] != t.deadline)
             continue; /* answered, or re-armed since */
-        double rto = c->slot_rto[t.slot] * c->backoff;
+        double slot_rto = c->slot_rto[t.slot];
+        if (!c->rearmed[t.slot] && now - t.deadline > c->late_timer * slot_rto) {
+            /* Served late (RetryPolicy.late_timer): one timeout more from now. */
+            c->rearmed[t.slot] = 1;
+            c->slot_deadline[t.slot] = now + slot_rto;
+            if (heap_push(c, now + slot_rto, t.slot, t.index) < 0) return -1;
+            c->late_timers++;
+            continue;
+        }
+        double rto = slot_rto * c->backoff;
         c->slot_rto[t.slot] = rto < c->max_timeout ? rto : c->max_timeout;
         if (resend(c, t.slot, t.index, now) < 0) return -1;
         slots[k++] = t.slot;
@@ -442,21 +453,22 @@ static void InaCore_dealloc(InaCore *c) {
     if (c->have_uses) PyBuffer_Release(&c->uses);
     free(c->local_exp); free(c->global_exp); free(c->slotbuf); free(c->outstanding);
     free(c->sent_at); free(c->slot_rto); free(c->slot_deadline); free(c->resent);
-    free(c->queued); free(c->slot_tx); free(c->heap); free(c->order); free(c->fastbuf);
+    free(c->queued); free(c->rearmed); free(c->slot_tx); free(c->heap); free(c->order); free(c->fastbuf);
     Py_TYPE(c)->tp_free((PyObject *)c);
 }
 
 static int InaCore_init(InaCore *c, PyObject *args, PyObject *kw) {
     static char *names[] = {"job_id", "rank", "num_workers", "lanes", "window", "data",
                             "out", "uses", "first_seq", "rto", "srtt", "rttvar", "samples",
-                            "min_timeout", "max_timeout", "backoff", "deadline", NULL};
+                            "min_timeout", "max_timeout", "backoff", "deadline", "late_timer",
+                            NULL};
     PyObject *data, *out, *uses;
     long long first_seq, samples;
-    if (!PyArg_ParseTupleAndKeywords(args, kw, "iiiiiOOOLdddLdddd", names, &c->job_id,
+    if (!PyArg_ParseTupleAndKeywords(args, kw, "iiiiiOOOLdddLddddd", names, &c->job_id,
                                      &c->rank, &c->num_workers, &c->lanes, &c->window, &data,
                                      &out, &uses, &first_seq, &c->rto, &c->srtt, &c->rttvar,
                                      &samples, &c->min_timeout, &c->max_timeout, &c->backoff,
-                                     &c->deadline_s))
+                                     &c->deadline_s, &c->late_timer))
         return -1;
     if (c->started || c->have_data) {
         PyErr_SetString(PyExc_RuntimeError, "InaCore is initialised once");
@@ -506,6 +518,7 @@ static int InaCore_init(InaCore *c, PyObject *args, PyObject *kw) {
     c->slot_deadline = calloc(w, sizeof(double));
     c->resent = calloc(w, 1);
     c->queued = calloc(w, 1);
+    c->rearmed = calloc(w, 1);
     c->slot_tx = calloc(w, sizeof(int64_t));
     c->capfast = (Py_ssize_t)w;
     c->fastbuf = malloc(w * c->psize);
@@ -514,7 +527,7 @@ static int InaCore_init(InaCore *c, PyObject *args, PyObject *kw) {
         c->global_exp = malloc((size_t)c->nblocks);
     }
     if (!c->slotbuf || !c->outstanding || !c->sent_at || !c->slot_rto || !c->slot_deadline ||
-        !c->resent || !c->queued || !c->slot_tx || !c->fastbuf ||
+        !c->resent || !c->queued || !c->rearmed || !c->slot_tx || !c->fastbuf ||
         (c->is_float && (!c->local_exp || !c->global_exp))) {
         PyErr_NoMemory();
         return -1;
@@ -787,12 +800,13 @@ static PyObject *InaCore_get_done(InaCore *c, void *Py_UNUSED(x)) {
 
 static PyObject *InaCore_get_state(InaCore *c, void *Py_UNUSED(x)) {
     return Py_BuildValue(
-        "{s:L,s:L,s:i,s:d,s:d,s:d,s:L,s:L,s:L,s:L,s:L,s:L,s:L}", "npackets",
+        "{s:L,s:L,s:i,s:d,s:d,s:d,s:L,s:L,s:L,s:L,s:L,s:L,s:L,s:L}", "npackets",
         (long long)c->npackets, "nblocks", (long long)c->nblocks, "window", c->window, "rto",
         c->rto, "srtt", c->srtt, "rttvar", c->rttvar, "samples", (long long)c->samples, "sent",
         (long long)c->sent, "retransmitted", (long long)c->retransmitted, "fast_retransmitted",
         (long long)c->fast_retransmitted, "stale", (long long)c->stale, "foreign",
-        (long long)c->foreign, "done", (long long)c->done);
+        (long long)c->foreign, "done", (long long)c->done, "late_timers",
+        (long long)c->late_timers);
 }
 
 static PyMethodDef InaCore_methods[] = {

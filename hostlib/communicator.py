@@ -201,6 +201,12 @@ class Communicator:
         return sum(s.late_answers for s in self._sessions())
 
     @property
+    def late_timers(self) -> int:
+        """INA timers served late, when this rank had not been running (the machine
+        stalled), and re-armed instead of fired (``RetryPolicy.late_timer``)."""
+        return sum(getattr(s, "late_timers", 0) for s in self._sessions())
+
+    @property
     def host_drops(self) -> int:
         """Datagrams the kernel dropped for this rank's sockets (receive buffer full)."""
         total = 0

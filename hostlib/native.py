@@ -32,6 +32,7 @@ from hostlib.ina import (
     JobSpec,
     RetryPolicy,
     _Rtt,
+    _Stats,
     check_call_data,
     check_window,
     commit_uses,
@@ -136,15 +137,6 @@ def engine_name(environ: dict[str, str] | None = None) -> str:
     return "python"
 
 
-@dataclass
-class _NativeStats:
-    sent: int = 0
-    retransmitted: int = 0
-    fast_retransmitted: int = 0
-    stale: int = 0
-    foreign: int = 0
-
-
 class NativeInaAllreduce:
     """One worker's INA allreduce call on the native core: the arguments, errors and
     interface of :class:`~hostlib.ina.InaAllreduce`.
@@ -177,7 +169,7 @@ class NativeInaAllreduce:
         self.first_seq = first_seq
         self.rtt = rtt or _Rtt(policy.timeout)
         self.count = data.size
-        self.stats = _NativeStats()
+        self.stats = _Stats()
         self._data = np.ascontiguousarray(data)  # the core reads it in place
         # Results are written where they arrive: into ``out`` when given (the caller's
         # memory, which may be ``data`` itself: a block's data is read only until its
@@ -190,7 +182,7 @@ class NativeInaAllreduce:
             spec.job_id, spec.rank, spec.num_workers, spec.lanes, slots, self._data,
             self._out, uses, first_seq, self.rtt.rto, self.rtt.srtt, self.rtt.rttvar,
             self.rtt.samples, policy.min_timeout, policy.max_timeout, policy.backoff,
-            policy.deadline,
+            policy.deadline, policy.late_timer,
         )  # fmt: skip
         state = self._core.state
         self.window: int = state["window"]
@@ -250,6 +242,7 @@ class NativeInaAllreduce:
         st.fast_retransmitted, st.stale, st.foreign = (
             s["fast_retransmitted"], s["stale"], s["foreign"],
         )  # fmt: skip
+        st.late_timers = s["late_timers"]
         return value
 
     def _timeout_message(self, seconds: float, waiting: list[int]) -> str:

@@ -150,6 +150,9 @@ class InaSession(_InaCollectives):
         """Results that arrived for packets already answered: the switch's answer to a
         retransmission whose first answer was only late (a spurious retransmission), or a
         result duplicated on the way."""
+        self.late_timers = 0
+        """Timers served late and re-armed instead of fired (``RetryPolicy.late_timer``):
+        this worker was not running when they expired (the machine stalled)."""
         self.next_seq = 1
         self.packets = 0
         """Packets of this worker's completed calls (first copies), for statistics."""
@@ -185,6 +188,7 @@ class InaSession(_InaCollectives):
         self.retransmissions += engine.stats.retransmitted
         self.fast_retransmissions += engine.stats.fast_retransmitted
         self.late_answers += engine.stats.stale
+        self.late_timers += engine.stats.late_timers
         return engine.result()
 
     def _drive(self, engine: InaAllreduce | NativeInaAllreduce) -> None:
@@ -282,6 +286,10 @@ class StripedInaSession(_InaCollectives):
     @property
     def late_answers(self) -> int:
         return sum(s.late_answers for s in self.stripes)
+
+    @property
+    def late_timers(self) -> int:
+        return sum(s.late_timers for s in self.stripes)
 
     @property
     def packets(self) -> int:

@@ -85,8 +85,10 @@ CPU_NOTE = (
     " (null when no switch process ran: a loopback algorithm without INA; under inalab"
     " emulate every algorithm's packets cross the switches, so they are reported for"
     " all); machine and softirq: share of all cores busy, and busy in softirq (an"
-    " in-kernel data plane's time), from /proc/stat. switch, machine and softirq come"
-    " from /proc samples every ~25 ms, interpolated at the interval's ends: samples"
+    " in-kernel data plane's time), from /proc/stat; steal: share of all cores the"
+    " hypervisor took (a VM stood still, its switch and links with it; not in machine)."
+    " switch, machine, softirq and steal come from /proc samples every ~25 ms,"
+    " interpolated at the interval's ends: samples"
     f" counts those inside, span_s the time they rest on, so short rows are coarse. own:"
     " the bench's processes together (ranks, switches, softirq) in share of all cores;"
     " other_cores: the cores the machine's other processes used meanwhile, busy_other"
@@ -108,10 +110,12 @@ class MachineTicks:
     """The aggregate ``cpu`` line of ``/proc/stat``, in clock ticks summed over cores."""
 
     busy: int
-    """Everything but idle and iowait."""
+    """Everything but idle, iowait and steal: this machine's own work."""
     total: int
     """user + nice + system + idle + iowait + irq + softirq + steal (guest is in user)."""
     softirq: int
+    steal: int = 0
+    """Time the hypervisor ran something else on this VM's vCPUs: the VM stood still."""
 
 
 @dataclass(frozen=True)
@@ -144,7 +148,12 @@ def read_machine(path: Path = PROC / "stat") -> MachineTicks | None:
         return None
     values += [0] * (8 - len(values))  # old kernels lack the later columns
     total = sum(values)
-    return MachineTicks(busy=total - values[3] - values[4], total=total, softirq=values[6])
+    return MachineTicks(
+        busy=total - values[3] - values[4] - values[7],
+        total=total,
+        softirq=values[6],
+        steal=values[7],
+    )
 
 
 def read_process_ticks(pid: int, proc: Path = PROC) -> int | None:
@@ -265,6 +274,9 @@ class SystemCpu:
     """Share of all cores busy (0..1)."""
     softirq: float | None = None
     """Share of all cores in softirq (0..1)."""
+    steal: float | None = None
+    """Share of all cores the hypervisor took (0..1): a VM's stolen time, in which it,
+    its switch and its links stood still."""
     switch: tuple[tuple[str, float], ...] | None = None
     """(label, share of one core) of each watched process covering the interval."""
     samples: int = 0
@@ -293,15 +305,17 @@ def _rate(points: Sequence[tuple[float, float]], start: float, end: float) -> fl
 
 
 def _machine(samples: Sequence[Sample], start: float, end: float) -> tuple[float | None, ...]:
-    """(busy, softirq) shares of all cores over [start, end], each ``None`` if unknown."""
+    """(busy, softirq, steal) shares of all cores over [start, end], each ``None`` if
+    unknown."""
     known = [(s.t, s.machine) for s in samples if s.machine is not None]
     total = _rate([(t, m.total) for t, m in known], start, end)
     if total is None or total <= 0:
-        return None, None
+        return None, None, None
     busy = _rate([(t, m.busy) for t, m in known], start, end) or 0.0
     softirq = _rate([(t, m.softirq) for t, m in known], start, end) or 0.0
+    steal = _rate([(t, m.steal) for t, m in known], start, end) or 0.0
     # iowait may step backwards on tickless kernels: keep the shares inside 0..1.
-    return min(max(busy / total, 0.0), 1.0), min(max(softirq / total, 0.0), 1.0)
+    return tuple(min(max(x / total, 0.0), 1.0) for x in (busy, softirq, steal))
 
 
 def _processes(
@@ -335,10 +349,11 @@ def attribute(
     ticks = ticks or clock_ticks()
     before = [s.t for s in samples if s.t <= start]
     after = [s.t for s in samples if s.t >= end]
-    machine, softirq = _machine(samples, start, end)
+    machine, softirq, steal = _machine(samples, start, end)
     return SystemCpu(
         machine=machine,
         softirq=softirq,
+        steal=steal,
         switch=_processes(samples, start, end, ticks),
         samples=sum(start < s.t < end for s in samples),
         span_s=min(after) - max(before) if before and after else None,
@@ -455,6 +470,7 @@ class RowCpu:
             "switch_max": _round(self.switch_max),
             "machine": _round(self.system.machine),
             "softirq": _round(self.system.softirq),
+            "steal": _round(self.system.steal),
             "own": _round(self.own),
             "other_cores": _round(self.other_cores),
             "busy_other": self.busy_other,

@@ -114,6 +114,9 @@ class Row:
     """Packets that reached a rank a second time, summed over ranks: retransmissions
     whose first copy was late rather than lost (timers that fired too early), and
     duplicates made on the way."""
+    late_timers: int = 0
+    """INA timers the ranks served late and re-armed instead of retransmitting (warm-up
+    included): a rank had not been running when they expired (the machine stalled)."""
     collective: str = "allreduce"
     """What was timed; ``nbytes`` is its whole vector (see ``bench.config.COLLECTIVES``)."""
 
@@ -184,6 +187,7 @@ class Row:
                 fast_retransmits=_whole(doc.get("retransmits_fast", 0)),
                 host_drops=_whole(doc.get("host_drops", 0)),
                 late_answers=_whole(doc.get("late_answers", 0)),
+                late_timers=_whole(doc.get("late_timers", 0)),
                 chosen=None if chosen is None else _text(chosen),
                 collective=_text(doc.get("collective", "allreduce")),
             )
@@ -213,6 +217,7 @@ class Row:
             "retransmits_fast": self.fast_retransmits,
             "host_drops": self.host_drops,
             "late_answers": self.late_answers,
+            "late_timers": self.late_timers,
             **({"chosen": self.chosen} if self.chosen is not None else {}),
             **({"cpu": self.cpu.to_json()} if self.cpu is not None else {}),
             **(
@@ -282,6 +287,7 @@ def merge_ranks(
                 fast_retransmits=sum(getattr(r, "fast_retransmits", 0) for r in at),
                 host_drops=sum(getattr(r, "host_drops", 0) for r in at),
                 late_answers=sum(getattr(r, "late_answers", 0) for r in at),
+                late_timers=sum(getattr(r, "late_timers", 0) for r in at),
                 chosen=(getattr(at[0], "ran", "") or None) if algo == "auto" else None,
                 cpu=worker_cpu(at),
                 collective=collective,
@@ -321,6 +327,25 @@ def busy_note(rows: Iterable[Row]) -> str | None:
     return (
         f"# machine busy with other processes: up to {most:.0%} of a core during"
         f" {len(other)} row(s) (cpu.other_cores); their times include that load"
+    )
+
+
+STEAL_NOTED = 0.01
+"""A row whose timed calls lost more than this share of the cores to the hypervisor
+gets the steal line under its table."""
+
+
+def steal_note(rows: Iterable[Row]) -> str | None:
+    """The line under a table whose rows ran while the hypervisor took this VM's cores
+    (``cpu.steal``), or ``None``."""
+    steal = [r.cpu.system.steal for r in rows if r.cpu is not None and r.cpu.system.steal]
+    stolen = [s for s in steal if s > STEAL_NOTED]
+    if not stolen:
+        return None
+    return (
+        f"# steal: the hypervisor took up to {max(stolen):.1%} of this VM's cores during"
+        f" {len(stolen)} row(s) (cpu.steal): the whole VM, its switches and links with it,"
+        " stood still meanwhile; their times include the stalls"
     )
 
 
@@ -408,15 +433,20 @@ def format_table(algo: str, rows: Iterable[Row], description: str = "") -> str:
             " row): copies a link duplicated, or retransmissions of packets that were only"
             " late (a timer fired before a stalled peer, switch or CPU answered), not lost"
         )
+    late_timers = sum(r.late_timers for r in rows)
+    if retx and late_timers:
+        lines.append(
+            f"# late timers: {late_timers} timers expired while their rank was not running"
+            " (the machine stalled: see cpu.steal) and were re-armed, not sent again (JSON"
+            " late_timers per row; hostlib RetryPolicy.late_timer)"
+        )
     lines += [
         f"# Out of bounds values : {wrong} {'OK' if wrong == 0 else 'FAILED'}",
         f"# Avg bus bandwidth    : {avg:.4f}",
     ]
     if any(r.cpu is not None and r.cpu.bound for r in rows):
         lines.append(bound_note())
-    busy = busy_note(rows)
-    if busy:
-        lines.append(busy)
+    lines += [note for note in (busy_note(rows), steal_note(rows)) if note]
     return "\n".join(lines)
 
 

@@ -154,6 +154,9 @@ class SizeResult:
     late_answers: int = 0
     """Packets that reached this rank a second time: summed over ranks, retransmissions
     whose first copy was late rather than lost (``Communicator.late_answers``)."""
+    late_timers: int = 0
+    """INA timers this rank served late and re-armed instead of retransmitting: it had
+    not been running, nor (on one machine) had its peers (``Communicator.late_timers``)."""
 
 
 # ----------------------------------------------------------------- inputs and checks
@@ -286,6 +289,11 @@ class _Allreduce(Protocol):
         """Packets that reached this rank a second time so far (0 for TCP)."""
         ...
 
+    @property
+    def late_timers(self) -> int:
+        """INA timers served late and re-armed so far (0 where there is no INA)."""
+        ...
+
 
 def _join_ina(plan: WorkerPlan, conn: Connection, num_workers: int) -> Any:
     """This rank's INA session: its address to the coordinator, the job back (the
@@ -410,6 +418,10 @@ class _HostAllreduce:
     def late_answers(self) -> int:
         return self.comm.late_answers
 
+    @property
+    def late_timers(self) -> int:
+        return self.comm.late_timers
+
     def close(self) -> None:
         try:
             if self._collnet is not None:
@@ -484,6 +496,10 @@ class _GlooAllreduce:
     def late_answers(self) -> int:
         return 0
 
+    @property
+    def late_timers(self) -> int:
+        return 0
+
     def close(self) -> None:
         if self._dist.is_initialized():
             self._dist.destroy_process_group()
@@ -549,7 +565,7 @@ def _run_size(
         ran = coll.chosen
     call = coll.prepare(x)
     resent, fast, drops = coll.retransmits, coll.fast_retransmits, coll.host_drops
-    late = coll.late_answers
+    late, late_timers = coll.late_answers, coll.late_timers
     for _ in range(plan.warmup):
         call()
     y, (elapsed, cpu_s, t_start, t_end) = _timed(call, plan.iters, x)
@@ -559,7 +575,7 @@ def _run_size(
     return SizeResult(
         nbytes, count, mean_us, wrong, max_err, coll.retransmits - resent, ran,
         cpu_s, t_start, t_end, coll.fast_retransmits - fast, coll.host_drops - drops,
-        coll.late_answers - late,
+        coll.late_answers - late, coll.late_timers - late_timers,
     )  # fmt: skip
 
 

@@ -84,12 +84,25 @@ class FakeNetwork:
         self._events: list[_Event] = []
         self._order = 0
         self._dead: dict[Addr, float] = {}
+        self._stalls: list[tuple[float, float]] = []
         self.delivered = 0
         self.lost = 0
 
     def kill(self, addr: Addr, at: float) -> None:
         """From virtual time ``at`` on, the worker at ``addr`` neither sends nor receives."""
         self._dead[addr] = at
+
+    def stall(self, at: float, duration: float) -> None:
+        """From virtual time ``at`` the whole machine stops for ``duration`` seconds, as a
+        VM does when the hypervisor takes its vCPUs: nothing moves and no worker runs;
+        then everything resumes where it was, and the engines serve their timers late.
+
+        Raises:
+            ValueError: a negative time or duration.
+        """
+        if at < 0 or duration < 0:
+            raise ValueError("a stall needs a time and a duration >= 0")
+        heapq.heappush(self._stalls, (at, duration))
 
     def run(
         self, engines: Mapping[Addr, InaAllreduce], max_time: float = 3600.0
@@ -114,7 +127,16 @@ class FakeNetwork:
         self, live: dict[Addr, InaAllreduce], errors: dict[Addr, InaError | None]
     ) -> dict[Addr, InaAllreduce]:
         wake = min(e.next_wakeup() for e in live.values())
-        if self._events and self._events[0].time <= wake:
+        upcoming = min(wake, self._events[0].time) if self._events else wake
+        if self._stalls and self._stalls[0][0] <= upcoming:
+            at, duration = heapq.heappop(self._stalls)
+            at = max(at, self.now)
+            for event in self._events:  # the world froze: all that was to come comes later
+                if event.time >= at:
+                    event.time += duration
+            heapq.heapify(self._events)
+            self.now = at + duration
+        elif self._events and self._events[0].time <= wake:
             event = heapq.heappop(self._events)
             self.now = max(self.now, event.time)
             self._deliver(event, live)

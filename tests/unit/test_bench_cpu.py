@@ -30,9 +30,11 @@ HZ = 100
 
 
 # ----------------------------------------------------------------- reading /proc
-def _stat_line(user: int, system: int, idle: int, iowait: int = 0, softirq: int = 0) -> str:
+def _stat_line(
+    user: int, system: int, idle: int, iowait: int = 0, softirq: int = 0, steal: int = 0
+) -> str:
     # user nice system idle iowait irq softirq steal guest guest_nice
-    return f"cpu  {user} 0 {system} {idle} {iowait} 0 {softirq} 0 7 0\ncpu0 1 2 3 4\n"
+    return f"cpu  {user} 0 {system} {idle} {iowait} 0 {softirq} {steal} 7 0\ncpu0 1 2 3 4\n"
 
 
 def test_read_machine_counts_busy_total_and_softirq(tmp_path: Path) -> None:
@@ -40,6 +42,12 @@ def test_read_machine_counts_busy_total_and_softirq(tmp_path: Path) -> None:
     stat.write_text(_stat_line(user=100, system=50, idle=300, iowait=20, softirq=10))
     # guest (7) is already inside user: not counted twice.
     assert read_machine(stat) == MachineTicks(busy=160, total=480, softirq=10)
+
+
+def test_read_machine_keeps_stolen_time_out_of_busy(tmp_path: Path) -> None:
+    stat = tmp_path / "stat"
+    stat.write_text(_stat_line(user=100, system=50, idle=300, iowait=20, softirq=10, steal=40))
+    assert read_machine(stat) == MachineTicks(busy=160, total=520, softirq=10, steal=40)
 
 
 def test_read_machine_pads_old_kernels_and_fails_soft(tmp_path: Path) -> None:
@@ -224,7 +232,14 @@ def test_row_cpu_json_has_every_field() -> None:
         (0.25, 0.75),
         10.0,
         10.004,
-        SystemCpu(machine=0.5, softirq=0.125, switch=(("s1", 0.9375),), samples=0, span_s=0.03),
+        SystemCpu(
+            machine=0.5,
+            softirq=0.125,
+            steal=0.0625,
+            switch=(("s1", 0.9375),),
+            samples=0,
+            span_s=0.03,
+        ),
         cores=4,
     )
     assert cpu.to_json() == {
@@ -235,6 +250,7 @@ def test_row_cpu_json_has_every_field() -> None:
         "switch_max": 0.9375,
         "machine": 0.5,
         "softirq": 0.125,
+        "steal": 0.0625,
         "own": 0.5,  # (0.25 + 0.75 + 0.9375) / 4 cores + softirq 0.125, at most the machine
         "other_cores": 0.0,  # the machine's 0.5 is below the bench's own: none other
         "busy_other": False,

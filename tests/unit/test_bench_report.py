@@ -265,6 +265,7 @@ def test_json_document_schema(tmp_path: Path) -> None:
             "retransmits_fast",
             "host_drops",
             "late_answers",
+            "late_timers",
     }
     assert set(row["time_us"]) == {"mean", "min", "max"}
     assert row["time_us"]["max"] == 1000.0
@@ -550,6 +551,28 @@ def test_late_answers_get_a_footnote_and_a_json_field() -> None:
     assert "late answers: 5 packets reached a rank twice" in format_table("ina", [quiet, late])
     assert late.to_json()["late_answers"] == 5
     assert Row.from_json(late.to_json(), late.num_workers).late_answers == 5
+
+
+def test_late_timers_get_a_footnote_and_a_json_field() -> None:
+    quiet, late = _row(), dataclasses.replace(_row(nbytes=2_000_000), late_timers=3)
+    assert "late timers" not in format_table("ina", [quiet])
+    assert "late timers: 3 timers expired while their rank" in format_table("ina", [quiet, late])
+    assert late.to_json()["late_timers"] == 3
+    assert Row.from_json(late.to_json(), late.num_workers).late_timers == 3
+
+
+def test_stolen_time_gets_a_line_under_the_table() -> None:
+    def with_steal(row: Row, steal: float) -> Row:
+        assert row.cpu is not None
+        system = dataclasses.replace(row.cpu.system, steal=steal)
+        return dataclasses.replace(row, cpu=dataclasses.replace(row.cpu, system=system))
+
+    calm = with_steal(_cpu_row(4096, (0.2,), 0.1, 0.3), 0.005)
+    stolen = with_steal(_cpu_row(8192, (0.2,), 0.1, 0.3), 0.04)
+    assert "steal" not in format_table("ina", [calm])
+    table = format_table("ina", [calm, stolen])
+    assert "# steal: the hypervisor took up to 4.0% of this VM's cores during 1 row(s)" in table
+    assert stolen.to_json()["cpu"]["steal"] == 0.04
 
 
 def test_other_load_is_flagged_apart_from_cpu_bound() -> None:

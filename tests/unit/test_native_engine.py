@@ -4,9 +4,9 @@ Both engines run the same calls of the same workers on the fake network, whose r
 loss, duplication and reordering are drawn per transmission: identical packets give
 identical event sequences. Every packet each worker emits, with the event and the
 virtual time that produced it, and every result must be identical, byte for byte, for
-200 seeds per dtype, 1 to 8 workers, odd sizes, several windows, switch drops, and
-calls that follow each other in one session (slot sets, packet numbers and the RTT
-estimate carried across).
+200 seeds per dtype, 1 to 8 workers, odd sizes, several windows, switch drops, stalls of
+the whole machine (timers served late), and calls that follow each other in one session
+(slot sets, packet numbers and the RTT estimate carried across).
 """
 
 from __future__ import annotations
@@ -83,6 +83,9 @@ def _session(engine: type, seed: int, dtype: type) -> tuple[list[Any], list[Any]
     for size in (int(rng.integers(1, 6 * LANES)), 1, int(rng.integers(LANES, 40 * LANES))):
         window = int(rng.integers(1, slots + 1))
         inputs = random_inputs(rng, dtype, workers, size)
+        if seed % 4 == 1:  # the machine stalls (timers served late): before, inside, past
+            for _ in range(3):
+                net.stall(net.now + float(rng.uniform(0, 0.01)), float(rng.uniform(0, 0.04)))
         engines = {
             a: engine(specs[r], inputs[r], uses[r], POLICY, rtts[r], seqs[r], window=window)
             for r, a in enumerate(addrs)
@@ -96,7 +99,12 @@ def _session(engine: type, seed: int, dtype: type) -> tuple[list[Any], list[Any]
             results.append(np.array(engines[a].result()))
         stats = [engines[a].stats for a in addrs]
         results.append(
-            np.array([(s.sent, s.retransmitted, s.fast_retransmitted, s.stale) for s in stats])
+            np.array(
+                [
+                    (s.sent, s.retransmitted, s.fast_retransmitted, s.stale, s.late_timers)
+                    for s in stats
+                ]
+            )
         )
     results.extend(uses)
     results.append(np.array([(t.rto, t.srtt, t.rttvar, t.samples) for t in rtts]))

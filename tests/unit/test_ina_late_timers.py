@@ -1,0 +1,152 @@
+"""Timers served late (``RetryPolicy.late_timer``), in virtual time, on both engines.
+
+When the whole machine stalls (a VM whose vCPUs the hypervisor took, measured on this
+one at up to 28 ms), the switch, the links and every worker stop together, and every
+worker's timers are served late when it resumes. Nothing was lost, so nothing must be
+sent again: such a timer is re-armed once from the moment it is served. A packet really
+lost is still recovered, one timeout later, and a timer served late twice fires.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from typing import Any
+
+import numpy as np
+import pytest
+from helpers import FAKE_SWITCH, check_allreduce, random_inputs
+
+from emulation.softswitch.pipeline import JobConfig, Pipeline
+from hostlib.ina import InaAllreduce, JobSpec, RetryPolicy
+from hostlib.native import NativeInaAllreduce, native_unavailable
+from hostlib.protocol import HEADER
+from hostlib.transport.base import Addr
+from hostlib.transport.memory import FakeNetwork, LinkModel
+
+LANES = 8
+WORKERS = 4
+SLOTS = 4
+# A round trip of the fake wire is 40 us; the timer waits at least 10 ms.
+POLICY = RetryPolicy(timeout=0.02, min_timeout=0.01, max_timeout=0.5, deadline=30.0)
+
+ENGINES = [
+    pytest.param(InaAllreduce, id="python"),
+    pytest.param(
+        NativeInaAllreduce,
+        id="native",
+        marks=pytest.mark.skipif(
+            native_unavailable() is not None, reason=str(native_unavailable())
+        ),
+    ),
+]
+
+
+class DropOnce:
+    """The pipeline behind a filter that loses the first copy of one packet."""
+
+    def __init__(self, pipe: Pipeline, rank: int, seq: int) -> None:
+        self.pipe, self.target, self.dropped = pipe, (rank, seq), 0
+
+    def process(self, data: memoryview, src: Addr):  # type: ignore[no-untyped-def]
+        _vt, _f, _job, rank, _e, _l, _p, _x, seq = HEADER.unpack_from(data)
+        if (rank, seq) == self.target and not self.dropped:
+            self.dropped += 1
+            return None
+        return self.pipe.process(data, src)
+
+
+def _call(
+    engine: type,
+    stalls: list[tuple[float, float]],
+    policy: RetryPolicy = POLICY,
+    blocks: int = 200,
+    drop: tuple[int, int] | None = None,
+) -> tuple[list[Any], float]:
+    """One int32 call of four workers with the machine stalled at ``stalls`` ((time,
+    seconds), virtual); each worker's stats, and the virtual time it took."""
+    rng = np.random.default_rng(7)
+    pipe = Pipeline(LANES, slots=32)
+    addrs = tuple((f"10.9.0.{r + 1}", 5000 + r) for r in range(WORKERS))
+    pipe.add_job(JobConfig(4, addrs, SLOTS))
+    switch: Any = pipe if drop is None else DropOnce(pipe, *drop)
+    net = FakeNetwork(switch, FAKE_SWITCH, LinkModel(), seed=0)
+    for at, seconds in stalls:
+        net.stall(at, seconds)
+    inputs = random_inputs(rng, np.int32, WORKERS, blocks * LANES)
+    engines = {
+        a: engine(JobSpec(4, r, WORKERS, FAKE_SWITCH, LANES, SLOTS), inputs[r],
+                  np.zeros(SLOTS, np.int64), policy)
+        for r, a in enumerate(addrs)
+    }  # fmt: skip
+    errors = net.run(engines)
+    assert all(e is None for e in errors.values()), errors
+    check_allreduce([np.array(engines[a].result()) for a in addrs], inputs)
+    return [engines[a].stats for a in addrs], net.now
+
+
+def _total(stats: list[Any], field: Callable[[Any], int]) -> int:
+    return sum(field(s) for s in stats)
+
+
+@pytest.mark.parametrize("engine", ENGINES)
+def test_a_stall_of_the_whole_machine_sends_nothing_again(engine: type) -> None:
+    stats, _ = _call(engine, [(0.001, 0.05)])
+    assert _total(stats, lambda s: s.retransmitted) == 0
+    # Every worker had its window out when the machine stopped, and served it late.
+    assert all(s.late_timers == SLOTS for s in stats), [s.late_timers for s in stats]
+
+
+@pytest.mark.parametrize("engine", ENGINES)
+def test_without_the_rule_the_same_stall_retransmits_every_window(engine: type) -> None:
+    off = RetryPolicy(
+        timeout=0.02, min_timeout=0.01, max_timeout=0.5, deadline=30.0, late_timer=math.inf
+    )
+    stats, _ = _call(engine, [(0.001, 0.05)], policy=off)
+    assert [s.retransmitted for s in stats] == [SLOTS] * WORKERS
+    assert _total(stats, lambda s: s.late_timers) == 0
+
+
+@pytest.mark.parametrize("engine", ENGINES)
+def test_a_stall_that_ends_before_the_timers_are_due_changes_nothing(engine: type) -> None:
+    # The first window's timers (the initial timeout, 20 ms) are due at 20 ms.
+    _, base_time = _call(engine, [])
+    stats, elapsed = _call(engine, [(0.001, 0.005)])
+    assert _total(stats, lambda s: s.retransmitted) == 0
+    assert _total(stats, lambda s: s.late_timers) == 0
+    assert elapsed == pytest.approx(base_time + 0.005)
+
+
+@pytest.mark.parametrize("engine", ENGINES)
+def test_the_last_packet_lost_before_a_stall_is_recovered_a_timeout_later(engine: type) -> None:
+    # Rank 1's last packet (seq 200) is lost, so no later result can reveal it: only its
+    # timer can. The machine stalls before that timer is due.
+    base, base_time = _call(engine, [], drop=(1, 200))
+    assert base[1].retransmitted == 1 and base[1].fast_retransmitted == 0
+    # Its timer (10 ms: the floor, far above the 40 us round trip) is due at base_time.
+    resumed = base_time - 0.005 + 0.05
+    stalled, stalled_time = _call(engine, [(base_time - 0.005, 0.05)], drop=(1, 200))
+    assert stalled[1].retransmitted == 1
+    assert stalled[1].late_timers == 1
+    # Sent again one timeout after the machine resumed, answered a round trip later.
+    assert stalled_time == pytest.approx(resumed + POLICY.min_timeout + 40e-6)
+
+
+@pytest.mark.parametrize("engine", ENGINES)
+def test_a_timer_served_late_twice_fires(engine: type) -> None:
+    # The first stall makes the window's timers late and re-arms them; the second
+    # starts before they are due again and ends well after: they fire then.
+    stats, _ = _call(engine, [(0.001, 0.05), (0.051, 0.05)])
+    assert all(s.late_timers == SLOTS for s in stats)
+    assert all(s.retransmitted == SLOTS for s in stats)
+
+
+def test_a_stall_needs_a_time_and_a_duration() -> None:
+    net = FakeNetwork(Pipeline(LANES, slots=32), FAKE_SWITCH)
+    with pytest.raises(ValueError, match="stall"):
+        net.stall(0.0, -1.0)
+
+
+def test_late_timer_must_be_positive() -> None:
+    with pytest.raises(ValueError, match="late_timer"):
+        RetryPolicy(late_timer=0.0)
