@@ -331,7 +331,13 @@ def run_bench(
     from dynamiccl.model import ProfileError
     from emulation.bench.fabric import LoopbackFabric
     from emulation.bench.progress import TerminalProgress
-    from emulation.bench.report import format_table, make_document, write_json, write_plot
+    from emulation.bench.report import (
+        format_table,
+        make_document,
+        switch_notes,
+        write_json,
+        write_plot,
+    )
     from emulation.bench.sweep import SweepInterrupted, run_sweep
 
     fabric = fabric or LoopbackFabric(cfg.ranks_per_host)
@@ -360,6 +366,8 @@ def run_bench(
         rows = [r for r in result.rows if r.algo == algo]
         if rows or stopped is None:
             print(format_table(algo, rows, _describe(algo, cfg, fabric.description, hosts)))
+            for line in switch_notes(result.switch_counters.get(algo, {})):
+                print(line)
             print("#")
     extra: dict[str, Any] = {}
     if policy is not None and stopped is None:

@@ -13,6 +13,7 @@ the table, the JSON and the plot.
 from __future__ import annotations
 
 import json
+from collections import Counter
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -27,6 +28,7 @@ __all__ = [
     "Row",
     "bound_note",
     "bus_factor",
+    "busy_note",
     "format_oracle",
     "format_table",
     "format_time",
@@ -38,6 +40,8 @@ __all__ = [
     "plot_figure",
     "plot_line",
     "save_figure",
+    "steal_note",
+    "switch_notes",
     "write_json",
     "write_plot",
 ]
@@ -328,6 +332,35 @@ def busy_note(rows: Iterable[Row]) -> str | None:
         f"# machine busy with other processes: up to {most:.0%} of a core during"
         f" {len(other)} row(s) (cpu.other_cores); their times include that load"
     )
+
+
+def switch_notes(counters: Mapping[str, Any]) -> list[str]:
+    """Lines under an INA table from its switches' counters, as the JSON's
+    ``switch_counters`` holds them per algorithm (one switch: counter -> value; several:
+    switch name -> counter -> value): the packets the switches ignored as duplicates,
+    which at zero loss are retransmissions sent while a peer was late (its slot still
+    waited), and the drops by reason."""
+    dups, drops = 0, Counter[str]()
+    nested = all(isinstance(v, Mapping) for v in counters.values())
+    for values in counters.values() if nested else [counters]:
+        for name, value in values.items():
+            if not isinstance(value, int) or value <= 0:
+                continue
+            if name == "duplicates_ignored":
+                dups += value
+            elif name.startswith("drop_"):
+                drops[name] += value
+    lines = []
+    if dups:
+        lines.append(
+            f"# switch: {dups} packets came for a slot that already held theirs and still"
+            " waited for other ranks, and were ignored (duplicates_ignored): retransmissions"
+            " sent while a peer was late, not lost, or copies a link duplicated"
+        )
+    if drops:
+        listed = ", ".join(f"{name} {n}" for name, n in sorted(drops.items()))
+        lines.append(f"# switch drops: {listed} (JSON metadata switch_counters)")
+    return lines
 
 
 STEAL_NOTED = 0.01

@@ -561,6 +561,22 @@ def test_late_timers_get_a_footnote_and_a_json_field() -> None:
     assert Row.from_json(late.to_json(), late.num_workers).late_timers == 3
 
 
+def test_switch_counters_explain_ignored_duplicates_and_drops() -> None:
+    from emulation.bench.report import switch_notes
+
+    counters = {
+        "s1": {"duplicates_ignored": 7, "drop_stale": 2, "drop_bad_rank": 0, "cpu_ms": 110},
+        "s2": {"duplicates_ignored": 1, "drop_sim_ingress": 3},
+    }
+    dups, drops = switch_notes(counters)
+    assert dups.startswith("# switch: 8 packets came for a slot that already held theirs")
+    assert drops.startswith("# switch drops: drop_sim_ingress 3, drop_stale 2 (JSON")
+    assert switch_notes({"s1": {"duplicates_ignored": 0, "received": 5}}) == []
+    one = switch_notes({"duplicates_ignored": 2, "received": 9, "cpu_ms": 3})  # loopback's
+    assert len(one) == 1 and one[0].startswith("# switch: 2 packets")
+    assert switch_notes({}) == []
+
+
 def test_stolen_time_gets_a_line_under_the_table() -> None:
     def with_steal(row: Row, steal: float) -> Row:
         assert row.cpu is not None
