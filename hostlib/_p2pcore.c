@@ -134,6 +134,7 @@ typedef struct {
     int64_t tx;
     uint32_t seq;
     char resent;
+    char rearmed; /* the live timer was re-armed once for being served late */
 } Pending;
 
 typedef struct {
@@ -155,7 +156,7 @@ struct Call;
 typedef struct {
     PyObject_HEAD
     int rank, n, spec_lanes, spec_window, lanes, window;
-    double min_timeout, max_timeout, backoff, deadline_s;
+    double min_timeout, max_timeout, backoff, deadline_s, late_timer;
     double rto, srtt, rttvar;
     int64_t samples;
     int64_t call;
@@ -176,7 +177,8 @@ typedef struct {
     Pool pool;
     struct sockaddr_in *addrs;
     int gso; /* run(): consecutive datagrams to one peer as one UDP GSO send */
-    int64_t sent, retransmitted, fast_retransmitted, duplicates, foreign, late_answered, spurious;
+    int64_t sent, retransmitted, fast_retransmitted, duplicates, foreign, late_answered, spurious,
+        late_timers;
     int64_t gso_sends; /* sendmmsg entries that carried more than one datagram */
 } Endpoint;
 
@@ -307,7 +309,7 @@ static int transmit(Endpoint *e, int32_t dst, uint32_t seq, Buf *pkt, double now
     ch->tx++;
     if (grow((void **)&ch->inflight, &ch->capinfl, ch->ninfl + 1, sizeof(Pending)) < 0) return -1;
     double rto = e->rto;
-    ch->inflight[ch->ninfl++] = (Pending){pkt, now, rto, now + rto, ch->tx, seq, 0};
+    ch->inflight[ch->ninfl++] = (Pending){pkt, now, rto, now + rto, ch->tx, seq, 0, 0};
     if (OrderRing_push(&ch->order, (TxSeq){ch->tx, seq}) < 0) return -1;
     if (heap_push(e, now + rto, dst, seq) < 0) return -1;
     if (out_push(e, pkt->data, pkt->len, dst) < 0) return -1;
@@ -322,6 +324,7 @@ static int retransmit(Endpoint *e, int32_t dst, Pending *p, double now) {
     if (OrderRing_push(&ch->order, (TxSeq){ch->tx, p->seq}) < 0) return -1;
     p->deadline = now + p->rto;
     p->resent = 1;
+    p->rearmed = 0;
     p->pkt->data[1] |= FLAG_RESEND;
     if (heap_push(e, p->deadline, dst, p->seq) < 0) return -1;
     if (out_push(e, p->pkt->data, p->pkt->len, dst) < 0) return -1;
@@ -485,6 +488,14 @@ static int ep_on_timer(Endpoint *e, double now) {
         Py_ssize_t at;
         Pending *p = find(&e->ch[t.dst], t.seq, &at);
         if (!p || p->deadline != t.deadline) continue; /* acknowledged, or re-armed since */
+        if (!p->rearmed && now - t.deadline > e->late_timer * p->rto) {
+            /* Served late (hostlib.ina.RetryPolicy.late_timer): one timeout more from now. */
+            p->rearmed = 1;
+            p->deadline = now + p->rto;
+            if (heap_push(e, p->deadline, t.dst, p->seq) < 0) return -1;
+            e->late_timers++;
+            continue;
+        }
         if (!backed_off) { /* RFC 6298 5.5, once per expiry */
             double rto = e->rto * e->backoff;
             e->rto = rto < e->max_timeout ? rto : e->max_timeout;
@@ -766,12 +777,14 @@ static void Endpoint_dealloc(Endpoint *e) {
 
 static int Endpoint_init(Endpoint *e, PyObject *args, PyObject *kw) {
     static char *names[] = {"rank", "addrs", "lanes", "window", "timeout", "min_timeout",
-                            "max_timeout", "backoff", "deadline", "gso", NULL};
+                            "max_timeout", "backoff", "deadline", "gso", "late_timer", NULL};
     PyObject *addrs;
     e->gso = 0;
-    if (!PyArg_ParseTupleAndKeywords(args, kw, "iOiiddddd|p", names, &e->rank, &addrs,
+    e->late_timer = INFINITY;
+    if (!PyArg_ParseTupleAndKeywords(args, kw, "iOiiddddd|pd", names, &e->rank, &addrs,
                                      &e->spec_lanes, &e->spec_window, &e->rto, &e->min_timeout,
-                                     &e->max_timeout, &e->backoff, &e->deadline_s, &e->gso))
+                                     &e->max_timeout, &e->backoff, &e->deadline_s, &e->gso,
+                                     &e->late_timer))
         return -1;
     if (e->ch) {
         PyErr_SetString(PyExc_RuntimeError, "Endpoint is initialised once");
@@ -899,7 +912,7 @@ static PyObject *Endpoint_serve_idle(Endpoint *e, PyObject *args) {
 
 static PyObject *Endpoint_get_state(Endpoint *e, void *Py_UNUSED(x)) {
     return Py_BuildValue(
-        "{s:L,s:d,s:d,s:d,s:d,s:d,s:L,s:O,s:O,s:L,s:L,s:L,s:L,s:L,s:L,s:i,s:i,s:O,s:L,s:L}", "call",
+        "{s:L,s:d,s:d,s:d,s:d,s:d,s:L,s:O,s:O,s:L,s:L,s:L,s:L,s:L,s:L,s:i,s:i,s:O,s:L,s:L,s:L}", "call",
         (long long)e->call, "last_progress", e->last_progress, "last_rx", e->last_rx, "rto",
         e->rto, "srtt", e->srtt, "rttvar", e->rttvar, "samples", (long long)e->samples,
         "unacked", ep_unacked(e) ? Py_True : Py_False, "has_output",
@@ -908,7 +921,7 @@ static PyObject *Endpoint_get_state(Endpoint *e, void *Py_UNUSED(x)) {
         "duplicates", (long long)e->duplicates, "foreign", (long long)e->foreign,
         "late_answered", (long long)e->late_answered, "lanes", e->lanes, "window", e->window,
         "gso", e->gso ? Py_True : Py_False, "gso_sends", (long long)e->gso_sends, "spurious",
-        (long long)e->spurious);
+        (long long)e->spurious, "late_timers", (long long)e->late_timers);
 }
 
 static PyObject *Endpoint_next_timer(Endpoint *e, PyObject *Py_UNUSED(x)) {

@@ -202,9 +202,9 @@ class Communicator:
 
     @property
     def late_timers(self) -> int:
-        """INA timers served late, when this rank had not been running (the machine
+        """Timers served late, when this rank had not been running (the machine
         stalled), and re-armed instead of fired (``RetryPolicy.late_timer``)."""
-        return sum(getattr(s, "late_timers", 0) for s in self._sessions())
+        return sum(s.late_timers for s in self._sessions())
 
     @property
     def host_drops(self) -> int:

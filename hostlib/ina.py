@@ -150,10 +150,10 @@ class RetryPolicy:
     deadline: float = 10.0
     late_timer: float = 0.1
     """A timer served more than this fraction of its timeout after it expired is re-armed
-    once, from the moment it is served, instead of firing (INA engine). Its worker was
-    not running meanwhile; on one machine (a VM whose vCPUs the hypervisor took, a
-    CPU-limited container) the switch and the peers it waits for were stalled with it,
-    so the silence is no evidence of loss. Measured on the 2-core VM: four zero-loss
+    once, from the moment it is served, instead of firing (INA and p2p engines). Its
+    worker was not running meanwhile; on one machine (a VM whose vCPUs the hypervisor
+    took, a CPU-limited container) the switch and the peers it waits for were stalled
+    with it, so the silence is no evidence of loss. Measured on the 2-core VM: four zero-loss
     star4 benches retransmitted 147 packets, 126 of them from timers served 0.7-18 ms late
     after stalls of the whole VM of up to 28 ms (no samples on either core). The price:
     a packet really lost while its worker stalled waits one timeout more. ``math.inf``

@@ -323,6 +323,7 @@ class _NativeP2pStats:
     foreign: int = 0
     late_answered: int = 0
     spurious: int = 0
+    late_timers: int = 0
 
 
 class NativeP2pEndpoint:
@@ -342,7 +343,7 @@ class NativeP2pEndpoint:
         p = self.policy
         self.core = core.Endpoint(
             spec.rank, list(spec.addrs), spec.lanes, spec.window, p.timeout, p.min_timeout,
-            p.max_timeout, p.backoff, p.deadline, gso=udp_gso(),
+            p.max_timeout, p.backoff, p.deadline, gso=udp_gso(), late_timer=p.late_timer,
         )  # fmt: skip
         self.stats = _NativeP2pStats()
         self.rtt = _Rtt(p.timeout)
@@ -365,6 +366,7 @@ class NativeP2pEndpoint:
         st.foreign = s["foreign"] + extra["foreign"]
         st.late_answered = s["late_answered"] + extra["late_answered"]
         st.spurious = s["spurious"]
+        st.late_timers = s["late_timers"]
         self.rtt.rto, self.rtt.srtt, self.rtt.rttvar = s["rto"], s["srtt"], s["rttvar"]
         self.rtt.samples = s["samples"]
         self.call: int = s["call"]

@@ -242,6 +242,8 @@ class P2pStats:
     foreign: int = 0
     late_answered: int = 0
     spurious: int = 0
+    late_timers: int = 0
+    """Timers served late (``RetryPolicy.late_timer``) and re-armed instead of fired."""
 
 
 @dataclass
@@ -252,6 +254,7 @@ class _Pending:
     deadline: float
     tx: int  # the channel's transmission number of its latest copy
     resent: bool = False
+    rearmed: bool = False  # its live timer was re-armed once for being served late
 
 
 class _Channel:
@@ -388,6 +391,7 @@ class P2pEndpoint:
         ch.order.append((ch.tx, seq))
         pending.deadline = now + pending.rto
         pending.resent = True
+        pending.rearmed = False
         pending.packet[1] |= FLAG_RESEND
         heapq.heappush(self._timers, (pending.deadline, dst, seq))
         self._outbox.append(pending.packet)
@@ -505,7 +509,8 @@ class P2pEndpoint:
         return self._timers[0][0] if self._timers else math.inf
 
     def on_timer(self, now: float) -> None:
-        """Retransmit every packet whose timeout expired (into the outbox)."""
+        """Retransmit every packet whose timeout expired (into the outbox); a timer
+        served late (``RetryPolicy.late_timer``) is re-armed from ``now`` once instead."""
         timers, policy = self._timers, self.policy
         backed_off = False
         while timers and timers[0][0] <= now:
@@ -513,6 +518,14 @@ class P2pEndpoint:
             pending = self._peers[dst].inflight.get(seq)
             if pending is None or pending.deadline != deadline:
                 continue  # acknowledged, or re-armed since
+            if not pending.rearmed and now - deadline > policy.late_timer * pending.rto:
+                # Served late: this endpoint was not running, nor (on one machine) the
+                # peer it waits for. One timeout more from now, same transmission.
+                pending.rearmed = True
+                pending.deadline = now + pending.rto
+                heapq.heappush(timers, (pending.deadline, dst, seq))
+                self.stats.late_timers += 1
+                continue
             if not backed_off:  # RFC 6298 5.5, once per expiry: new packets wait longer too
                 self.rtt.rto = min(self.rtt.rto * policy.backoff, policy.max_timeout)
                 backed_off = True
@@ -783,6 +796,11 @@ class PeerCollective:
         whose first copy (or its ack) was only late, or a datagram duplicated on the way.
         Summed over every rank, the retransmissions that were not needed."""
         return self.endpoint.stats.duplicates
+
+    @property
+    def late_timers(self) -> int:
+        """Timers served late and re-armed instead of fired (``RetryPolicy.late_timer``)."""
+        return self.endpoint.stats.late_timers
 
     @property
     def fast_retransmissions(self) -> int:

@@ -119,7 +119,7 @@ class Row:
     whose first copy was late rather than lost (timers that fired too early), and
     duplicates made on the way."""
     late_timers: int = 0
-    """INA timers the ranks served late and re-armed instead of retransmitting (warm-up
+    """Timers the ranks served late and re-armed instead of retransmitting (warm-up
     included): a rank had not been running when they expired (the machine stalled)."""
     collective: str = "allreduce"
     """What was timed; ``nbytes`` is its whole vector (see ``bench.config.COLLECTIVES``)."""

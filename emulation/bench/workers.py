@@ -155,7 +155,7 @@ class SizeResult:
     """Packets that reached this rank a second time: summed over ranks, retransmissions
     whose first copy was late rather than lost (``Communicator.late_answers``)."""
     late_timers: int = 0
-    """INA timers this rank served late and re-armed instead of retransmitting: it had
+    """Timers this rank served late and re-armed instead of retransmitting: it had
     not been running, nor (on one machine) had its peers (``Communicator.late_timers``)."""
 
 
@@ -291,7 +291,7 @@ class _Allreduce(Protocol):
 
     @property
     def late_timers(self) -> int:
-        """INA timers served late and re-armed so far (0 where there is no INA)."""
+        """Timers served late and re-armed so far (0 for TCP)."""
         ...
 
 

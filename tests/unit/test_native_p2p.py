@@ -6,7 +6,8 @@ specification) and once on the native core, with the same random loss, duplicati
 reordering drawn per transmission: every datagram each rank emits, with its event and
 virtual time, the results, the counters and the RTT estimates must be identical, for 200
 seeds per collective and dtype, 1 to 8 ranks, odd sizes, several packet widths and
-windows, and calls that follow each other on one session's channels.
+windows, stalls of the whole machine (timers served late), and calls that follow each
+other on one session's channels.
 """
 
 from __future__ import annotations
@@ -98,6 +99,9 @@ def _session(native: bool, operation: str, seed: int, dtype: type) -> tuple[list
         lanes, window = int(rng.choice([2, 5, 16])), int(rng.integers(1, 6))
         per_rank = size // n if operation == "all_gather" else size
         inputs = random_inputs(rng, dtype, n, per_rank) if per_rank else np.zeros((n, 0), dtype)
+        if seed % 4 == 1:  # the machine stalls (timers served late): before, inside, past
+            for _ in range(3):
+                net.stall(net.now + float(rng.uniform(0, 0.01)), float(rng.uniform(0, 0.04)))
         calls = {
             a: _make(native, operation, endpoints[r], inputs[r], lanes, window)
             for r, a in enumerate(addrs)
@@ -109,7 +113,12 @@ def _session(native: bool, operation: str, seed: int, dtype: type) -> tuple[list
     for ep in endpoints:
         s = ep.stats
         results.append(
-            np.array([s.sent, s.retransmitted, s.fast_retransmitted, s.duplicates, s.spurious])
+            np.array(
+                [
+                    s.sent, s.retransmitted, s.fast_retransmitted, s.duplicates, s.spurious,
+                    s.late_timers,
+                ]
+            )
         )
         results.append(np.array([ep.rtt.rto, ep.rtt.srtt, ep.rtt.rttvar, ep.rtt.samples]))
     return logs, results

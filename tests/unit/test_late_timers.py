@@ -1,4 +1,5 @@
-"""Timers served late (``RetryPolicy.late_timer``), in virtual time, on both engines.
+"""Timers served late (``RetryPolicy.late_timer``), in virtual time, on both engines of
+INA and of the point-to-point layer under ring and tree.
 
 When the whole machine stalls (a VM whose vCPUs the hypervisor took, measured on this
 one at up to 28 ms), the switch, the links and every worker stop together, and every
@@ -15,12 +16,20 @@ from typing import Any
 
 import numpy as np
 import pytest
-from helpers import FAKE_SWITCH, check_allreduce, random_inputs
+from helpers import FAKE_SWITCH, ROUTER, Router, check_allreduce, random_inputs
 
 from emulation.softswitch.pipeline import JobConfig, Pipeline
 from hostlib.ina import InaAllreduce, JobSpec, RetryPolicy
-from hostlib.native import NativeInaAllreduce, native_unavailable
+from hostlib.native import (
+    NativeCollectiveCall,
+    NativeInaAllreduce,
+    NativeP2pEndpoint,
+    native_p2p_unavailable,
+    native_unavailable,
+)
+from hostlib.p2p import P2pEndpoint, PeerSpec
 from hostlib.protocol import HEADER
+from hostlib.ring import RingCall
 from hostlib.transport.base import Addr
 from hostlib.transport.memory import FakeNetwork, LinkModel
 
@@ -150,3 +159,56 @@ def test_a_stall_needs_a_time_and_a_duration() -> None:
 def test_late_timer_must_be_positive() -> None:
     with pytest.raises(ValueError, match="late_timer"):
         RetryPolicy(late_timer=0.0)
+
+
+# ----------------------------------------------------------------- ring (p2p layer)
+P2P = [
+    pytest.param(False, id="python"),
+    pytest.param(
+        True,
+        id="native",
+        marks=pytest.mark.skipif(
+            native_p2p_unavailable() is not None, reason=str(native_p2p_unavailable())
+        ),
+    ),
+]
+
+
+def _ring(native: bool, stalls: list[tuple[float, float]], policy: RetryPolicy = POLICY):  # type: ignore[no-untyped-def]
+    """One int32 ring allreduce of four ranks (16 lanes, window 4) with the machine
+    stalled at ``stalls``; each rank's stats."""
+    rng = np.random.default_rng(3)
+    addrs = [(f"10.1.0.{r + 1}", 7000 + r) for r in range(WORKERS)]
+    kind: Any = NativeP2pEndpoint if native else P2pEndpoint
+    endpoints = [kind(PeerSpec(r, tuple(addrs), 16, 4), policy) for r in range(WORKERS)]
+    net = FakeNetwork(Router(addrs), ROUTER, LinkModel(), seed=0)
+    for at, seconds in stalls:
+        net.stall(at, seconds)
+    inputs = random_inputs(rng, np.int32, WORKERS, 400 * 16)
+    calls: dict[Any, Any] = {}
+    for r, a in enumerate(addrs):
+        if native:
+            calls[a] = NativeCollectiveCall(endpoints[r], inputs[r], 0.05, lanes=16, window=4)
+        else:
+            calls[a] = RingCall(endpoints[r], inputs[r], 0.05, lanes=16, window=4)
+    errors = net.run(calls)
+    assert all(e is None for e in errors.values()), errors
+    check_allreduce([np.array(calls[a].result()) for a in addrs], inputs)
+    return [ep.stats for ep in endpoints]
+
+
+@pytest.mark.parametrize("native", P2P)
+def test_a_stall_sends_no_ring_packet_again(native: bool) -> None:
+    stats = _ring(native, [(0.001, 0.05)])
+    assert _total(stats, lambda s: s.retransmitted) == 0
+    assert _total(stats, lambda s: s.late_timers) > 0
+
+
+@pytest.mark.parametrize("native", P2P)
+def test_without_the_rule_a_stall_makes_the_ring_send_again(native: bool) -> None:
+    off = RetryPolicy(
+        timeout=0.02, min_timeout=0.01, max_timeout=0.5, deadline=30.0, late_timer=math.inf
+    )
+    stats = _ring(native, [(0.001, 0.05)], policy=off)
+    assert _total(stats, lambda s: s.retransmitted) > 0
+    assert _total(stats, lambda s: s.late_timers) == 0
