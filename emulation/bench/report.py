@@ -453,26 +453,11 @@ def format_table(algo: str, rows: Iterable[Row], description: str = "") -> str:
     lines += [_table_line(r, chosen, cpu, retx) for r in rows]
     wrong = sum(r.wrong for r in rows)
     avg = sum(r.busbw for r in rows) / len(rows) if rows else 0.0
-    drops = sum(r.host_drops for r in rows)
-    if retx and drops:
-        lines.append(
-            f"# host drops: the ranks' kernels dropped {drops} datagrams for full socket"
-            " receive buffers (JSON host_drops per row): retransmissions the hosts caused"
-        )
-    late = sum(r.late_answers for r in rows)
-    if retx and late:
-        lines.append(
-            f"# late answers: {late} packets reached a rank twice (JSON late_answers per"
-            " row): copies a link duplicated, or retransmissions of packets that were only"
-            " late (a timer fired before a stalled peer, switch or CPU answered), not lost"
-        )
-    late_timers = sum(r.late_timers for r in rows)
-    if retx and late_timers:
-        lines.append(
-            f"# late timers: {late_timers} timers expired while their rank was not running"
-            " (the machine stalled: see cpu.steal) and were re-armed, not sent again (JSON"
-            " late_timers per row; hostlib RetryPolicy.late_timer)"
-        )
+    if retx:
+        for attr, note in RETX_FOOTNOTES:
+            count = sum(getattr(r, attr) for r in rows)
+            if count:
+                lines.append(note.format(count))
     lines += [
         f"# Out of bounds values : {wrong} {'OK' if wrong == 0 else 'FAILED'}",
         f"# Avg bus bandwidth    : {avg:.4f}",
@@ -493,6 +478,28 @@ def _table_line(r: Row, chosen: bool, cpu: bool, retx: bool = True) -> str:
         + (_cpu_cells(r.cpu) if cpu else "")
     )
 
+
+RETX_FOOTNOTES = (
+    (
+        "host_drops",
+        "# host drops: the ranks' kernels dropped {} datagrams for full socket receive"
+        " buffers (JSON host_drops per row): retransmissions the hosts caused",
+    ),
+    (
+        "late_answers",
+        "# late answers: {} packets reached a rank twice (JSON late_answers per row): copies"
+        " a link duplicated, or retransmissions of packets that were only late (a timer"
+        " fired before a stalled peer, switch or CPU answered), not lost",
+    ),
+    (
+        "late_timers",
+        "# late timers: {} timers expired while their rank was not running (the machine"
+        " stalled: see cpu.steal) and were re-armed, not sent again (JSON late_timers per"
+        " row; hostlib RetryPolicy.late_timer)",
+    ),
+)
+"""Row counters that explain a table's ``retx``, each with the line under the table
+when any row has some."""
 
 RETX_NOTE = (
     "# retx = packets the ranks sent again (all ranks, warm-up calls included): loss"

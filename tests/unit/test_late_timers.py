@@ -39,16 +39,13 @@ SLOTS = 4
 # A round trip of the fake wire is 40 us; the timer waits at least 10 ms.
 POLICY = RetryPolicy(timeout=0.02, min_timeout=0.01, max_timeout=0.5, deadline=30.0)
 
-ENGINES = [
-    pytest.param(InaAllreduce, id="python"),
-    pytest.param(
-        NativeInaAllreduce,
-        id="native",
-        marks=pytest.mark.skipif(
-            native_unavailable() is not None, reason=str(native_unavailable())
-        ),
-    ),
-]
+def _engines(python: Any, native: Any, unavailable: str | None) -> list[Any]:
+    """The Python engine and the native one (skipped where it is not built)."""
+    skip = pytest.mark.skipif(unavailable is not None, reason=str(unavailable))
+    return [pytest.param(python, id="python"), pytest.param(native, id="native", marks=skip)]
+
+
+ENGINES = _engines(InaAllreduce, NativeInaAllreduce, native_unavailable())
 
 
 class DropOnce:
@@ -162,16 +159,7 @@ def test_late_timer_must_be_positive() -> None:
 
 
 # ----------------------------------------------------------------- ring (p2p layer)
-P2P = [
-    pytest.param(False, id="python"),
-    pytest.param(
-        True,
-        id="native",
-        marks=pytest.mark.skipif(
-            native_p2p_unavailable() is not None, reason=str(native_p2p_unavailable())
-        ),
-    ),
-]
+P2P = _engines(False, True, native_p2p_unavailable())
 
 
 def _ring(native: bool, stalls: list[tuple[float, float]], policy: RetryPolicy = POLICY):  # type: ignore[no-untyped-def]
