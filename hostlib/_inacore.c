@@ -453,7 +453,8 @@ static void InaCore_dealloc(InaCore *c) {
     if (c->have_uses) PyBuffer_Release(&c->uses);
     free(c->local_exp); free(c->global_exp); free(c->slotbuf); free(c->outstanding);
     free(c->sent_at); free(c->slot_rto); free(c->slot_deadline); free(c->resent);
-    free(c->queued); free(c->rearmed); free(c->slot_tx); free(c->heap); free(c->order); free(c->fastbuf);
+    free(c->queued); free(c->rearmed); free(c->slot_tx); free(c->heap); free(c->order);
+    free(c->fastbuf);
     Py_TYPE(c)->tp_free((PyObject *)c);
 }
 
