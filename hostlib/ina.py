@@ -150,14 +150,14 @@ class RetryPolicy:
     deadline: float = 10.0
     late_timer: float = 0.1
     """A timer served more than this fraction of its timeout after it expired is re-armed
-    once, from the moment it is served, instead of firing (INA and p2p engines). Its
-    worker was not running meanwhile; on one machine (a VM whose vCPUs the hypervisor
-    took, a CPU-limited container) the switch and the peers it waits for were stalled
-    with it, so the silence is no evidence of loss. Measured on the 2-core VM: four zero-loss
-    star4 benches retransmitted 147 packets, 126 of them from timers served 0.7-18 ms late
-    after stalls of the whole VM of up to 28 ms (no samples on either core). The price:
-    a packet really lost while its worker stalled waits one timeout more. ``math.inf``
-    turns it off."""
+    once, from the moment it is served, instead of firing (INA and p2p engines;
+    :meth:`served_late`). Its worker was not running meanwhile; on one machine (a VM
+    whose vCPUs the hypervisor took, a CPU-limited container) the switch and the peers
+    it waits for were stalled with it, so the silence is no evidence of loss. Measured
+    on the 2-core VM: four zero-loss star4 benches retransmitted 147 packets, 126 of
+    them from timers served 0.7-18 ms late after stalls of the whole VM of up to 28 ms
+    (no samples on either core). The price: a packet really lost while its worker
+    stalled waits one timeout more. ``math.inf`` turns it off."""
 
     def __post_init__(self) -> None:
         if min(self.timeout, self.min_timeout, self.max_timeout, self.deadline) <= 0:
@@ -166,6 +166,11 @@ class RetryPolicy:
             raise ValueError("late_timer must be positive (math.inf: off)")
         if self.min_timeout > self.max_timeout or self.backoff < 1.0:
             raise ValueError("need min_timeout <= max_timeout and backoff >= 1")
+
+    def served_late(self, now: float, deadline: float, timeout: float) -> bool:
+        """Whether a timer of ``timeout`` seconds due at ``deadline`` and served at
+        ``now`` is late (:attr:`late_timer`); the C cores test the same."""
+        return now - deadline > self.late_timer * timeout
 
 
 @dataclass
@@ -506,7 +511,7 @@ class InaAllreduce:
             if self._outstanding[slot] != index or self._deadline[slot] != deadline:
                 continue  # answered, or re-armed since
             rto = self._slot_rto[slot]
-            if not self._rearmed[slot] and now - deadline > self.policy.late_timer * rto:
+            if not self._rearmed[slot] and self.policy.served_late(now, deadline, rto):
                 # Served late: this worker was not running, nor (on one machine) were
                 # the switch and the peers. One timeout more from now, same transmission.
                 self._rearmed[slot] = True

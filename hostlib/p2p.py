@@ -518,7 +518,7 @@ class P2pEndpoint:
             pending = self._peers[dst].inflight.get(seq)
             if pending is None or pending.deadline != deadline:
                 continue  # acknowledged, or re-armed since
-            if not pending.rearmed and now - deadline > policy.late_timer * pending.rto:
+            if not pending.rearmed and policy.served_late(now, deadline, pending.rto):
                 # Served late: this endpoint was not running, nor (on one machine) the
                 # peer it waits for. One timeout more from now, same transmission.
                 pending.rearmed = True

@@ -545,20 +545,19 @@ def test_host_drops_get_a_footnote_and_a_json_field() -> None:
     assert "host drops" not in format_table("gloo", [dropped])  # TCP's are its own
 
 
-def test_late_answers_get_a_footnote_and_a_json_field() -> None:
-    quiet, late = _row(), dataclasses.replace(_row(nbytes=2_000_000), late_answers=5)
-    assert "late answers" not in format_table("ina", [quiet])
-    assert "late answers: 5 packets reached a rank twice" in format_table("ina", [quiet, late])
-    assert late.to_json()["late_answers"] == 5
-    assert Row.from_json(late.to_json(), late.num_workers).late_answers == 5
-
-
-def test_late_timers_get_a_footnote_and_a_json_field() -> None:
-    quiet, late = _row(), dataclasses.replace(_row(nbytes=2_000_000), late_timers=3)
-    assert "late timers" not in format_table("ina", [quiet])
-    assert "late timers: 3 timers expired while their rank" in format_table("ina", [quiet, late])
-    assert late.to_json()["late_timers"] == 3
-    assert Row.from_json(late.to_json(), late.num_workers).late_timers == 3
+@pytest.mark.parametrize(
+    ("field", "count", "line"),
+    [
+        ("late_answers", 5, "late answers: 5 packets reached a rank twice"),
+        ("late_timers", 3, "late timers: 3 timers expired while their rank"),
+    ],
+)
+def test_late_counts_get_a_footnote_and_a_json_field(field: str, count: int, line: str) -> None:
+    quiet, late = _row(), dataclasses.replace(_row(nbytes=2_000_000), **{field: count})
+    assert line.split(":")[0] not in format_table("ina", [quiet])
+    assert line in format_table("ina", [quiet, late])
+    assert late.to_json()[field] == count
+    assert getattr(Row.from_json(late.to_json(), late.num_workers), field) == count
 
 
 def test_switch_counters_explain_ignored_duplicates_and_drops() -> None:
