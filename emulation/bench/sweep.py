@@ -459,7 +459,10 @@ class _Fleet:
                     if rank not in got:
                         # An exiting rank may have sent its traceback just before.
                         got[rank] = self._receive(rank, kind)
-                    else:
+                    elif kind != "result":
+                        # Its message came in this same wait; only after a result may a
+                        # rank exit (a rank that sent its result and exited at once had
+                        # both ready together, and was taken for dead).
                         raise BenchError(self._death_note(rank))
         return [got[r] for r in range(len(self.conns))]
 
