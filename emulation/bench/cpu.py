@@ -33,11 +33,12 @@ nothing here raises for it.
 from __future__ import annotations
 
 import bisect
+import logging
 import os
 import threading
 import time
 from collections import Counter
-from collections.abc import Iterable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -57,6 +58,7 @@ __all__ = [
     "busy_cores",
     "clock_ticks",
     "counter_at",
+    "read_dataplane_ns",
     "read_machine",
     "read_process_ticks",
     "worker_cpu",
@@ -84,11 +86,15 @@ CPU_NOTE = (
     " threads), in rank order; switch: each switch process's share of one core, by name"
     " (null when no switch process ran: a loopback algorithm without INA; under inalab"
     " emulate every algorithm's packets cross the switches, so they are reported for"
-    " all); machine and softirq: share of all cores busy, and busy in softirq (an"
-    " in-kernel data plane's time), from /proc/stat; steal: share of all cores the"
-    " hypervisor took (a VM stood still, its switch and links with it; not in machine)."
-    " switch, machine, softirq and steal come from /proc samples every ~25 ms,"
-    " interpolated at the interval's ends: samples"
+    " all); switch_dataplane: each switch's BPF programs (an eBPF switch's data plane) in"
+    " share of one core, from the kernel's run-time statistics (/proc/PID/fdinfo"
+    " run_time_ns; null where not measured): the kernel runs them in softirq on any core,"
+    " mostly in the sending rank's context, so this time is in machine, softirq and the"
+    " workers' shares, not in switch; machine and softirq: share of all cores busy, and"
+    " busy in softirq (an in-kernel data plane's time), from /proc/stat; steal: share of"
+    " all cores the hypervisor took (a VM stood still, its switch and links with it; not"
+    " in machine). switch, switch_dataplane, machine, softirq and steal come from /proc"
+    " samples every ~25 ms, interpolated at the interval's ends: samples"
     f" counts those inside, span_s the time they rest on, so short rows are coarse. own:"
     " the bench's processes together (ranks, switches, softirq) in share of all cores;"
     " other_cores: the cores the machine's other processes used meanwhile, busy_other"
@@ -97,8 +103,13 @@ CPU_NOTE = (
     " of all cores (bound_by says which, 'bench' for the latter): the time then measures"
     " this machine's CPU, not the network or the algorithm. worker_cpu_s_per_gbit (beside"
     " cpu): the mean rank's CPU seconds per Gbit it sent (INA sends the size once; ring,"
-    " tree and Gloo 2(n-1)/n of it), the kernel's work in its context included"
+    " tree and Gloo 2(n-1)/n of it), the kernel's work in its context included;"
+    " switch_dataplane_cpu_s_per_gbit: the switches' data planes' CPU seconds over the"
+    " Gbit all ranks sent, per rank (of worker_cpu_s_per_gbit, about that much was the"
+    " emulated switch's work rather than the host's)"
 )
+
+log = logging.getLogger(__name__)
 
 ProcKey = tuple[str, int]
 """A watched process: its label (the switch's name) and PID (a restarted switch is new)."""
@@ -126,6 +137,9 @@ class Sample:
     machine: MachineTicks | None
     procs: Mapping[ProcKey, int] = field(default_factory=dict)
     """Each watched process's user + system CPU time in clock ticks (all its threads)."""
+    dataplanes: Mapping[ProcKey, int] = field(default_factory=dict)
+    """Each watched process's BPF programs' run time in nanoseconds, while the sampler
+    has the kernel's run-time statistics on (:func:`read_dataplane_ns`)."""
 
 
 def clock_ticks() -> int:
@@ -167,12 +181,61 @@ def read_process_ticks(pid: int, proc: Path = PROC) -> int | None:
         return None
 
 
-def take_sample(keys: Iterable[ProcKey], proc: Path = PROC) -> Sample:
-    """The machine's and the processes' counters now (unreadable ones left out)."""
+_BPF_PROG_LINK = "anon_inode:bpf-prog"
+"""What ``/proc/PID/fd/N`` links to for a BPF program's file descriptor."""
+
+
+def read_dataplane_ns(pid: int, proc: Path = PROC) -> int | None:
+    """Nanoseconds the kernel has spent running the BPF programs process ``pid`` holds
+    (each program once, however many descriptors): the sum of their ``run_time_ns`` in
+    ``/proc/PID/fdinfo``. An eBPF switch's data plane runs there, in softirq on whatever
+    core a frame arrives, and mostly in the sending rank's context, not in the switch
+    process. The kernel counts only while run-time statistics are on
+    (:func:`~emulation.softswitch.ebpf.libbpf.enable_run_time_stats`). ``None``: the
+    process holds no program, or is gone."""
+    fd_dir = proc / str(pid) / "fd"
+    try:
+        names = os.listdir(fd_dir)
+    except OSError:
+        return None
+    runs: dict[str, int] = {}
+    for name in names:
+        try:
+            if os.readlink(fd_dir / name) != _BPF_PROG_LINK:
+                continue
+            info = (proc / str(pid) / "fdinfo" / name).read_text()
+        except OSError:  # closed meanwhile
+            continue
+        fields = dict(line.split(":", 1) for line in info.splitlines() if ":" in line)
+        try:
+            runs[fields["prog_id"].strip()] = int(fields["run_time_ns"])
+        except (KeyError, ValueError):  # a kernel without run-time statistics (< 5.1)
+            continue
+    return sum(runs.values()) if runs else None
+
+
+def take_sample(keys: Iterable[ProcKey], proc: Path = PROC, dataplanes: bool = False) -> Sample:
+    """The machine's and the processes' counters now (unreadable ones left out);
+    ``dataplanes``: the processes' BPF programs' run times too."""
     t = time.monotonic()
     machine = read_machine(proc / "stat")
+    keys = list(keys)
     ticks = {key: read_process_ticks(key[1], proc) for key in keys}
-    return Sample(t, machine, {k: v for k, v in ticks.items() if v is not None})
+    runs = {key: read_dataplane_ns(key[1], proc) for key in keys} if dataplanes else {}
+    return Sample(
+        t,
+        machine,
+        {k: v for k, v in ticks.items() if v is not None},
+        {k: v for k, v in runs.items() if v is not None},
+    )
+
+
+def _enable_run_time_stats() -> int:
+    """The kernel's BPF run-time statistics on (imported here: only a run with an eBPF
+    switch needs libbpf)."""
+    from emulation.softswitch.ebpf.libbpf import enable_run_time_stats
+
+    return enable_run_time_stats()
 
 
 # ----------------------------------------------------------------- the sampler
@@ -184,15 +247,29 @@ class CpuSampler:
     after the last timed call of a run. Where ``/proc/stat`` cannot be read the sampler
     starts no thread and records nothing.
 
+    The first watched process that holds a BPF program (an eBPF switch) makes the sampler
+    turn the kernel's run-time statistics on (``stats``, until :meth:`stop`) and sample
+    the programs' run times from then on: the switch's data plane, which the process's
+    own CPU time does not include. Where that is refused (not root) the reason is in
+    :attr:`dataplane_error` and no data plane time is reported.
+
     Args:
         period_s: seconds between samples.
         proc: the proc filesystem (tests point it elsewhere).
+        stats: turns the statistics on, returning what to close to turn them off again
+            (default: :func:`~emulation.softswitch.ebpf.libbpf.enable_run_time_stats`);
+            raises ``OSError`` when it cannot.
 
     Raises:
         ValueError: ``period_s`` is not positive.
     """
 
-    def __init__(self, period_s: float = SAMPLE_PERIOD_S, proc: Path = PROC) -> None:
+    def __init__(
+        self,
+        period_s: float = SAMPLE_PERIOD_S,
+        proc: Path = PROC,
+        stats: Callable[[], int] | None = None,
+    ) -> None:
         if not period_s > 0:
             raise ValueError(f"sampling period {period_s} must be positive")
         self.period_s, self.proc = period_s, proc
@@ -202,6 +279,11 @@ class CpuSampler:
         self._lock = threading.Lock()
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
+        self._enable_stats = stats or _enable_run_time_stats
+        self._stats_fd: int | None = None
+        self.dataplane_error: str | None = None
+        """Why the switches' data plane time is not measured, once a switch held a
+        program and the kernel's statistics could not be turned on."""
 
     def __enter__(self) -> CpuSampler:
         self.start()
@@ -220,11 +302,14 @@ class CpuSampler:
         self._thread.start()
 
     def stop(self) -> None:
-        """Stop the thread (the samples stay)."""
+        """Stop the thread (the samples stay) and the kernel's run-time statistics."""
         if self._thread is not None:
             self._stop.set()
             self._thread.join()
             self._thread = None
+        if self._stats_fd is not None:
+            os.close(self._stats_fd)
+            self._stats_fd = None
 
     def _loop(self) -> None:
         while not self._stop.wait(self.period_s):
@@ -236,7 +321,8 @@ class CpuSampler:
             return
         # Under the lock, so a sample is never of a set of processes since unwatched.
         with self._lock:
-            self._samples.append(take_sample(list(self._watched), self.proc))
+            sample = take_sample(list(self._watched), self.proc, self._stats_fd is not None)
+            self._samples.append(sample)
 
     @contextmanager
     def watching(self, pids: Mapping[str, int]) -> Iterator[None]:
@@ -244,6 +330,7 @@ class CpuSampler:
         keys = list(pids.items())
         with self._lock:
             self._watched.update(keys)
+            self._start_stats(keys)
         self.sample()
         try:
             yield
@@ -252,6 +339,19 @@ class CpuSampler:
             with self._lock:
                 self._watched.subtract(keys)
                 self._watched = +self._watched  # drop the keys no longer watched
+
+    def _start_stats(self, keys: Iterable[ProcKey]) -> None:
+        """Turn the run-time statistics on once a process of ``keys`` holds a program
+        (under the lock: the samples from here on read the programs)."""
+        if self._stats_fd is not None or self.dataplane_error is not None or not self.available:
+            return
+        if all(read_dataplane_ns(pid, self.proc) is None for _, pid in keys):
+            return
+        try:
+            self._stats_fd = self._enable_stats()
+        except OSError as exc:
+            self.dataplane_error = f"the switches' data plane time is not measured: {exc}"
+            log.warning("%s", self.dataplane_error)
 
     def samples(self) -> list[Sample]:
         """The samples so far, oldest first."""
@@ -279,6 +379,11 @@ class SystemCpu:
     its switch and its links stood still."""
     switch: tuple[tuple[str, float], ...] | None = None
     """(label, share of one core) of each watched process covering the interval."""
+    dataplane: tuple[tuple[str, float], ...] | None = None
+    """(label, share of one core) of each watched process's BPF programs (an eBPF
+    switch's data plane): time the kernel spent in them, on any core, in any process's
+    context (mostly the sending ranks'), so part of ``machine``, ``softirq`` and the
+    ranks' CPU, not of ``switch``."""
     samples: int = 0
     """Samples strictly inside the interval."""
     span_s: float | None = None
@@ -319,14 +424,21 @@ def _machine(samples: Sequence[Sample], start: float, end: float) -> tuple[float
 
 
 def _processes(
-    samples: Sequence[Sample], start: float, end: float, ticks: int
+    samples: Sequence[Sample], start: float, end: float, per_second: float, dataplanes: bool
 ) -> tuple[tuple[str, float], ...] | None:
-    """Each process's share of one core over [start, end], by label; ``None`` if none."""
+    """Each process's share of one core over [start, end], by label (its CPU time, or with
+    ``dataplanes`` its programs' run time, counted ``per_second`` units a second); ``None``
+    if none."""
     shares: dict[str, float] = {}
-    for key in dict.fromkeys(k for s in samples for k in s.procs):
-        rate = _rate([(s.t, s.procs[key]) for s in samples if key in s.procs], start, end)
+
+    def counts(s: Sample) -> Mapping[ProcKey, int]:
+        return s.dataplanes if dataplanes else s.procs
+
+    for key in dict.fromkeys(k for s in samples for k in counts(s)):
+        points = [(s.t, counts(s)[key]) for s in samples if key in counts(s)]
+        rate = _rate(points, start, end)
         if rate is not None:
-            shares[key[0]] = max(shares.get(key[0], 0.0), max(rate, 0.0) / ticks)
+            shares[key[0]] = max(shares.get(key[0], 0.0), max(rate, 0.0) / per_second)
     return tuple(sorted(shares.items())) or None
 
 
@@ -354,7 +466,8 @@ def attribute(
         machine=machine,
         softirq=softirq,
         steal=steal,
-        switch=_processes(samples, start, end, ticks),
+        switch=_processes(samples, start, end, ticks, dataplanes=False),
+        dataplane=_processes(samples, start, end, 1e9, dataplanes=True),
         samples=sum(start < s.t < end for s in samples),
         span_s=min(after) - max(before) if before and after else None,
     )
@@ -458,16 +571,35 @@ class RowCpu:
     def switch_max(self) -> float | None:
         return max((s for _, s in self.system.switch), default=None) if self.system.switch else None
 
+    @property
+    def switch_shown(self) -> float | None:
+        """The busiest switch's share of one core with its data plane: its process plus
+        its BPF programs' time (an eBPF switch's work is nearly all the latter)."""
+        if not self.system.switch and not self.system.dataplane:
+            return None
+        total: dict[str, float] = {}
+        for label, share in (*(self.system.switch or ()), *(self.system.dataplane or ())):
+            total[label] = total.get(label, 0.0) + share
+        return max(total.values())
+
+    @property
+    def dataplane_cores(self) -> float | None:
+        """Cores the switches' data planes used together (``None``: not measured)."""
+        if self.system.dataplane is None:
+            return None
+        return sum(share for _, share in self.system.dataplane)
+
     def to_json(self) -> dict[str, Any]:
         """The row's ``cpu`` object (``CPU_NOTE`` describes it); shares to 1e-4."""
         known = [w for w in self.workers if w is not None]
-        sw = self.system.switch
+        sw, dp = self.system.switch, self.system.dataplane
         return {
             "workers": [_round(w) for w in self.workers],
             "workers_max": _round(self.workers_max),
             "workers_mean": _round(sum(known) / len(known) if known else None),
             "switch": {k: _round(v) for k, v in sw} if sw is not None else None,
             "switch_max": _round(self.switch_max),
+            "switch_dataplane": {k: _round(v) for k, v in dp} if dp is not None else None,
             "machine": _round(self.system.machine),
             "softirq": _round(self.system.softirq),
             "steal": _round(self.system.steal),

@@ -29,6 +29,7 @@ __all__ = [
     "bound_note",
     "bus_factor",
     "busy_note",
+    "dataplane_note",
     "format_oracle",
     "format_table",
     "format_time",
@@ -159,6 +160,22 @@ class Row:
         sent_gbit = self.nbytes * 8 / 1e9 * sent_share
         return round(sum(known) / len(known) * self.time_us_max / 1e6 / sent_gbit, 4)
 
+    @property
+    def switch_dataplane_cpu_s_per_gbit(self) -> float | None:
+        """The switches' data planes' CPU seconds (their BPF programs' run time, all
+        switches) per Gbit the ranks sent, per rank: on the scale of
+        :attr:`worker_cpu_s_per_gbit`, which includes most of it (the kernel runs the
+        programs in the sending rank's context). ``None``: not measured (no eBPF switch,
+        or the kernel's statistics could not be turned on), or no per-Gbit figure for
+        the algorithm."""
+        per_rank = self.worker_cpu_s_per_gbit
+        cores = self.cpu.dataplane_cores if self.cpu is not None else None
+        known = [w for w in self.cpu.workers if w is not None] if self.cpu is not None else []
+        if per_rank is None or cores is None or not known or sum(known) <= 0:
+            return None
+        # Same time and bytes as the ranks' figure: scale it by data plane over ranks' CPU.
+        return round(per_rank * cores / sum(known), 4)
+
     @classmethod
     def from_json(cls, doc: Any, num_workers: int) -> Row:
         """A row of a bench JSON document (:meth:`to_json`) back, without its ``cpu``: the
@@ -227,6 +244,11 @@ class Row:
             **(
                 {"worker_cpu_s_per_gbit": self.worker_cpu_s_per_gbit}
                 if self.worker_cpu_s_per_gbit is not None
+                else {}
+            ),
+            **(
+                {"switch_dataplane_cpu_s_per_gbit": self.switch_dataplane_cpu_s_per_gbit}
+                if self.switch_dataplane_cpu_s_per_gbit is not None
                 else {}
             ),
         }
@@ -306,8 +328,10 @@ _CPU_COLS = "  {:>8}  {:>8}  {:>8}"
 """switch, worker, machine; each value is followed by ``!`` (bound) or a space."""
 
 CPU_COLUMNS_NOTE = (
-    "# cpu during the timed calls: switch = busiest switch process, worker = busiest rank"
-    " (% of one core); machine = % of all cores busy;"
+    "# cpu during the timed calls: switch = busiest switch, its process and its in-kernel"
+    " data plane (eBPF programs), worker = busiest rank (% of one core; the kernel runs"
+    " an eBPF switch's data plane mostly in the sending rank's context, so it counts in"
+    " both); machine = % of all cores busy;"
     f" ! = above {BOUND_FRACTION:.0%} (machine: the bench's own processes), ~ = the machine"
     " busy with other processes"
 )
@@ -382,6 +406,26 @@ def steal_note(rows: Iterable[Row]) -> str | None:
     )
 
 
+def dataplane_note(rows: Iterable[Row]) -> str | None:
+    """The line under a table whose rows measured the switches' data plane per Gbit:
+    how much of the ranks' CPU per Gbit was the emulated switch's, or ``None``."""
+    pairs = [
+        (r.worker_cpu_s_per_gbit, r.switch_dataplane_cpu_s_per_gbit)
+        for r in rows
+        if r.worker_cpu_s_per_gbit is not None and r.switch_dataplane_cpu_s_per_gbit is not None
+    ]
+    if not pairs:
+        return None
+    worker, switch = pairs[-1]
+    return (
+        f"# switch data plane: {switch:.3f} CPU-s per Gbit a rank sent (largest size;"
+        f" JSON switch_dataplane_cpu_s_per_gbit), which the kernel ran mostly in the"
+        f" ranks' context: of their {worker:.3f} (worker_cpu_s_per_gbit) about"
+        f" {max(worker - switch, 0.0):.3f} was the rest (the hosts, and the emulated links'"
+        " shapers)"
+    )
+
+
 def format_time(us: float) -> str:
     """A time in us for a table column, 9 wide (``inalab compare``'s too)."""
     # nccl-tests drops decimals as times grow, keeping the column width.
@@ -409,7 +453,10 @@ def _cpu_cells(cpu: RowCpu | None) -> str:
         own = cpu.own or 0.0
         mark = "!" if own > BOUND_FRACTION else "~" if cpu.busy_other else " "
         cell = f"{machine * 100:.0f}{mark}"
-    return _CPU_COLS.format(_fmt_share(cpu.switch_max), _fmt_share(cpu.workers_max), cell)
+    switch = _fmt_share(cpu.switch_shown)
+    if cpu.switch_shown is not None and not any(w.startswith("switch") for w in cpu.bound_by):
+        switch = switch.replace("!", " ")  # a data plane on every core bounds no process
+    return _CPU_COLS.format(switch, _fmt_share(cpu.workers_max), cell)
 
 
 def format_table(algo: str, rows: Iterable[Row], description: str = "") -> str:
@@ -464,7 +511,7 @@ def format_table(algo: str, rows: Iterable[Row], description: str = "") -> str:
     ]
     if any(r.cpu is not None and r.cpu.bound for r in rows):
         lines.append(bound_note())
-    lines += [note for note in (busy_note(rows), steal_note(rows)) if note]
+    lines += [note for note in (busy_note(rows), steal_note(rows), dataplane_note(rows)) if note]
     return "\n".join(lines)
 
 

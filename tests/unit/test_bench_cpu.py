@@ -19,11 +19,12 @@ from emulation.bench.cpu import (
     SystemCpu,
     attribute,
     counter_at,
+    read_dataplane_ns,
     read_machine,
     read_process_ticks,
     worker_cpu,
 )
-from emulation.bench.report import Row
+from emulation.bench.report import Row, dataplane_note, format_table
 from emulation.bench.workers import SizeResult
 
 HZ = 100
@@ -237,6 +238,7 @@ def test_row_cpu_json_has_every_field() -> None:
             softirq=0.125,
             steal=0.0625,
             switch=(("s1", 0.9375),),
+            dataplane=(("s1", 0.375),),
             samples=0,
             span_s=0.03,
         ),
@@ -248,6 +250,7 @@ def test_row_cpu_json_has_every_field() -> None:
         "workers_mean": 0.5,
         "switch": {"s1": 0.9375},
         "switch_max": 0.9375,
+        "switch_dataplane": {"s1": 0.375},
         "machine": 0.5,
         "softirq": 0.125,
         "steal": 0.0625,
@@ -263,6 +266,63 @@ def test_row_cpu_json_has_every_field() -> None:
     empty = RowCpu((None,), 0.0, 1.0).to_json()
     assert empty["switch"] is None and empty["machine"] is None and empty["workers_max"] is None
     assert empty["bound"] is False
+
+
+def _fake_fds(root: Path, pid: int, fds: dict[int, tuple[str, str]]) -> None:
+    """Process ``pid``'s descriptors in a fake /proc: fd -> (link target, fdinfo text)."""
+    for sub in ("fd", "fdinfo"):
+        (root / str(pid) / sub).mkdir(parents=True, exist_ok=True)
+    for fd, (target, info) in fds.items():
+        link = root / str(pid) / "fd" / str(fd)
+        link.unlink(missing_ok=True)
+        link.symlink_to(target)  # dangling, as anon_inode targets are
+        (root / str(pid) / "fdinfo" / str(fd)).write_text(info)
+
+
+def _prog_info(prog_id: int, run_ns: int) -> str:
+    return (f"pos:\t0\nflags:\t02000002\nprog_type:\t3\nprog_id:\t{prog_id}\n"
+            f"run_time_ns:\t{run_ns}\nrun_cnt:\t7\n")  # fmt: skip
+
+
+def test_read_dataplane_ns_sums_each_program_once(tmp_path: Path) -> None:
+    _fake_fds(tmp_path, 42, {
+        3: ("anon_inode:bpf-map", "map_type:\t2\nmap_id:\t9\n"),
+        4: ("anon_inode:bpf-prog", _prog_info(11, 1500)),
+        5: ("anon_inode:bpf-prog", _prog_info(11, 1500)),  # the same program again
+        6: ("anon_inode:bpf-prog", _prog_info(12, 250)),
+        7: ("anon_inode:bpf_link", "link_type:\ttcx\nprog_id:\t11\n"),
+        8: ("/dev/null", "pos:\t0\n"),
+    })  # fmt: skip
+    assert read_dataplane_ns(42, tmp_path) == 1750
+    _fake_fds(tmp_path, 43, {3: ("anon_inode:bpf-map", "map_id:\t9\n")})
+    assert read_dataplane_ns(43, tmp_path) is None  # no program: not a data plane
+    assert read_dataplane_ns(44, tmp_path) is None  # no such process
+    _fake_fds(tmp_path, 45, {3: ("anon_inode:bpf-prog", "prog_type:\t3\nprog_id:\t1\n")})
+    assert read_dataplane_ns(45, tmp_path) is None  # a kernel that does not time programs
+
+
+@pytest.mark.ebpf
+@pytest.mark.root
+def test_read_dataplane_ns_of_a_real_program() -> None:
+    from emulation.softswitch.ebpf.dataplane import EbpfDataplane
+
+    dataplane = EbpfDataplane(lanes=64, slots=64)
+    try:
+        with CpuSampler(period_s=60) as sampler, sampler.watching({"s1": os.getpid()}):
+            assert sampler.dataplane_error is None
+            before = read_dataplane_ns(os.getpid())
+            start = time.monotonic()
+            runs = [dataplane.run(b"\0" * 60) for _ in range(200)]
+            end = time.monotonic()
+            after = read_dataplane_ns(os.getpid())
+        assert before is not None and after is not None and after > before
+        cpu = attribute(sampler.samples(), start, end)
+        assert cpu.dataplane is not None and cpu.dataplane[0][0] == "s1"
+        assert 0.0 < cpu.dataplane[0][1] <= 1.0
+        assert all(r.retval >= 0 for r in runs)
+    finally:
+        dataplane.close()
+    assert read_dataplane_ns(os.getpid()) is None  # the program went with close()
 
 
 # ----------------------------------------------------------------- the sampler
@@ -291,6 +351,55 @@ def test_sampler_samples_watched_processes_only_while_watched(tmp_path: Path) ->
     sampler.discard_before(after)
     kept = sampler.samples()
     assert kept[0].t <= after < kept[1].t  # the sample before ``after`` stays: it brackets it
+
+
+def test_sampler_times_data_planes_once_a_watched_process_holds_one(tmp_path: Path) -> None:
+    _fake_proc(tmp_path, busy=10, total=100, switch_ticks=5)
+    (tmp_path / "78").mkdir()
+    (tmp_path / "78" / "stat").write_text((tmp_path / "77" / "stat").read_text())
+    turned_on: list[int] = []
+
+    def stats() -> int:
+        turned_on.append(os.open(os.devnull, os.O_RDONLY))
+        return turned_on[-1]
+
+    with CpuSampler(period_s=0.005, proc=tmp_path, stats=stats) as sampler:
+        with sampler.watching({"python-switch": 78}):  # no program: no statistics
+            time.sleep(0.02)
+        assert not turned_on
+        _fake_fds(tmp_path, 77, {9: ("anon_inode:bpf-prog", _prog_info(5, 1_000))})
+        with sampler.watching({"s1": 77}):
+            assert len(turned_on) == 1
+            start = time.monotonic()
+            _fake_fds(tmp_path, 77, {9: ("anon_inode:bpf-prog", _prog_info(5, 301_000_000))})
+            time.sleep(0.05)
+            end = time.monotonic()
+        with sampler.watching({"s2": 77}):
+            pass
+        assert len(turned_on) == 1  # once for the run
+    with pytest.raises(OSError):
+        os.fstat(turned_on[0])  # stop() turned the statistics off
+    assert all(("s1", 77) not in s.dataplanes for s in sampler.samples() if s.t < start - 1)
+    cpu = attribute(sampler.samples(), start, end)
+    assert cpu.dataplane is not None and cpu.dataplane[0][0] == "s1"
+    assert cpu.dataplane[0][1] > 0
+
+
+def test_sampler_says_why_it_cannot_time_data_planes(tmp_path: Path) -> None:
+    _fake_proc(tmp_path, busy=10, total=100, switch_ticks=5)
+    _fake_fds(tmp_path, 77, {9: ("anon_inode:bpf-prog", _prog_info(5, 1_000))})
+
+    def refused() -> int:
+        raise PermissionError(1, "bpf_enable_stats: Operation not permitted")
+
+    with CpuSampler(period_s=0.005, proc=tmp_path, stats=refused) as sampler, sampler.watching(
+        {"s1": 77}
+    ):
+        time.sleep(0.02)
+    assert sampler.dataplane_error is not None and "not permitted" in sampler.dataplane_error
+    assert not any(s.dataplanes for s in sampler.samples())  # never a false 0%
+    start, end = sampler.samples()[0].t, sampler.samples()[-1].t
+    assert attribute(sampler.samples(), start, end).dataplane is None
 
 
 def test_sampler_without_proc_records_nothing_and_raises_nothing(tmp_path: Path) -> None:
@@ -339,3 +448,31 @@ def test_no_cpu_per_gbit_where_ranks_send_unequal_amounts_or_cpu_was_not_measure
         is None
     )
     assert Row("ina", 1000, 250, "int32", 2, 10.0, 10.0, 10.0, 0).worker_cpu_s_per_gbit is None
+
+
+def _dataplane_row(dataplane: float | None) -> Row:
+    # 4 ranks at 0.4 of a core, 0.5 s calls of 125 MB: 0.2 CPU-s per Gbit (INA).
+    programs = (("s1", dataplane),) if dataplane is not None else None
+    system = SystemCpu(machine=0.9, switch=(("s1", 0.01),), dataplane=programs)
+    cpu = RowCpu((0.4, 0.4, 0.4, 0.4), 0.0, 1.0, system, cores=2)
+    return Row("ina", 125_000_000, 31_250_000, "int32", 4, 5e5, 5e5, 5e5, 0, cpu=cpu)
+
+
+def test_switch_dataplane_cpu_per_gbit_is_on_the_ranks_scale() -> None:
+    row = _dataplane_row(0.4)  # the switch's programs: a quarter of the ranks' CPU
+    assert row.worker_cpu_s_per_gbit == pytest.approx(0.2)
+    assert row.switch_dataplane_cpu_s_per_gbit == pytest.approx(0.05)
+    assert row.to_json()["switch_dataplane_cpu_s_per_gbit"] == pytest.approx(0.05)
+    assert "switch_dataplane_cpu_s_per_gbit" not in _dataplane_row(None).to_json()
+    note = dataplane_note([row])
+    assert note is not None and "0.050 CPU-s per Gbit" in note
+    assert "about 0.150 was the rest" in note
+    assert dataplane_note([_dataplane_row(None)]) is None
+
+
+def test_switch_column_shows_process_and_data_plane_unflagged() -> None:
+    table = format_table("ina", [_dataplane_row(0.95)])
+    line = next(x for x in table.splitlines() if x.lstrip().startswith("125000000"))
+    # switch 1% + 95%: shown 96, not "!" (the data plane ran on both cores); worker 40.
+    assert line.split()[-3:] == ["96", "40", "90"]
+    assert "# switch data plane:" in table

@@ -46,6 +46,7 @@ __all__ = [
     "LibbpfError",
     "ProgramRun",
     "TcAttachment",
+    "enable_run_time_stats",
     "libbpf",
     "possible_cpus",
     "run_program",
@@ -193,6 +194,7 @@ def libbpf() -> ctypes.CDLL:
         "bpf_tc_detach": (i, [p, p]),
         "bpf_link_create": (i, [i, i, u32, p]),
         "bpf_prog_test_run_opts": (i, [i, p]),
+        "bpf_enable_stats": (i, [u32]),
     }
     for fn, (restype, argtypes) in signatures.items():
         getattr(lib, fn).restype = restype
@@ -212,6 +214,23 @@ def _check_ptr(result: int | None, what: str) -> int:
         err = ctypes.get_errno() or errno.EINVAL
         raise LibbpfError(err, f"{what}: {os.strerror(err)}")
     return result
+
+
+_BPF_STATS_RUN_TIME = 0
+"""enum bpf_stats_type's only member (uapi linux/bpf.h, Linux 5.8)."""
+
+
+def enable_run_time_stats() -> int:
+    """Have the kernel time every BPF program's runs (``run_time_ns`` and ``run_cnt`` in
+    a program's ``/proc/PID/fdinfo``, ``bpftool prog``) while the returned file
+    descriptor is open: ``BPF_ENABLE_STATS``, which, unlike the ``kernel.
+    bpf_stats_enabled`` sysctl, changes nothing that outlives this process. Costs two
+    clock reads per program run. Close the descriptor to stop.
+
+    Raises:
+        LibbpfError: no libbpf, or the kernel refused (not root: EPERM; before 5.8).
+    """
+    return _check(libbpf().bpf_enable_stats(_BPF_STATS_RUN_TIME), "bpf_enable_stats")
 
 
 def possible_cpus() -> int:
