@@ -463,6 +463,17 @@ static __always_inline void lanes_read(__s32 *values, __be32 *pkt)
         pkt[j] = bpf_htonl((__u32)values[j]);
 }
 
+/* The last contribution: add, and the sum into the frame in the same pass (lanes_add
+ * then lanes_read, one load of each register fewer). */
+static __always_inline void lanes_add_read(__s32 *values, __be32 *pkt)
+{
+    for (int j = 0; j < INA_LANES; j++) {
+        __u32 sum = (__u32)values[j] + bpf_ntohl(pkt[j]); /* wrapping int32 */
+        values[j] = (__s32)sum;
+        pkt[j] = bpf_htonl(sum);
+    }
+}
+
 /* Steps 1-4 of Pipeline.process for a DATA packet, under the lock: the verdict, and the
  * exponent the emitted packet carries. */
 static __always_inline enum verdict slot_data(struct ina_slot *slot, __u32 set, __u32 rank,
@@ -498,11 +509,14 @@ static __always_inline enum verdict slot_data(struct ina_slot *slot, __u32 set, 
         left = workers - 1;
         st->seq = seq;
         st->final = 0;
-        lanes_write(slot->values[set], pkt);
+        lanes_write(slot->values[set], pkt); /* a job of one: the frame is its result */
         st->exponent = exp;
     } else {
         left -= 1;
-        lanes_add(slot->values[set], pkt);
+        if (left)
+            lanes_add(slot->values[set], pkt);
+        else
+            lanes_add_read(slot->values[set], pkt); /* the frame now holds the result */
         if (exp > st->exponent)
             st->exponent = exp;
     }
@@ -512,7 +526,6 @@ static __always_inline enum verdict slot_data(struct ina_slot *slot, __u32 set, 
         goto out;
     }
     v = V_COMPLETED;
-    lanes_read(slot->values[set], pkt);
     *out_exp = st->exponent;
 out:
     slot_unlock(slot);
