@@ -70,6 +70,7 @@ typedef struct {
     PyObject_HEAD
     /* the job and the call */
     int job_id, rank, num_workers, lanes, window, headroom, is_float;
+    int stream; /* int32 results streamed past the caches (stream_results) */
     int64_t count, nblocks, npackets, first_seq;
     Py_buffer data, out, uses;
     int have_data, have_out, have_uses;
@@ -362,7 +363,7 @@ static int64_t take(InaCore *c, const uint8_t *d, size_t len, double now) {
             dequantize_be(d + HEADER_SIZE, n, shift, (float *)c->out.buf + block * c->lanes);
         } else {
             int32_t *o = (int32_t *)c->out.buf + block * c->lanes;
-            lanes_from_be(o, d + HEADER_SIZE, n);
+            lanes_from_be_out(o, d + HEADER_SIZE, n, c->stream);
         }
     }
     if (c->is_float && index < c->nblocks) c->global_exp[index] = exp;
@@ -462,14 +463,14 @@ static int InaCore_init(InaCore *c, PyObject *args, PyObject *kw) {
     static char *names[] = {"job_id", "rank", "num_workers", "lanes", "window", "data",
                             "out", "uses", "first_seq", "rto", "srtt", "rttvar", "samples",
                             "min_timeout", "max_timeout", "backoff", "deadline", "late_timer",
-                            NULL};
+                            "stream_min_bytes", NULL};
     PyObject *data, *out, *uses;
-    long long first_seq, samples;
-    if (!PyArg_ParseTupleAndKeywords(args, kw, "iiiiiOOOLdddLddddd", names, &c->job_id,
+    long long first_seq, samples, stream_min = STREAM_MIN_BYTES;
+    if (!PyArg_ParseTupleAndKeywords(args, kw, "iiiiiOOOLdddLddddd|L", names, &c->job_id,
                                      &c->rank, &c->num_workers, &c->lanes, &c->window, &data,
                                      &out, &uses, &first_seq, &c->rto, &c->srtt, &c->rttvar,
                                      &samples, &c->min_timeout, &c->max_timeout, &c->backoff,
-                                     &c->deadline_s, &c->late_timer))
+                                     &c->deadline_s, &c->late_timer, &stream_min))
         return -1;
     if (c->started || c->have_data) {
         PyErr_SetString(PyExc_RuntimeError, "InaCore is initialised once");
@@ -492,6 +493,10 @@ static int InaCore_init(InaCore *c, PyObject *args, PyObject *kw) {
         PyErr_SetString(PyExc_ValueError, "data and out must be 4-byte elements of one size");
         return -1;
     }
+    const char *in0 = c->data.buf, *out0 = c->out.buf;
+    int overlap = out0 < in0 + c->data.len && in0 < out0 + c->out.len; /* in place */
+    c->stream = stream_min >= 0 && c->out.len >= stream_min && !overlap &&
+                stream_results(c->out.len);
     const char *fmt = c->data.format ? c->data.format : "B";
     if (fmt[0] == '=' || fmt[0] == '<' || fmt[0] == '@') fmt++;
     if (strcmp(fmt, "f") == 0) c->is_float = 1;
@@ -801,13 +806,13 @@ static PyObject *InaCore_get_done(InaCore *c, void *Py_UNUSED(x)) {
 
 static PyObject *InaCore_get_state(InaCore *c, void *Py_UNUSED(x)) {
     return Py_BuildValue(
-        "{s:L,s:L,s:i,s:d,s:d,s:d,s:L,s:L,s:L,s:L,s:L,s:L,s:L,s:L}", "npackets",
+        "{s:L,s:L,s:i,s:d,s:d,s:d,s:L,s:L,s:L,s:L,s:L,s:L,s:L,s:L,s:O}", "npackets",
         (long long)c->npackets, "nblocks", (long long)c->nblocks, "window", c->window, "rto",
         c->rto, "srtt", c->srtt, "rttvar", c->rttvar, "samples", (long long)c->samples, "sent",
         (long long)c->sent, "retransmitted", (long long)c->retransmitted, "fast_retransmitted",
         (long long)c->fast_retransmitted, "stale", (long long)c->stale, "foreign",
         (long long)c->foreign, "done", (long long)c->done, "late_timers",
-        (long long)c->late_timers);
+        (long long)c->late_timers, "stream", c->stream ? Py_True : Py_False);
 }
 
 static PyMethodDef InaCore_methods[] = {

@@ -51,6 +51,71 @@ static void lanes_from_be(int32_t *dst, const uint8_t *src, int64_t n) {
     }
 }
 
+/* Results into an output larger than the caches: the same shuffle, with non-temporal
+   stores, which skip reading each destination line before writing it and leave the
+   caches to the packets. Measured here (2 vCPUs, 4 MiB L2 each), per 8 KiB packet into a
+   cold output: 1.2-1.5 us with ordinary stores, 0.55-0.6 us streamed at 64 MiB, 0.8 us
+   at 4 MiB; 1.2 us streamed against 0.7-1.0 us at 1 MiB, where the output stays in the
+   cache. Sending and taking a packet of a 64 MiB call (a window of 8) out of place: 1.65
+   us ordinary, 1.15 us streamed; in place, where the send has just read the lines the
+   result goes to: 1.0 us ordinary, 1.5 us streamed. So only out-of-place calls whose
+   output reaches STREAM_MIN_BYTES stream. The fence makes the weakly ordered stores
+   visible before anything later (the caller reads its output). */
+#define STREAM_MIN_BYTES (16 << 20)
+
+#if defined(__x86_64__) && defined(__GNUC__)
+#include <immintrin.h>
+#define HAVE_STREAM 1
+
+__attribute__((target("avx2"))) static void lanes_from_be_nt(int32_t *dst, const uint8_t *src,
+                                                             int64_t n) {
+    const __m256i swap = _mm256_setr_epi8(3, 2, 1, 0, 7, 6, 5, 4, 11, 10, 9, 8, 15, 14, 13, 12,
+                                          3, 2, 1, 0, 7, 6, 5, 4, 11, 10, 9, 8, 15, 14, 13, 12);
+    int64_t i = 0;
+    for (; i < n && ((uintptr_t)(dst + i) & 31); i++) { /* to a 32-byte boundary */
+        uint32_t v;
+        memcpy(&v, src + 4 * i, 4);
+        v = __builtin_bswap32(v);
+        memcpy(dst + i, &v, 4);
+    }
+    for (; i + 8 <= n; i += 8) {
+        __m256i v = _mm256_loadu_si256((const __m256i *)(src + 4 * i));
+        _mm256_stream_si256((__m256i *)(dst + i), _mm256_shuffle_epi8(v, swap));
+    }
+    for (; i < n; i++) {
+        uint32_t v;
+        memcpy(&v, src + 4 * i, 4);
+        v = __builtin_bswap32(v);
+        memcpy(dst + i, &v, 4);
+    }
+    _mm_sfence();
+}
+#endif
+
+/* Whether this machine can stream results (lanes_from_be_out); a call streams those of
+   an output of at least STREAM_MIN_BYTES (the tests lower that to 0). */
+static inline int stream_results(int64_t bytes) {
+    (void)bytes;
+#ifdef HAVE_STREAM
+    return __builtin_cpu_supports("avx2");
+#else
+    return 0;
+#endif
+}
+
+/* Lanes from the wire into the caller's output: streamed where stream_results said so. */
+__attribute__((unused)) static void lanes_from_be_out(int32_t *dst, const uint8_t *src, int64_t n,
+                                                      int stream) {
+#ifdef HAVE_STREAM
+    if (stream) {
+        lanes_from_be_nt(dst, src, n);
+        return;
+    }
+#endif
+    (void)stream;
+    lanes_from_be(dst, src, n);
+}
+
 /* CLOCK_MONOTONIC, the clock time.perf_counter reads on Linux. */
 static inline double now_s(void) {
     struct timespec ts;

@@ -139,7 +139,11 @@ def engine_name(environ: dict[str, str] | None = None) -> str:
 
 class NativeInaAllreduce:
     """One worker's INA allreduce call on the native core: the arguments, errors and
-    interface of :class:`~hostlib.ina.InaAllreduce`.
+    interface of :class:`~hostlib.ina.InaAllreduce`. ``stream_min_bytes``: int32 results
+    go to ``out`` with non-temporal stores (past the caches) when it is at least this
+    large, not the input's memory, and the CPU has AVX2 (default: the core's 16 MiB, where
+    that measured faster; negative: never); the tests lower it to run that path on small
+    calls.
 
     Raises:
         TypeError: data is not float32/int32.
@@ -158,6 +162,7 @@ class NativeInaAllreduce:
         *,
         window: int | None = None,
         out: np.ndarray | None = None,
+        stream_min_bytes: int | None = None,
     ) -> None:
         if _core is None:
             raise ValueError(f"native INA engine: {_why_not}")
@@ -183,11 +188,14 @@ class NativeInaAllreduce:
             self._out, uses, first_seq, self.rtt.rto, self.rtt.srtt, self.rtt.rttvar,
             self.rtt.samples, policy.min_timeout, policy.max_timeout, policy.backoff,
             policy.deadline, policy.late_timer,
+            **({} if stream_min_bytes is None else {"stream_min_bytes": stream_min_bytes}),
         )  # fmt: skip
         state = self._core.state
         self.window: int = state["window"]
         self.npackets: int = state["npackets"]
         self.nblocks: int = state["nblocks"]
+        self.streams: bool = state["stream"]
+        """Whether the results go to ``out`` past the caches (``stream_min_bytes``)."""
 
     # ------------------------------------------------------------------ events
     @property

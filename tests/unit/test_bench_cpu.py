@@ -392,8 +392,9 @@ def test_sampler_says_why_it_cannot_time_data_planes(tmp_path: Path) -> None:
     def refused() -> int:
         raise PermissionError(1, "bpf_enable_stats: Operation not permitted")
 
-    with CpuSampler(period_s=0.005, proc=tmp_path, stats=refused) as sampler, sampler.watching(
-        {"s1": 77}
+    with (
+        CpuSampler(period_s=0.005, proc=tmp_path, stats=refused) as sampler,
+        sampler.watching({"s1": 77}),
     ):
         time.sleep(0.02)
     assert sampler.dataplane_error is not None and "not permitted" in sampler.dataplane_error
