@@ -177,12 +177,28 @@ static int order_push(InaCore *c, int64_t tx, int32_t slot, int64_t index) {
 }
 
 /* ------------------------------------------------------------- quantization */
-static int8_t block_exponent(const float *x, int64_t n) {
-    float m = 0.0f;
+/* The largest magnitude of a block, as the bit pattern without the sign: for floats,
+   finite or not, the order of those patterns as unsigned integers is the order of the
+   magnitudes, NaN above infinity above every finite value (FINITE_BITS_END), and an
+   integer maximum vectorizes where a float comparison cannot (it must not lose a NaN).
+   One pass both refuses NaN and infinity and gives the block's exponent. */
+#define FINITE_BITS_END 0x7F800000u
+LANES_CLONES __attribute__((optimize("O3")))
+static uint32_t max_magnitude_bits(const float *x, int64_t n) {
+    uint32_t m = 0;
     for (int64_t i = 0; i < n; i++) {
-        float a = fabsf(x[i]);
-        if (a > m) m = a;
+        uint32_t b;
+        memcpy(&b, &x[i], 4);
+        b &= 0x7FFFFFFFu;
+        m = b > m ? b : m;
     }
+    return m;
+}
+
+/* hostlib.quantize.block_exponents of a block whose largest magnitude is `bits`. */
+static int8_t block_exponent(uint32_t bits) {
+    float m;
+    memcpy(&m, &bits, 4);
     if (m == 0.0f) return EXPONENT_MIN;
     int e;
     frexp((double)m, &e);
@@ -200,7 +216,8 @@ static void quantize_be(const float *x, int64_t n, int lanes, int shift, uint8_t
         float scale = ldexpf(1.0f, shift);
         for (int64_t i = 0; i < n; i++) {
             float q = nearbyintf(x[i] * scale);
-            put32(dst + 4 * i, (uint32_t)(int32_t)q);
+            uint32_t v = __builtin_bswap32((uint32_t)(int32_t)q); /* one shuffle per 8 */
+            memcpy(dst + 4 * i, &v, 4);
         }
     } else {
         for (int64_t i = 0; i < n; i++) {
@@ -217,7 +234,9 @@ static void dequantize_be(const uint8_t *src, int64_t n, int shift, float *out) 
     if (-shift >= F32_SHIFT_MIN && -shift <= F32_SHIFT_MAX) {
         float scale = ldexpf(1.0f, -shift);
         for (int64_t i = 0; i < n; i++) {
-            float v = (float)(int32_t)get32(src + 4 * i); /* float32(sum) first */
+            uint32_t b;
+            memcpy(&b, src + 4 * i, 4);
+            float v = (float)(int32_t)__builtin_bswap32(b); /* float32(sum) first */
             out[i] = v * scale;
         }
     } else {
@@ -541,13 +560,13 @@ static int InaCore_init(InaCore *c, PyObject *args, PyObject *kw) {
     for (size_t s = 0; s < w; s++) c->outstanding[s] = -1;
     if (c->is_float) {
         const float *x = (const float *)c->data.buf;
-        for (int64_t i = 0; i < c->count; i++)
-            if (!isfinite(x[i])) {
+        for (int64_t b = 0; b < c->nblocks; b++) {
+            uint32_t bits = max_magnitude_bits(x + b * c->lanes, block_len(c, b));
+            if (bits >= FINITE_BITS_END) {
                 PyErr_SetString(PyExc_ValueError, "cannot quantize NaN or infinity");
                 return -1;
             }
-        for (int64_t b = 0; b < c->nblocks; b++) {
-            c->local_exp[b] = block_exponent(x + b * c->lanes, block_len(c, b));
+            c->local_exp[b] = block_exponent(bits);
             c->global_exp[b] = EXPONENT_MIN;
         }
     }

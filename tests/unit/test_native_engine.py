@@ -132,6 +132,49 @@ def test_native_core_emits_what_the_python_engine_emits(seed: int, dtype: type) 
         np.testing.assert_array_equal(g.view(np.uint8), w.view(np.uint8))
 
 
+def _one_call(engine: Any, inputs: np.ndarray, lanes: int = 16, slots: int = 4) -> Any:
+    """One lossless call of ``inputs`` (a row per worker): each worker's packets, then
+    each worker's result."""
+    workers = len(inputs)
+    pipe = Pipeline(lanes, slots=8)
+    addrs = tuple((f"10.9.0.{r + 1}", 5000 + r) for r in range(workers))
+    pipe.add_job(JobConfig(4, addrs, slots))
+    net = FakeNetwork(pipe, FAKE_SWITCH, LinkModel(), seed=0)
+    logs: list[list[tuple[str, float, bytes]]] = [[] for _ in addrs]
+    specs = [JobSpec(4, r, workers, FAKE_SWITCH, lanes, slots) for r in range(workers)]
+    engines = {
+        a: engine(specs[r], inputs[r], np.zeros(slots, np.int64), POLICY)
+        for r, a in enumerate(addrs)
+    }
+    recorders = {a: Recorder(engines[a], logs[r]) for r, a in enumerate(addrs)}
+    assert all(e is None for e in net.run(recorders).values())  # type: ignore[arg-type]
+    return logs, [np.array(engines[a].result()) for a in addrs]
+
+
+_TINY, _HUGE = np.finfo(np.float32).smallest_subnormal, np.finfo(np.float32).max / 4
+
+
+@pytest.mark.parametrize(
+    "rows",
+    [
+        [[-3.0, 2.0, 0.5], [1.0, -2.5, 0.0]],  # the largest magnitude negative
+        [[_TINY, -_TINY * 3, 0.0], [_TINY * 7, 0.0, -_TINY]],  # subnormals only
+        [[0.0, -0.0, 0.0], [-0.0, 0.0, 0.0]],  # zeros of both signs
+        [[_HUGE, -1.0, 1e-30], [-_HUGE / 2, 3.0, -1e-38]],  # near the top of the range
+    ],
+)
+def test_block_exponents_and_quantization_of_edge_values(rows: list[list[float]]) -> None:
+    # Two blocks a worker: the edge values, then the same scaled down. The native core
+    # takes the largest magnitude from the bit patterns: the exponents in the packets
+    # and every payload must be the specification's.
+    inputs = np.array([r * 6 + [x / 1024 for x in r * 6] for r in rows], dtype=np.float32)
+    want_logs, want = _one_call(InaAllreduce, inputs)
+    got_logs, got = _one_call(NativeInaAllreduce, inputs)
+    assert got_logs == want_logs
+    for g, w in zip(got, want, strict=True):
+        np.testing.assert_array_equal(g.view(np.uint32), w.view(np.uint32))
+
+
 @pytest.mark.parametrize("offset", [0, 1, 3])
 def test_streamed_results_land_where_ordinary_ones_do(offset: int) -> None:
     # 64 lanes, an output 4*offset bytes past numpy's alignment and a short last packet:
@@ -203,6 +246,8 @@ def test_the_deadline_raises_the_python_engines_error() -> None:
         (np.zeros((2, 4), dtype=np.int32), ValueError),
         (np.array([1.0, np.nan], dtype=np.float32), ValueError),
         (np.array([np.inf], dtype=np.float32), ValueError),
+        (np.r_[np.ones(2 * LANES), -np.inf, 1.0].astype(np.float32), ValueError),  # 3rd block
+        (np.r_[np.ones(LANES + 3), np.nan].astype(np.float32), ValueError),  # the last lane
     ],
 )
 def test_bad_input_is_refused_like_the_python_engine(data: np.ndarray, error: type) -> None:
