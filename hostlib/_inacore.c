@@ -70,7 +70,7 @@ typedef struct {
     PyObject_HEAD
     /* the job and the call */
     int job_id, rank, num_workers, lanes, window, headroom, is_float;
-    int stream; /* int32 results streamed past the caches (stream_results) */
+    int stream; /* results streamed past the caches (stream_results) */
     int64_t count, nblocks, npackets, first_seq;
     Py_buffer data, out, uses;
     int have_data, have_out, have_uses;
@@ -230,9 +230,16 @@ static void quantize_be(const float *x, int64_t n, int lanes, int shift, uint8_t
 
 /* float32 values of big-endian int32 sums, as hostlib.quantize.dequantize_into. */
 LANES_CLONES __attribute__((optimize("O3")))
-static void dequantize_be(const uint8_t *src, int64_t n, int shift, float *out) {
+static void dequantize_be(const uint8_t *src, int64_t n, int shift, float *out, int stream) {
     if (-shift >= F32_SHIFT_MIN && -shift <= F32_SHIFT_MAX) {
         float scale = ldexpf(1.0f, -shift);
+#ifdef HAVE_STREAM
+        if (stream) {
+            dequantize_be_nt(out, src, n, scale);
+            return;
+        }
+#endif
+        (void)stream;
         for (int64_t i = 0; i < n; i++) {
             uint32_t b;
             memcpy(&b, src + 4 * i, 4);
@@ -379,7 +386,8 @@ static int64_t take(InaCore *c, const uint8_t *d, size_t len, double now) {
         int64_t n = block_len(c, block);
         if (c->is_float) {
             int shift = 29 - c->global_exp[block] - c->headroom;
-            dequantize_be(d + HEADER_SIZE, n, shift, (float *)c->out.buf + block * c->lanes);
+            float *o = (float *)c->out.buf + block * c->lanes;
+            dequantize_be(d + HEADER_SIZE, n, shift, o, c->stream);
         } else {
             int32_t *o = (int32_t *)c->out.buf + block * c->lanes;
             lanes_from_be_out(o, d + HEADER_SIZE, n, c->stream);

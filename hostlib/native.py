@@ -139,8 +139,8 @@ def engine_name(environ: dict[str, str] | None = None) -> str:
 
 class NativeInaAllreduce:
     """One worker's INA allreduce call on the native core: the arguments, errors and
-    interface of :class:`~hostlib.ina.InaAllreduce`. ``stream_min_bytes``: int32 results
-    go to ``out`` with non-temporal stores (past the caches) when it is at least this
+    interface of :class:`~hostlib.ina.InaAllreduce`. ``stream_min_bytes``: results go to
+    ``out`` with non-temporal stores (past the caches) when it is at least this
     large, not the input's memory, and the CPU has AVX2 (default: the core's 16 MiB, where
     that measured faster; negative: never); the tests lower it to run that path on small
     calls.

@@ -18,7 +18,7 @@ from typing import Any
 
 import numpy as np
 import pytest
-from helpers import FAKE_SWITCH, random_inputs
+from helpers import FAKE_SWITCH, expected, random_inputs
 
 from emulation.softswitch.pipeline import DropSimulator, JobConfig, Pipeline
 from hostlib.ina import InaAllreduce, InaTimeoutError, JobSpec, RetryPolicy, _Rtt
@@ -175,20 +175,21 @@ def test_block_exponents_and_quantization_of_edge_values(rows: list[list[float]]
         np.testing.assert_array_equal(g.view(np.uint32), w.view(np.uint32))
 
 
+@pytest.mark.parametrize("dtype", [np.int32, np.float32])
 @pytest.mark.parametrize("offset", [0, 1, 3])
-def test_streamed_results_land_where_ordinary_ones_do(offset: int) -> None:
+def test_streamed_results_land_where_ordinary_ones_do(offset: int, dtype: type) -> None:
     # 64 lanes, an output 4*offset bytes past numpy's alignment and a short last packet:
     # the streamed copy's scalar head, vector body and scalar tail all run.
     lanes, workers, slots, size = 64, 3, 4, 20 * 64 + 13
     rng = np.random.default_rng(offset)
-    inputs = random_inputs(rng, np.int32, workers, size)
+    inputs = random_inputs(rng, dtype, workers, size)
     results = {}
     for name, stream_min in (("ordinary", -1), ("streamed", 0), ("default", None)):
         pipe = Pipeline(lanes, slots=8)
         addrs = tuple((f"10.9.0.{r + 1}", 5000 + r) for r in range(workers))
         pipe.add_job(JobConfig(4, addrs, slots))
         net = FakeNetwork(pipe, FAKE_SWITCH, LinkModel(loss=0.05), seed=offset)
-        outs = [np.zeros(size + offset, np.int32)[offset:] for _ in range(workers)]
+        outs = [np.zeros(size + offset, dtype)[offset:] for _ in range(workers)]
         specs = [JobSpec(4, r, workers, FAKE_SWITCH, lanes, slots) for r in range(workers)]
         engines = {
             a: NativeInaAllreduce(
@@ -206,9 +207,9 @@ def test_streamed_results_land_where_ordinary_ones_do(offset: int) -> None:
         results[name] = [engines[a].result() for a in addrs]
         for got, out in zip(results[name], outs, strict=True):
             assert np.shares_memory(got, out)
-    want = np.sum(np.stack(inputs).astype(np.int64), axis=0).astype(np.int32)  # wrapping
+    want = expected(inputs, lanes)  # bit-exact: a wrapping sum, or the quantized one
     for got in (r for rank_results in results.values() for r in rank_results):
-        np.testing.assert_array_equal(got, want)
+        np.testing.assert_array_equal(got.view(np.uint32), want.view(np.uint32))
 
 
 def test_results_in_place_are_never_streamed() -> None:
