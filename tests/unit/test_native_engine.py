@@ -132,23 +132,32 @@ def test_native_core_emits_what_the_python_engine_emits(seed: int, dtype: type) 
         np.testing.assert_array_equal(g.view(np.uint8), w.view(np.uint8))
 
 
-def _one_call(engine: Any, inputs: np.ndarray, lanes: int = 16, slots: int = 4) -> Any:
-    """One lossless call of ``inputs`` (a row per worker): each worker's packets, then
-    each worker's result."""
+def _one_call(
+    engine: Any,
+    inputs: np.ndarray,
+    lanes: int = 16,
+    slots: int = 4,
+    link: LinkModel | None = None,
+    outs: list[np.ndarray] | None = None,
+) -> tuple[list[list[tuple[str, float, bytes]]], list[Any]]:
+    """One call of ``inputs`` (a row per worker) on a fresh switch, lossless unless
+    ``link`` says otherwise, each worker's results into ``outs`` when given: each
+    worker's packets, and its engine."""
     workers = len(inputs)
     pipe = Pipeline(lanes, slots=8)
     addrs = tuple((f"10.9.0.{r + 1}", 5000 + r) for r in range(workers))
     pipe.add_job(JobConfig(4, addrs, slots))
-    net = FakeNetwork(pipe, FAKE_SWITCH, LinkModel(), seed=0)
+    net = FakeNetwork(pipe, FAKE_SWITCH, link or LinkModel(), seed=0)
     logs: list[list[tuple[str, float, bytes]]] = [[] for _ in addrs]
     specs = [JobSpec(4, r, workers, FAKE_SWITCH, lanes, slots) for r in range(workers)]
-    engines = {
-        a: engine(specs[r], inputs[r], np.zeros(slots, np.int64), POLICY)
-        for r, a in enumerate(addrs)
-    }
-    recorders = {a: Recorder(engines[a], logs[r]) for r, a in enumerate(addrs)}
+    into = [{"out": out} for out in outs] if outs is not None else [{}] * workers
+    engines = [
+        engine(specs[r], inputs[r], np.zeros(slots, np.int64), POLICY, **into[r])
+        for r in range(workers)
+    ]
+    recorders = {a: Recorder(engines[r], logs[r]) for r, a in enumerate(addrs)}
     assert all(e is None for e in net.run(recorders).values())  # type: ignore[arg-type]
-    return logs, [np.array(engines[a].result()) for a in addrs]
+    return logs, engines
 
 
 _TINY, _HUGE = np.finfo(np.float32).smallest_subnormal, np.finfo(np.float32).max / 4
@@ -172,7 +181,9 @@ def test_block_exponents_and_quantization_of_edge_values(rows: list[list[float]]
     got_logs, got = _one_call(NativeInaAllreduce, inputs)
     assert got_logs == want_logs
     for g, w in zip(got, want, strict=True):
-        np.testing.assert_array_equal(g.view(np.uint32), w.view(np.uint32))
+        np.testing.assert_array_equal(
+            np.asarray(g.result()).view(np.uint32), np.asarray(w.result()).view(np.uint32)
+        )
 
 
 @pytest.mark.parametrize("dtype", [np.int32, np.float32])
@@ -180,31 +191,15 @@ def test_block_exponents_and_quantization_of_edge_values(rows: list[list[float]]
 def test_streamed_results_land_where_ordinary_ones_do(offset: int, dtype: type) -> None:
     # 64 lanes, an output 4*offset bytes past numpy's alignment and a short last packet:
     # the streamed copy's scalar head, vector body and scalar tail all run.
-    lanes, workers, slots, size = 64, 3, 4, 20 * 64 + 13
-    rng = np.random.default_rng(offset)
-    inputs = random_inputs(rng, dtype, workers, size)
+    lanes, workers, size = 64, 3, 20 * 64 + 13
+    inputs = random_inputs(np.random.default_rng(offset), dtype, workers, size)
     results = {}
     for name, stream_min in (("ordinary", -1), ("streamed", 0), ("default", None)):
-        pipe = Pipeline(lanes, slots=8)
-        addrs = tuple((f"10.9.0.{r + 1}", 5000 + r) for r in range(workers))
-        pipe.add_job(JobConfig(4, addrs, slots))
-        net = FakeNetwork(pipe, FAKE_SWITCH, LinkModel(loss=0.05), seed=offset)
         outs = [np.zeros(size + offset, dtype)[offset:] for _ in range(workers)]
-        specs = [JobSpec(4, r, workers, FAKE_SWITCH, lanes, slots) for r in range(workers)]
-        engines = {
-            a: NativeInaAllreduce(
-                specs[r],
-                inputs[r],
-                np.zeros(slots, np.int64),
-                POLICY,
-                out=outs[r],
-                stream_min_bytes=stream_min,
-            )
-            for r, a in enumerate(addrs)
-        }
-        assert [e.streams for e in engines.values()] == [name == "streamed" and CAN_STREAM] * 3
-        assert all(e is None for e in net.run(engines).values())  # type: ignore[arg-type]
-        results[name] = [engines[a].result() for a in addrs]
+        native = functools.partial(NativeInaAllreduce, stream_min_bytes=stream_min)
+        _, engines = _one_call(native, inputs, lanes, link=LinkModel(loss=0.05), outs=outs)
+        assert [e.streams for e in engines] == [name == "streamed" and CAN_STREAM] * workers
+        results[name] = [e.result() for e in engines]
         for got, out in zip(results[name], outs, strict=True):
             assert np.shares_memory(got, out)
     want = expected(inputs, lanes)  # bit-exact: a wrapping sum, or the quantized one
