@@ -436,11 +436,13 @@ def format_time(us: float) -> str:
     return f"{us:9.2f}"
 
 
-def _fmt_share(share: float | None) -> str:
-    """A share as a whole percentage, ``!`` after it above the bound, ``-`` if unknown."""
+def _fmt_share(share: float | None, bound: bool | None = None) -> str:
+    """A share as a whole percentage, ``!`` after it when ``bound`` (default: above the
+    bound), ``-`` if unknown."""
     if share is None:
         return "-" + " "
-    return f"{share * 100:.0f}" + ("!" if share > BOUND_FRACTION else " ")
+    bound = share > BOUND_FRACTION if bound is None else bound
+    return f"{share * 100:.0f}" + ("!" if bound else " ")
 
 
 def _cpu_cells(cpu: RowCpu | None) -> str:
@@ -453,9 +455,9 @@ def _cpu_cells(cpu: RowCpu | None) -> str:
         own = cpu.own or 0.0
         mark = "!" if own > BOUND_FRACTION else "~" if cpu.busy_other else " "
         cell = f"{machine * 100:.0f}{mark}"
-    switch = _fmt_share(cpu.switch_shown)
-    if cpu.switch_shown is not None and not any(w.startswith("switch") for w in cpu.bound_by):
-        switch = switch.replace("!", " ")  # a data plane on every core bounds no process
+    # Marked by its process alone: a data plane that runs on every core bounds no process.
+    switch_bound = any(who.startswith("switch") for who in cpu.bound_by)
+    switch = _fmt_share(cpu.switch_shown, switch_bound)
     return _CPU_COLS.format(switch, _fmt_share(cpu.workers_max), cell)
 
 
