@@ -58,6 +58,7 @@ __all__ = [
     "busy_cores",
     "clock_ticks",
     "counter_at",
+    "program_fds",
     "read_dataplane_ns",
     "read_machine",
     "read_process_ticks",
@@ -187,24 +188,37 @@ _BPF_PROG_LINK = "anon_inode:bpf-prog"
 """What ``/proc/PID/fd/N`` links to for a BPF program's file descriptor."""
 
 
-def read_dataplane_ns(pid: int, proc: Path = PROC) -> int | None:
+def program_fds(pid: int, proc: Path = PROC) -> tuple[str, ...]:
+    """The file descriptors (``/proc/PID/fd`` names) by which process ``pid`` holds BPF
+    programs; none if it holds none or is gone."""
+    fd_dir = proc / str(pid) / "fd"
+    try:
+        names = os.listdir(fd_dir)
+    except OSError:
+        return ()
+    found = []
+    for name in names:
+        try:
+            if os.readlink(fd_dir / name) == _BPF_PROG_LINK:
+                found.append(name)
+        except OSError:  # closed meanwhile
+            continue
+    return tuple(found)
+
+
+def read_dataplane_ns(pid: int, proc: Path = PROC, fds: Sequence[str] | None = None) -> int | None:
     """Nanoseconds the kernel has spent running the BPF programs process ``pid`` holds
     (each program once, however many descriptors): the sum of their ``run_time_ns`` in
     ``/proc/PID/fdinfo``. An eBPF switch's data plane runs there, in softirq on whatever
     core a frame arrives, and mostly in the sending rank's context, not in the switch
     process. The kernel counts only while run-time statistics are on
-    (:func:`~emulation.softswitch.ebpf.libbpf.enable_run_time_stats`). ``None``: the
-    process holds no program, or is gone."""
-    fd_dir = proc / str(pid) / "fd"
-    try:
-        names = os.listdir(fd_dir)
-    except OSError:
-        return None
+    (:func:`~emulation.softswitch.ebpf.libbpf.enable_run_time_stats`). ``fds``: the
+    process's program descriptors when known (:func:`program_fds`: listing every
+    descriptor costs several times reading the counters). ``None``: the process holds no program
+    there, or is gone."""
     runs: dict[str, int] = {}
-    for name in names:
+    for name in program_fds(pid, proc) if fds is None else fds:
         try:
-            if os.readlink(fd_dir / name) != _BPF_PROG_LINK:
-                continue
             info = (proc / str(pid) / "fdinfo" / name).read_text()
         except OSError:  # closed meanwhile
             continue
@@ -216,14 +230,18 @@ def read_dataplane_ns(pid: int, proc: Path = PROC) -> int | None:
     return sum(runs.values()) if runs else None
 
 
-def take_sample(keys: Iterable[ProcKey], proc: Path = PROC, dataplanes: bool = False) -> Sample:
+def take_sample(
+    keys: Iterable[ProcKey],
+    proc: Path = PROC,
+    dataplanes: Mapping[ProcKey, Sequence[str]] | None = None,
+) -> Sample:
     """The machine's and the processes' counters now (unreadable ones left out);
-    ``dataplanes``: the processes' BPF programs' run times too."""
+    ``dataplanes``: the BPF programs' run times too of these processes, read through
+    these descriptors (:func:`read_dataplane_ns`)."""
     t = time.monotonic()
     machine = read_machine(proc / "stat")
-    keys = list(keys)
     ticks = {key: read_process_ticks(key[1], proc) for key in keys}
-    runs = {key: read_dataplane_ns(key[1], proc) for key in keys} if dataplanes else {}
+    runs = {key: read_dataplane_ns(key[1], proc, fds) for key, fds in (dataplanes or {}).items()}
     return Sample(
         t,
         machine,
@@ -283,6 +301,7 @@ class CpuSampler:
         self._thread: threading.Thread | None = None
         self._enable_stats = stats or _enable_run_time_stats
         self._stats_fd: int | None = None
+        self._prog_fds: dict[ProcKey, tuple[str, ...]] = {}
         self.dataplane_error: str | None = None
         """Why the switches' data plane time is not measured, once a switch held a
         program and the kernel's statistics could not be turned on."""
@@ -323,8 +342,23 @@ class CpuSampler:
             return
         # Under the lock, so a sample is never of a set of processes since unwatched.
         with self._lock:
-            sample = take_sample(list(self._watched), self.proc, self._stats_fd is not None)
+            keys = list(self._watched)
+            dataplanes = None
+            if self._stats_fd is not None:
+                dataplanes = {key: self._program_fds(key) for key in keys}
+            sample = take_sample(keys, self.proc, dataplanes)
             self._samples.append(sample)
+            for key, fds in (dataplanes or {}).items():
+                if fds and key not in sample.dataplanes:  # closed: look again next time
+                    del self._prog_fds[key]
+
+    def _program_fds(self, key: ProcKey) -> tuple[str, ...]:
+        """The program descriptors of watched process ``key``, looked up once: listing
+        every descriptor of a process costs several times reading the programs' counters,
+        and a switch holds its program for its life."""
+        if key not in self._prog_fds:
+            self._prog_fds[key] = program_fds(key[1], self.proc)
+        return self._prog_fds[key]
 
     @contextmanager
     def watching(self, pids: Mapping[str, int]) -> Iterator[None]:
@@ -347,7 +381,7 @@ class CpuSampler:
         (under the lock: the samples from here on read the programs)."""
         if self._stats_fd is not None or self.dataplane_error is not None or not self.available:
             return
-        if all(read_dataplane_ns(pid, self.proc) is None for _, pid in keys):
+        if not any(self._program_fds(key) for key in keys):
             return
         try:
             self._stats_fd = self._enable_stats()

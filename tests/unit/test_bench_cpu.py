@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 
+from emulation.bench import cpu as cpu_module
 from emulation.bench.cpu import (
     BOUND_FRACTION,
     CpuSampler,
@@ -19,6 +20,7 @@ from emulation.bench.cpu import (
     SystemCpu,
     attribute,
     counter_at,
+    program_fds,
     read_dataplane_ns,
     read_machine,
     read_process_ticks,
@@ -294,6 +296,9 @@ def test_read_dataplane_ns_sums_each_program_once(tmp_path: Path) -> None:
         8: ("/dev/null", "pos:\t0\n"),
     })  # fmt: skip
     assert read_dataplane_ns(42, tmp_path) == 1750
+    assert sorted(program_fds(42, tmp_path)) == ["4", "5", "6"]
+    assert read_dataplane_ns(42, tmp_path, ["6"]) == 250  # through known descriptors
+    assert read_dataplane_ns(42, tmp_path, ["3"]) is None  # a map's: no program there
     _fake_fds(tmp_path, 43, {3: ("anon_inode:bpf-map", "map_id:\t9\n")})
     assert read_dataplane_ns(43, tmp_path) is None  # no program: not a data plane
     assert read_dataplane_ns(44, tmp_path) is None  # no such process
@@ -383,6 +388,35 @@ def test_sampler_times_data_planes_once_a_watched_process_holds_one(tmp_path: Pa
     cpu = attribute(sampler.samples(), start, end)
     assert cpu.dataplane is not None and cpu.dataplane[0][0] == "s1"
     assert cpu.dataplane[0][1] > 0
+
+
+def test_sampler_lists_descriptors_once_and_again_when_the_program_moves(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    _fake_proc(tmp_path, busy=10, total=100, switch_ticks=5)
+    _fake_fds(tmp_path, 77, {9: ("anon_inode:bpf-prog", _prog_info(5, 1_000))})
+    listed: list[int] = []
+    real = cpu_module.program_fds
+
+    def counting(pid: int, proc: Path = cpu_module.PROC) -> tuple[str, ...]:
+        listed.append(pid)
+        return real(pid, proc)
+
+    monkeypatch.setattr(cpu_module, "program_fds", counting)
+    sampler = CpuSampler(period_s=60, proc=tmp_path, stats=lambda: os.open(os.devnull, 0))
+    with sampler, sampler.watching({"s1": 77}):
+        for _ in range(5):
+            sampler.sample()
+        assert listed == [77]  # looked up once, read six times since
+        for gone in ("fd", "fdinfo"):  # the program moves to descriptor 12
+            (tmp_path / "77" / gone / "9").unlink()
+        _fake_fds(tmp_path, 77, {12: ("anon_inode:bpf-prog", _prog_info(5, 9_000))})
+        sampler.sample()  # finds nothing at 9: looks again at the next
+        sampler.sample()
+    assert listed == [77, 77]
+    watched = [s for s in sampler.samples() if ("s1", 77) in s.procs]
+    runs = [s.dataplanes.get(("s1", 77)) for s in watched]  # then the watch's last sample:
+    assert runs == [1_000] * 6 + [None, 9_000, 9_000]
 
 
 def test_sampler_says_why_it_cannot_time_data_planes(tmp_path: Path) -> None:
