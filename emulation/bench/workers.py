@@ -584,13 +584,66 @@ def _timed(
 ) -> tuple[np.ndarray, tuple[float, float, float, float]]:
     """Run ``call`` ``iters`` times back to back; the last result and (wall seconds, this
     process's CPU seconds, monotonic start, monotonic end). One clock for the time and the
-    interval: on Linux ``monotonic`` reads the CLOCK_MONOTONIC that ``perf_counter`` does."""
+    interval: on Linux ``monotonic`` reads the CLOCK_MONOTONIC that ``perf_counter`` does.
+
+    The CPU clocks are read inside the wall interval and per thread (:func:`threads_cpu`):
+    another thread of the rank (the p2p engine's, torch's) may take the GIL between two
+    reads, and the process clock lags by up to a scheduler tick for a thread running on
+    another core, so time spent before the interval surfaced inside it and made a rank's
+    share over a few milliseconds exceed every core."""
     y = x
-    cpu0, start = time.process_time(), time.monotonic()
+    start = time.monotonic()
+    cpu0 = threads_cpu()
     for _ in range(iters):
         y = call()
-    end, cpu1 = time.monotonic(), time.process_time()
-    return y, (end - start, cpu1 - cpu0, start, end)
+    cpu1 = threads_cpu()
+    end = time.monotonic()
+    return y, (end - start, cpu_between(cpu0, cpu1), start, end)
+
+
+def _thread_clock(tid: int) -> int:
+    # MAKE_THREAD_CPUCLOCK(tid, CPUCLOCK_SCHED) of linux/posix-timers.h: the clock that
+    # pthread_getcpuclockid(3) returns, for any thread of this process.
+    return ((~tid) << 3) | 6
+
+
+@dataclass(frozen=True)
+class ThreadsCpu:
+    """CPU seconds of this process: the process clock and each live thread's own."""
+
+    process: float
+    """``time.process_time()``: every thread, the ended ones too; for a thread running
+    on another core it lags by up to a scheduler tick."""
+    threads: dict[int, float]
+    """Thread id to its CPU seconds, exact at the read (the kernel adds the running
+    thread's time since its last tick); empty where the per-thread clocks are not
+    readable (not Linux)."""
+
+
+def threads_cpu() -> ThreadsCpu:
+    """This process's CPU clocks now (:class:`ThreadsCpu`)."""
+    process = time.process_time()
+    threads: dict[int, float] = {}
+    try:
+        tids = [int(t) for t in os.listdir("/proc/self/task")]
+    except OSError:
+        return ThreadsCpu(process, threads)
+    for tid in tids:
+        try:
+            threads[tid] = time.clock_gettime(_thread_clock(tid))
+        except OSError:
+            continue  # ended since the listing: its time is in the process clock only
+    return ThreadsCpu(process, threads)
+
+
+def cpu_between(a: ThreadsCpu, b: ThreadsCpu) -> float:
+    """CPU seconds this process used between two reads: the sum of each thread's own
+    clock, exact, while every thread read at ``a`` was still there at ``b`` (a thread
+    started between them counts whole); the lagging process clock otherwise, since an
+    ended thread's time is only there."""
+    if not a.threads or not b.threads or not a.threads.keys() <= b.threads.keys():
+        return b.process - a.process
+    return sum(b.threads.values()) - sum(a.threads.values())
 
 
 _CLONE_NEWNET = 0x40000000

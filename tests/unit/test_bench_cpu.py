@@ -5,12 +5,15 @@ a fake /proc tree (and once, briefly, on the real one)."""
 from __future__ import annotations
 
 import os
+import threading
 import time
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 from emulation.bench import cpu as cpu_module
+from emulation.bench import workers as workers_module
 from emulation.bench.cpu import (
     BOUND_FRACTION,
     CpuSampler,
@@ -27,7 +30,7 @@ from emulation.bench.cpu import (
     worker_cpu,
 )
 from emulation.bench.report import Row, dataplane_note, format_table
-from emulation.bench.workers import SizeResult
+from emulation.bench.workers import SizeResult, ThreadsCpu, _timed, cpu_between, threads_cpu
 
 HZ = 100
 
@@ -185,6 +188,82 @@ def test_worker_cpu_is_each_ranks_own_over_the_union_of_intervals() -> None:
     assert worker_cpu([SizeResult(4096, 1024, 1.0, 0, 0.0)]) is None  # not measured
     partial = worker_cpu([_result(0.5, 10.0, 11.0), SizeResult(4096, 1024, 1.0, 0, 0.0)])
     assert partial is not None and partial.workers == (0.5, None)
+
+
+def test_timed_counts_no_cpu_outside_its_wall_interval() -> None:
+    # Another thread of the rank, holding the GIL in switch-interval slices (5 ms), must
+    # not lend the timed calls (a tenth of a millisecond each) CPU time it spent before
+    # or after their wall interval: no share can exceed every core.
+    stop = threading.Event()
+
+    def spin() -> None:
+        while not stop.is_set():
+            sum(range(1000))
+
+    def work() -> np.ndarray:
+        sum(range(5000))
+        return x
+
+    x = np.zeros(1, dtype=np.int32)
+    other = threading.Thread(target=spin, daemon=True)
+    other.start()
+    try:
+        shares = []
+        for _ in range(400):
+            _, (elapsed, cpu_s, t0, t1) = _timed(work, 1, x)
+            assert t1 - t0 == elapsed > 0
+            shares.append(cpu_s / elapsed)
+    finally:
+        stop.set()
+        other.join()
+    assert max(shares) <= (os.cpu_count() or 1) * 1.05, sorted(shares)[-5:]
+
+
+def test_timed_reads_the_cpu_clocks_inside_the_wall_interval(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    reads: list[str] = []
+    now = iter(range(100))
+    monkeypatch.setattr(workers_module.time, "monotonic", lambda: reads.append("wall") or next(now))
+    real = workers_module.threads_cpu
+
+    def cpu() -> ThreadsCpu:
+        reads.append("cpu")
+        return real()
+
+    def call() -> np.ndarray:
+        reads.append("call")
+        return x
+
+    monkeypatch.setattr(workers_module, "threads_cpu", cpu)
+    x = np.zeros(1, dtype=np.int32)
+    _, (elapsed, _cpu, t0, t1) = _timed(call, 2, x)
+    assert reads == ["wall", "cpu", "call", "call", "cpu", "wall"]
+    assert (elapsed, t0, t1) == (1, 0, 1)
+
+
+def test_cpu_between_sums_threads_and_falls_back_when_one_ended() -> None:
+    a = ThreadsCpu(process=10.0, threads={1: 4.0, 2: 5.0})
+    # Thread 3 started between the reads: all of its time is inside.
+    b = ThreadsCpu(process=10.2, threads={1: 4.5, 2: 5.25, 3: 0.125})
+    assert cpu_between(a, b) == pytest.approx(0.875)
+    # Thread 2 ended: its time is only in the process clock.
+    assert cpu_between(a, ThreadsCpu(process=10.7, threads={1: 4.5})) == pytest.approx(0.7)
+    assert cpu_between(ThreadsCpu(1.0, {}), ThreadsCpu(1.5, {})) == pytest.approx(0.5)
+
+
+def test_threads_cpu_reads_every_thread_of_this_process() -> None:
+    stop = threading.Event()
+    other = threading.Thread(target=stop.wait, daemon=True)
+    other.start()
+    try:
+        now = threads_cpu()
+        assert os.getpid() in now.threads and other.native_id in now.threads
+        assert all(v >= 0 for v in now.threads.values())
+        assert sum(now.threads.values()) <= now.process + 0.01
+    finally:
+        stop.set()
+        other.join()
 
 
 def test_with_system_attaches_the_samples_of_the_rows_interval() -> None:
