@@ -54,6 +54,23 @@
 #define BATCH 64 /* datagrams per recvmmsg / sendmmsg */
 #define SIGNAL_CHECK_S 0.1 /* how often run() takes the GIL to look for signals */
 
+/* Receive batching. A result wakes a waiting worker: on the emulated star at 1 Gbit/s
+   one 8 KiB result every 66 us, each costing the sending context a wake-up and the worker
+   a sleep, a poll, a recvmmsg and a sendmmsg for one datagram. So while a whole window is
+   in flight, run() first sleeps for about `batch_results` results (their mean spacing,
+   measured as they come) and then takes them in one batch; results wait in the socket's
+   buffer meanwhile, sized to the window, and the window keeps the links busy: the nap
+   spans at most half of it (a larger batch_results is cut to window / 2). It never
+   passes the next timer, never lasts over NAP_MAX_S,
+   and is skipped below NAP_MIN_S (a timer's own wake-up would cost what it saves) and
+   for the window's tail, so a call of a few packets never waits.
+   Measured (star4, 64 MiB int32, window 8, batch 4): the ranks' CPU per Gbit sent fell
+   from 0.330-0.336 to 0.220-0.236, the machine's busy share from 77% to 59-61%, with
+   the same call time (0.55-0.57 s); batches of 2: 0.25. */
+#define BATCH_RESULTS 4
+#define NAP_MIN_S 50e-6
+#define NAP_MAX_S 1e-3
+
 typedef struct {
     double deadline;
     int32_t slot;
@@ -98,6 +115,8 @@ typedef struct {
     Py_ssize_t nfast, capfast;
     /* statistics */
     int64_t sent, retransmitted, fast_retransmitted, stale, foreign, late_timers;
+    int batch_results;                /* results a nap waits for in run() (0: never) */
+    int64_t naps, receives, received; /* run(): naps, recvmmsg calls, their datagrams */
     size_t psize;
     int started;
 } InaCore;
@@ -574,14 +593,16 @@ static int InaCore_init(InaCore *c, PyObject *args, PyObject *kw) {
     static char *names[] = {"job_id", "rank", "num_workers", "lanes", "window", "data",
                             "out", "uses", "first_seq", "rto", "srtt", "rttvar", "samples",
                             "min_timeout", "max_timeout", "backoff", "deadline", "late_timer",
-                            "stream_min_bytes", NULL};
+                            "stream_min_bytes", "batch_results", NULL};
     PyObject *data, *out, *uses;
     long long first_seq, samples, stream_min = STREAM_MIN_BYTES;
-    if (!PyArg_ParseTupleAndKeywords(args, kw, "iiiiiOOOLdddLddddd|L", names, &c->job_id,
+    c->batch_results = BATCH_RESULTS;
+    if (!PyArg_ParseTupleAndKeywords(args, kw, "iiiiiOOOLdddLddddd|Li", names, &c->job_id,
                                      &c->rank, &c->num_workers, &c->lanes, &c->window, &data,
                                      &out, &uses, &first_seq, &c->rto, &c->srtt, &c->rttvar,
                                      &samples, &c->min_timeout, &c->max_timeout, &c->backoff,
-                                     &c->deadline_s, &c->late_timer, &stream_min))
+                                     &c->deadline_s, &c->late_timer, &stream_min,
+                                     &c->batch_results))
         return -1;
     if (c->started || c->have_data) {
         PyErr_SetString(PyExc_RuntimeError, "InaCore is initialised once");
@@ -589,8 +610,10 @@ static int InaCore_init(InaCore *c, PyObject *args, PyObject *kw) {
     }
     c->first_seq = first_seq;
     c->samples = samples;
-    if (c->lanes < 1 || c->lanes > MAX_LANES || c->window < 1 || c->num_workers < 1) {
-        PyErr_SetString(PyExc_ValueError, "lanes, window or num_workers out of range");
+    if (c->lanes < 1 || c->lanes > MAX_LANES || c->window < 1 || c->num_workers < 1 ||
+        c->batch_results < 0) {
+        PyErr_SetString(PyExc_ValueError,
+                        "lanes, window, num_workers or batch_results out of range");
         return -1;
     }
     if (PyObject_GetBuffer(data, &c->data, PyBUF_C_CONTIGUOUS | PyBUF_FORMAT) < 0) return -1;
@@ -821,6 +844,18 @@ static int wait_readable(int fd, double seconds) {
     return r < 0 && errno != EINTR ? errno : 0;
 }
 
+/* How long run() sleeps before its next receive (see BATCH_RESULTS); 0: no nap. */
+static double nap_seconds(const InaCore *c, int results, double gap, double until) {
+    if (results < 1 || gap <= 0) return 0.0;
+    int64_t left = c->npackets - c->done;
+    int64_t flight = left < c->window ? left : c->window;
+    if (flight < 2 * (int64_t)results) return 0.0;
+    double nap = results * gap;
+    if (nap < NAP_MIN_S) return 0.0;
+    if (nap > NAP_MAX_S) nap = NAP_MAX_S;
+    return nap < until ? nap : (until > 0 ? until : 0.0);
+}
+
 enum { RUN_OK = 0, RUN_TIMEOUT = -1, RUN_SIGNAL = -2 };
 
 static int run_loop(InaCore *c, int fd, uint8_t *rbuf, size_t rsize, double *now_out) {
@@ -844,10 +879,20 @@ static int run_loop(InaCore *c, int fd, uint8_t *rbuf, size_t rsize, double *now
     for (int64_t i = 0; i < c->window && !err; i++) err = queue_next(q, i, now);
     if (!err) err = flush(q);
     double check_at = now + SIGNAL_CHECK_S;
+    double gap = 0.0, last_rx = 0.0; /* seconds between datagrams (a moving mean) */
+    int nap_results = c->batch_results < c->window / 2 ? c->batch_results : c->window / 2;
     while (!err && c->done < c->npackets) {
         double wake = next_wakeup(c);
         now = now_s();
         double until = (wake < check_at ? wake : check_at) - now;
+        double nap = nap_seconds(c, nap_results, gap, until);
+        if (nap > 0) {
+            struct timespec ts = {0, (long)(nap * 1e9)};
+            nanosleep(&ts, NULL); /* a signal ends it early: the loop goes on */
+            c->naps++;
+            now = now_s();
+            until = (wake < check_at ? wake : check_at) - now;
+        }
         err = wait_readable(fd, until);
         if (err) break;
         int n = recvmmsg(fd, rmsg, BATCH, MSG_DONTWAIT, NULL);
@@ -856,6 +901,15 @@ static int run_loop(InaCore *c, int fd, uint8_t *rbuf, size_t rsize, double *now
             n = 0;
         }
         now = now_s();
+        if (n > 0) {
+            if (last_rx > 0) {
+                double g = (now - last_rx) / n;
+                gap = gap > 0 ? gap + (g - gap) / 8 : g;
+            }
+            last_rx = now;
+            c->receives++;
+            c->received += n;
+        }
         for (int k = 0; k < n && !err; k++) {
             int64_t nxt = take(c, rbuf + (size_t)k * rsize, rmsg[k].msg_len, now);
             if (nxt == -1) { err = ENOMEM; break; }
@@ -916,13 +970,16 @@ static PyObject *InaCore_get_done(InaCore *c, void *Py_UNUSED(x)) {
 
 static PyObject *InaCore_get_state(InaCore *c, void *Py_UNUSED(x)) {
     return Py_BuildValue(
-        "{s:L,s:L,s:i,s:d,s:d,s:d,s:L,s:L,s:L,s:L,s:L,s:L,s:L,s:L,s:O}", "npackets",
+        "{s:L,s:L,s:i,s:d,s:d,s:d,s:L,s:L,s:L,s:L,s:L,s:L,s:L,s:L,s:O,s:L,s:L,s:L}",
+        "npackets",
         (long long)c->npackets, "nblocks", (long long)c->nblocks, "window", c->window, "rto",
         c->rto, "srtt", c->srtt, "rttvar", c->rttvar, "samples", (long long)c->samples, "sent",
         (long long)c->sent, "retransmitted", (long long)c->retransmitted, "fast_retransmitted",
         (long long)c->fast_retransmitted, "stale", (long long)c->stale, "foreign",
         (long long)c->foreign, "done", (long long)c->done, "late_timers",
-        (long long)c->late_timers, "stream", c->stream ? Py_True : Py_False);
+        (long long)c->late_timers, "stream", c->stream ? Py_True : Py_False, "naps",
+        (long long)c->naps, "receives", (long long)c->receives, "received",
+        (long long)c->received);
 }
 
 static PyMethodDef InaCore_methods[] = {

@@ -116,6 +116,9 @@ class InaSession(_InaCollectives):
         engine: ``"native"`` (the C core, ``hostlib.native``) or ``"python"`` (the
             specification, ``hostlib.ina``); ``None``: ``INALAB_HOST_ENGINE``, else the
             native one where it was built.
+        batch_results: results the native core sleeps for before it receives them in one
+            batch while a whole window is in flight (``None``: its default, 4; 0: never);
+            see :class:`~hostlib.native.NativeInaAllreduce`.
 
     Raises:
         ValueError: an unknown engine, or ``"native"`` where it was not built.
@@ -128,6 +131,7 @@ class InaSession(_InaCollectives):
         policy: RetryPolicy | None = None,
         *,
         engine: str | None = None,
+        batch_results: int | None = None,
     ) -> None:
         self.spec = spec
         self.transport = transport
@@ -153,6 +157,15 @@ class InaSession(_InaCollectives):
         self.late_timers = 0
         """Timers served late and re-armed instead of fired (``RetryPolicy.late_timer``):
         this worker was not running when they expired (the machine stalled)."""
+        self.batch_results = batch_results
+        """The native core's receive batching (:class:`~hostlib.native.NativeInaAllreduce`;
+        ``None``: its default)."""
+        self.naps = 0
+        """The native core's sleeps before a receive, over the session's calls."""
+        self.receives = 0
+        self.received = 0
+        """Datagrams the native core took in its :attr:`receives` receive calls, over the
+        session's calls on the socket: ``received / receives`` results per wake-up."""
         self.next_seq = 1
         self.packets = 0
         """Packets of this worker's completed calls (first copies), for statistics."""
@@ -167,6 +180,7 @@ class InaSession(_InaCollectives):
             engine = NativeInaAllreduce(
                 self.spec, flat, self.uses, self.policy, self.rtt,
                 first_seq=self.next_seq, window=window, out=target,
+                batch_results=self.batch_results,
             )  # fmt: skip
         else:
             engine = InaAllreduce(
@@ -189,6 +203,10 @@ class InaSession(_InaCollectives):
         self.fast_retransmissions += engine.stats.fast_retransmitted
         self.late_answers += engine.stats.stale
         self.late_timers += engine.stats.late_timers
+        if isinstance(engine, NativeInaAllreduce):
+            self.naps += engine.naps
+            self.receives += engine.receives
+            self.received += engine.received
         return engine.result()
 
     def _drive(self, engine: InaAllreduce | NativeInaAllreduce) -> None:

@@ -180,3 +180,34 @@ def test_a_rank_killed_mid_call_leaves_the_others_a_timeout_error() -> None:
     counts = [int(m.group(1)) for o in outcomes.values() if (m := _RETX.search(o))]
     assert len(counts) == 2 and min(counts) > 0, outcomes
     assert time.monotonic() - killed_at < 3.0 + 10.0
+
+
+@pytest.mark.parametrize("batch", [4, 0])
+def test_receive_batching_serves_several_results_per_wakeup(batch: int) -> None:
+    # While a whole window is in flight the core sleeps for about `batch` results and
+    # takes them in one receive; the results are the same bytes either way, and a call
+    # of fewer packets than two batches (the window's tail) never sleeps.
+    n, lanes, rng = 2, 64, np.random.default_rng(5)
+    big = random_inputs(rng, np.int32, n, lanes * 600 + 7)
+    small = random_inputs(rng, np.int32, n, lanes * 3)
+    with switch_thread(Pipeline(lanes, slots=16)) as server:
+        job = SwitchJob(server, 1, n, 16, POLICY)
+        for s in job.sessions:
+            s.engine, s.batch_results = "native", batch
+        try:
+            got = in_threads([lambda s=s, r=r: s.allreduce(big[r])  # type: ignore[misc]
+                              for r, s in enumerate(job.sessions)])  # fmt: skip
+            naps = [s.naps for s in job.sessions]
+            per_wakeup = [s.received / s.receives for s in job.sessions]
+            got_small = in_threads([lambda s=s, r=r: s.allreduce(small[r])  # type: ignore[misc]
+                                    for r, s in enumerate(job.sessions)])  # fmt: skip
+            assert [s.naps for s in job.sessions] == naps  # the tail never waits
+        finally:
+            job.close()
+    for results, x in ((got, big), (got_small, small)):
+        for r in results:
+            np.testing.assert_array_equal(r, expected(x, lanes))
+    if batch:
+        assert min(naps) > 0 and min(per_wakeup) >= 3.0, (naps, per_wakeup)
+    else:
+        assert naps == [0] * n, naps
