@@ -48,6 +48,7 @@ __all__ = [
     "BOUND_FRACTION",
     "BUSY_OTHER_CORES",
     "CPU_NOTE",
+    "MAX_SPAN_OVER",
     "SAMPLE_PERIOD_S",
     "CpuSampler",
     "MachineTicks",
@@ -75,6 +76,15 @@ BUSY_OTHER_CORES = 0.25
 a run starts) make the machine "busy with other processes": the row is flagged apart
 from CPU-bound, since its time then measures someone else's load too."""
 
+MAX_SPAN_OVER = 0.25
+"""Other processes' cores are told only for a row whose samples rest on at most this
+fraction more time than its interval (``span_s`` against ``interval_s``). The machine's
+share of a shorter row is interpolated over samples around it, which include the bench's
+own work between rows (the warm-up calls, the inputs and the check); the ranks' CPU is
+exact for the interval, so the difference would blame that work on other processes: the
+default loopback bench flagged rows of 4-50 ms resting on 26-80 ms of samples as busy
+with other processes (0.3-0.9 of a core) on a quiet machine."""
+
 SAMPLE_PERIOD_S = 0.025
 """Seconds between samples: a few clock ticks (10 ms each at the usual 100 Hz), so each
 period sees the counters move; 40 small reads a second cost the coordinator little."""
@@ -100,7 +110,9 @@ CPU_NOTE = (
     " samples every ~25 ms, interpolated at the interval's ends: samples"
     f" counts those inside, span_s the time they rest on, so short rows are coarse. own:"
     " the bench's processes together (ranks, switches, softirq) in share of all cores;"
-    " other_cores: the cores the machine's other processes used meanwhile, busy_other"
+    " other_cores: the cores the machine's other processes used meanwhile (null for a"
+    f" row whose span_s exceeds interval_s by more than {MAX_SPAN_OVER:.0%}: its machine"
+    " share includes the bench's own work around the row), busy_other"
     f" when above {BUSY_OTHER_CORES}. bound: a rank or switch process above"
     f" {BOUND_FRACTION:.0%} of a core or the bench's processes above {BOUND_FRACTION:.0%}"
     " of all cores (bound_by says which, 'bench' for the latter): the time then measures"
@@ -553,9 +565,13 @@ class RowCpu:
     @property
     def other_cores(self) -> float | None:
         """Cores other processes used meanwhile (the machine's busy share less the
-        bench's own, never negative: counters of different clocks)."""
-        own, machine = self.own, self.system.machine
+        bench's own, never negative: counters of different clocks); ``None`` where not
+        known, or where the samples rest on more than :data:`MAX_SPAN_OVER` beyond the
+        interval (a short row: the bench's work around it would count as others')."""
+        own, machine, span = self.own, self.system.machine, self.system.span_s
         if own is None or machine is None:
+            return None
+        if span is not None and span > self.interval_s * (1 + MAX_SPAN_OVER):
             return None
         return max(machine - own, 0.0) * self.cores
 

@@ -16,6 +16,7 @@ from emulation.bench import cpu as cpu_module
 from emulation.bench import workers as workers_module
 from emulation.bench.cpu import (
     BOUND_FRACTION,
+    MAX_SPAN_OVER,
     CpuSampler,
     MachineTicks,
     RowCpu,
@@ -309,6 +310,21 @@ def test_other_cores_are_the_machine_less_the_benchs_own() -> None:
     assert RowCpu((1.0,), 0.0, 1.0, SystemCpu(machine=0.2), cores=2).other_cores == 0.0
 
 
+def test_other_cores_are_not_told_for_a_row_shorter_than_its_samples() -> None:
+    # The loopback bench's 4 KiB row: 3.8 ms of timed calls between samples 26 ms apart,
+    # around it the ranks' warm-up and checks: the machine 0.8 busy, the ranks' exact
+    # clocks 0.41 of it. Not 0.77 of a core of other processes.
+    def row(interval: float, span: float) -> RowCpu:
+        system = SystemCpu(machine=0.8, samples=0, span_s=span)
+        return RowCpu((0.2, 0.2, 0.2, 0.2), 10.0, 10.0 + interval, system, cores=2)
+
+    short = row(0.0038, 0.026)
+    assert short.other_cores is None and not short.busy_other
+    assert short.to_json()["other_cores"] is None
+    assert row(0.25, 0.25 * (1 + MAX_SPAN_OVER)).other_cores == pytest.approx((0.8 - 0.4) * 2)
+    assert row(0.25, 0.25 * (1 + MAX_SPAN_OVER) + 0.001).other_cores is None
+
+
 def test_row_cpu_json_has_every_field() -> None:
     cpu = RowCpu(
         (0.25, 0.75),
@@ -336,7 +352,7 @@ def test_row_cpu_json_has_every_field() -> None:
         "softirq": 0.125,
         "steal": 0.0625,
         "own": 0.5,  # (0.25 + 0.75 + 0.9375) / 4 cores + softirq 0.125, at most the machine
-        "other_cores": 0.0,  # the machine's 0.5 is below the bench's own: none other
+        "other_cores": None,  # 4 ms resting on 30 ms of samples: not told
         "busy_other": False,
         "interval_s": pytest.approx(0.004),
         "samples": 0,
