@@ -61,9 +61,10 @@
    measured as they come) and then takes them in one batch; results wait in the socket's
    buffer meanwhile, sized to the window, and the window keeps the links busy: the nap
    spans at most half of it (a larger batch_results is cut to window / 2). It never
-   passes the next timer, never lasts over NAP_MAX_S,
-   and is skipped below NAP_MIN_S (a timer's own wake-up would cost what it saves) and
-   for the window's tail, so a call of a few packets never waits.
+   passes the next timer and never lasts over NAP_MAX_S. It is skipped below NAP_MIN_S
+   (a timer's own wake-up would cost what it saves: results closer than 12.5 us, as on
+   fast links, are taken as they come) and in the window's tail, so that a call of a few
+   packets never waits.
    Measured (star4, 64 MiB int32, window 8, batch 4): the ranks' CPU per Gbit sent fell
    from 0.330-0.336 to 0.220-0.236, the machine's busy share from 77% to 59-61%, with
    the same call time (0.55-0.57 s); batches of 2: 0.25. */
