@@ -904,7 +904,11 @@ static int run_loop(InaCore *c, int fd, uint8_t *rbuf, size_t rsize, double *now
         now = now_s();
         if (n > 0) {
             if (last_rx > 0) {
+                /* A stall (a peer, this process, the VM) is not the results' spacing: a
+                   sample counts at most twice the mean, or one stall would make the
+                   following naps outlast the window and idle the links for many. */
                 double g = (now - last_rx) / n;
+                if (gap > 0 && g > 2 * gap) g = 2 * gap;
                 gap = gap > 0 ? gap + (g - gap) / 8 : g;
             }
             last_rx = now;
