@@ -54,23 +54,18 @@
 #define BATCH 64 /* datagrams per recvmmsg / sendmmsg */
 #define SIGNAL_CHECK_S 0.1 /* how often run() takes the GIL to look for signals */
 
-/* Receive batching. A result wakes a waiting worker: on the emulated star at 1 Gbit/s
-   one 8 KiB result every 66 us, each costing the sending context a wake-up and the worker
-   a sleep, a poll, a recvmmsg and a sendmmsg for one datagram. So while a whole window is
-   in flight, run() first sleeps for about `batch_results` results (their mean spacing,
-   measured as they come) and then takes them in one batch; results wait in the socket's
-   buffer meanwhile, sized to the window, and the window keeps the links busy: the nap
-   spans at most half of it (a larger batch_results is cut to window / 2). It never
-   passes the next timer and never lasts over NAP_MAX_S. It is skipped below NAP_MIN_S
-   (a timer's own wake-up would cost what it saves: results closer than 12.5 us, as on
-   fast links, are taken as they come) and in the window's tail, so that a call of a few
-   packets never waits.
+/* Receive batching (_netcore.h). A result wakes a waiting worker: on the emulated star
+   at 1 Gbit/s one 8 KiB result every 66 us, each costing the sending context a wake-up
+   and the worker a sleep, a poll, a recvmmsg and a sendmmsg for one datagram. So while a
+   whole window is in flight, run() first sleeps for about `batch_results` results and
+   then takes them in one batch; results wait in the socket's buffer meanwhile, sized to
+   the window, and the window keeps the links busy: the nap spans at most half of it (a
+   larger batch_results is cut to window / 2), and none is taken in the window's tail, so
+   that a call of a few packets never waits.
    Measured (star4, 64 MiB int32, window 8, batch 4): the ranks' CPU per Gbit sent fell
    from 0.330-0.336 to 0.220-0.236, the machine's busy share from 77% to 59-61%, with
    the same call time (0.55-0.57 s); batches of 2: 0.25. */
 #define BATCH_RESULTS 4
-#define NAP_MIN_S 50e-6
-#define NAP_MAX_S 1e-3
 
 typedef struct {
     double deadline;
@@ -845,16 +840,11 @@ static int wait_readable(int fd, double seconds) {
     return r < 0 && errno != EINTR ? errno : 0;
 }
 
-/* How long run() sleeps before its next receive (see BATCH_RESULTS); 0: no nap. */
-static double nap_seconds(const InaCore *c, int results, double gap, double until) {
-    if (results < 1 || gap <= 0) return 0.0;
+/* How long run() sleeps before its next receive (BATCH_RESULTS); 0: no nap. */
+static double nap_seconds(const InaCore *c, int results, const Spacing *sp, double until) {
     int64_t left = c->npackets - c->done;
     int64_t flight = left < c->window ? left : c->window;
-    if (flight < 2 * (int64_t)results) return 0.0;
-    double nap = results * gap;
-    if (nap < NAP_MIN_S) return 0.0;
-    if (nap > NAP_MAX_S) nap = NAP_MAX_S;
-    return nap < until ? nap : (until > 0 ? until : 0.0);
+    return flight < 2 * (int64_t)results ? 0.0 : spacing_nap(sp, results, until);
 }
 
 enum { RUN_OK = 0, RUN_TIMEOUT = -1, RUN_SIGNAL = -2 };
@@ -880,16 +870,15 @@ static int run_loop(InaCore *c, int fd, uint8_t *rbuf, size_t rsize, double *now
     for (int64_t i = 0; i < c->window && !err; i++) err = queue_next(q, i, now);
     if (!err) err = flush(q);
     double check_at = now + SIGNAL_CHECK_S;
-    double gap = 0.0, last_rx = 0.0; /* seconds between datagrams (a moving mean) */
+    Spacing sp = {0.0, 0.0};
     int nap_results = c->batch_results < c->window / 2 ? c->batch_results : c->window / 2;
     while (!err && c->done < c->npackets) {
         double wake = next_wakeup(c);
         now = now_s();
         double until = (wake < check_at ? wake : check_at) - now;
-        double nap = nap_seconds(c, nap_results, gap, until);
-        if (nap > 0) {
-            struct timespec ts = {0, (long)(nap * 1e9)};
-            nanosleep(&ts, NULL); /* a signal ends it early: the loop goes on */
+        double pause_s = nap_seconds(c, nap_results, &sp, until);
+        if (pause_s > 0) {
+            nap(pause_s);
             c->naps++;
             now = now_s();
             until = (wake < check_at ? wake : check_at) - now;
@@ -903,15 +892,7 @@ static int run_loop(InaCore *c, int fd, uint8_t *rbuf, size_t rsize, double *now
         }
         now = now_s();
         if (n > 0) {
-            if (last_rx > 0) {
-                /* A stall (a peer, this process, the VM) is not the results' spacing: a
-                   sample counts at most twice the mean, or one stall would make the
-                   following naps outlast the window and idle the links for many. */
-                double g = (now - last_rx) / n;
-                if (gap > 0 && g > 2 * gap) g = 2 * gap;
-                gap = gap > 0 ? gap + (g - gap) / 8 : g;
-            }
-            last_rx = now;
+            spacing_sample(&sp, now, n);
             c->receives++;
             c->received += n;
         }

@@ -2,7 +2,7 @@
  * What the native cores share (hostlib/_inacore.c, hostlib/_p2pcore.c): big-endian field
  * access, the monotonic clock, the fast-retransmission threshold and the RFC 6298
  * estimator, each exactly as hostlib.ina's Python (the differential tests hold both
- * cores to it).
+ * cores to it); and their run loops' receive batching.
  */
 #ifndef INALAB_NETCORE_H
 #define INALAB_NETCORE_H
@@ -83,6 +83,46 @@ static inline void rtt_sample(Rtt *r, double rtt, double min_timeout, double max
     if (rto < min_timeout) rto = min_timeout;
     if (rto > max_timeout) rto = max_timeout;
     r->rto = rto;
+}
+
+/* Receive batching: run() sleeps for about `count` datagrams' mean spacing before it
+   receives, so that one wake-up serves several (hostlib/_inacore.c, BATCH_RESULTS, says
+   why and what it saved). The nap never passes `until` (the next timer), never lasts
+   over NAP_MAX_S, and is skipped below NAP_MIN_S: a timer's own wake-up would cost what
+   it saves, so datagrams closer than NAP_MIN_S / count (fast links) are taken as they
+   come. The caller decides when enough is in flight for a nap not to idle the links. */
+#define NAP_MIN_S 50e-6
+#define NAP_MAX_S 1e-3
+
+typedef struct {
+    double gap;     /* mean seconds between datagrams (0: not known yet) */
+    double last_rx; /* when the last receive returned datagrams (0: none yet) */
+} Spacing;
+
+/* How long to sleep before the next receive; 0: do not. */
+static inline double spacing_nap(const Spacing *sp, int count, double until) {
+    if (count < 1 || sp->gap <= 0) return 0.0;
+    double nap = count * sp->gap;
+    if (nap < NAP_MIN_S) return 0.0;
+    if (nap > NAP_MAX_S) nap = NAP_MAX_S;
+    return nap < until ? nap : (until > 0 ? until : 0.0);
+}
+
+/* A receive at `now` returned `n` > 0 datagrams. A stall (a peer, this process, the VM)
+   is not the datagrams' spacing: a sample counts at most twice the mean, or one stall
+   would make the following naps outlast the window and idle the links for many. */
+static inline void spacing_sample(Spacing *sp, double now, int n) {
+    if (sp->last_rx > 0) {
+        double g = (now - sp->last_rx) / n;
+        if (sp->gap > 0 && g > 2 * sp->gap) g = 2 * sp->gap;
+        sp->gap = sp->gap > 0 ? sp->gap + (g - sp->gap) / 8 : g;
+    }
+    sp->last_rx = now;
+}
+
+static inline void nap(double seconds) {
+    struct timespec ts = {(time_t)seconds, (long)((seconds - (double)(time_t)seconds) * 1e9)};
+    nanosleep(&ts, NULL); /* a signal ends it early: the caller's loop goes on */
 }
 
 #endif

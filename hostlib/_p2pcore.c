@@ -61,6 +61,15 @@
 #define BATCH 64
 #define SIGNAL_CHECK_S 0.1
 
+/* Receive batching (_netcore.h): while the call still expects at least two batches of
+   messages, run() sleeps for about `batch` datagrams (a peer's DATA and the acks of
+   this rank's DATA arrive interleaved) before it receives them together. The send
+   windows (64 packets per peer by default, 4 ms at 1 Gbit/s) keep the links busy over
+   a nap. Measured (star4 ring allreduce, 64 MiB int32, 1 Gbit/s, builds alternating):
+   the ranks' CPU per Gbit 0.218-0.240 without, 0.188-0.193 with batches of 8, and
+   0.874-0.881 s per call against 0.893-0.895 s. */
+#define BATCH_DATAGRAMS 8
+
 static PyObject *P2pErrorType;   /* hostlib.p2p.P2pError, set by the binding */
 static PyObject *TimeoutType;    /* the binding's marker for the deadline */
 
@@ -180,6 +189,8 @@ typedef struct {
     int64_t sent, retransmitted, fast_retransmitted, duplicates, foreign, late_answered, spurious,
         late_timers;
     int64_t gso_sends; /* sendmmsg entries that carried more than one datagram */
+    int batch;                        /* run(): datagrams a nap waits for (0: never) */
+    int64_t naps, receives, received; /* run(): naps, recvmmsg calls, their datagrams */
 } Endpoint;
 
 enum { RING_AR = 0, RING_RS = 1, RING_AG = 2, TREE = 3 };
@@ -777,15 +788,21 @@ static void Endpoint_dealloc(Endpoint *e) {
 
 static int Endpoint_init(Endpoint *e, PyObject *args, PyObject *kw) {
     static char *names[] = {"rank", "addrs", "lanes", "window", "timeout", "min_timeout",
-                            "max_timeout", "backoff", "deadline", "gso", "late_timer", NULL};
+                            "max_timeout", "backoff", "deadline", "gso", "late_timer",
+                            "batch_datagrams", NULL};
     PyObject *addrs;
     e->gso = 0;
     e->late_timer = INFINITY;
-    if (!PyArg_ParseTupleAndKeywords(args, kw, "iOiiddddd|pd", names, &e->rank, &addrs,
+    e->batch = BATCH_DATAGRAMS;
+    if (!PyArg_ParseTupleAndKeywords(args, kw, "iOiiddddd|pdi", names, &e->rank, &addrs,
                                      &e->spec_lanes, &e->spec_window, &e->rto, &e->min_timeout,
                                      &e->max_timeout, &e->backoff, &e->deadline_s, &e->gso,
-                                     &e->late_timer))
+                                     &e->late_timer, &e->batch))
         return -1;
+    if (e->batch < 0) {
+        PyErr_SetString(PyExc_ValueError, "batch_datagrams must be 0 or more");
+        return -1;
+    }
     if (e->ch) {
         PyErr_SetString(PyExc_RuntimeError, "Endpoint is initialised once");
         return -1;
@@ -912,7 +929,9 @@ static PyObject *Endpoint_serve_idle(Endpoint *e, PyObject *args) {
 
 static PyObject *Endpoint_get_state(Endpoint *e, void *Py_UNUSED(x)) {
     return Py_BuildValue(
-        "{s:L,s:d,s:d,s:d,s:d,s:d,s:L,s:O,s:O,s:L,s:L,s:L,s:L,s:L,s:L,s:i,s:i,s:O,s:L,s:L,s:L}", "call",
+        "{s:L,s:d,s:d,s:d,s:d,s:d,s:L,s:O,s:O,s:L,s:L,s:L,s:L,s:L,s:L,s:i,s:i,s:O,s:L,s:L,s:L,"
+        "s:i,s:L,s:L,s:L}",
+        "call",
         (long long)e->call, "last_progress", e->last_progress, "last_rx", e->last_rx, "rto",
         e->rto, "srtt", e->srtt, "rttvar", e->rttvar, "samples", (long long)e->samples,
         "unacked", ep_unacked(e) ? Py_True : Py_False, "has_output",
@@ -921,7 +940,9 @@ static PyObject *Endpoint_get_state(Endpoint *e, void *Py_UNUSED(x)) {
         "duplicates", (long long)e->duplicates, "foreign", (long long)e->foreign,
         "late_answered", (long long)e->late_answered, "lanes", e->lanes, "window", e->window,
         "gso", e->gso ? Py_True : Py_False, "gso_sends", (long long)e->gso_sends, "spurious",
-        (long long)e->spurious, "late_timers", (long long)e->late_timers);
+        (long long)e->spurious, "late_timers", (long long)e->late_timers, "batch_datagrams",
+        e->batch, "naps", (long long)e->naps, "receives", (long long)e->receives, "received",
+        (long long)e->received);
 }
 
 static PyObject *Endpoint_next_timer(Endpoint *e, PyObject *Py_UNUSED(x)) {
@@ -939,8 +960,25 @@ static PyMethodDef Endpoint_methods[] = {
     {NULL, NULL, 0, NULL},
 };
 
+static PyObject *Endpoint_get_batch(Endpoint *e, void *Py_UNUSED(x)) {
+    return PyLong_FromLong(e->batch);
+}
+
+static int Endpoint_set_batch(Endpoint *e, PyObject *value, void *Py_UNUSED(x)) {
+    long v = value ? PyLong_AsLong(value) : -1;
+    if (v == -1 && PyErr_Occurred()) return -1;
+    if (v < 0 || v > INT32_MAX) {
+        PyErr_SetString(PyExc_ValueError, "batch_datagrams must be 0 or more");
+        return -1;
+    }
+    e->batch = (int)v;
+    return 0;
+}
+
 static PyGetSetDef Endpoint_getset[] = {
     {"state", (getter)Endpoint_get_state, NULL, "counters, times, RTT", NULL},
+    {"batch_datagrams", (getter)Endpoint_get_batch, (setter)Endpoint_set_batch,
+     "datagrams run() naps for before a receive (0: never)", NULL},
     {NULL, NULL, NULL, NULL, NULL},
 };
 
@@ -1171,10 +1209,19 @@ static int run_loop(Call *c, int fd, double *now_out) {
     err = call_start(c, now);
     if (!err) err = flush_outbox(e, fd);
     double check_at = now + SIGNAL_CHECK_S;
+    Spacing sp = {0.0, 0.0};
     while (!err && !c->done) {
         double wake = call_next_wakeup(c);
         now = now_s();
         double until = (wake < check_at ? wake : check_at) - now;
+        double pause_s = c->remaining >= 2 * (int64_t)e->batch ? spacing_nap(&sp, e->batch, until)
+                                                                : 0.0;
+        if (pause_s > 0) {
+            nap(pause_s);
+            e->naps++;
+            now = now_s();
+            until = (wake < check_at ? wake : check_at) - now;
+        }
         if (until > 0) {
             struct timespec ts = {(time_t)until, (long)((until - (double)(time_t)until) * 1e9)};
             struct pollfd p = {fd, POLLIN, 0};
@@ -1195,6 +1242,11 @@ static int run_loop(Call *c, int fd, double *now_out) {
             n = 0;
         }
         now = now_s();
+        if (n > 0) {
+            spacing_sample(&sp, now, n);
+            e->receives++;
+            e->received += n;
+        }
         for (int k = 0; k < n && !err; k++) {
             if (from_rank(e, &src[k]) < 0) { e->foreign++; continue; }
             err = ep_on_datagram(e, buf + (size_t)k * (PKT_MAX + 64), msg[k].msg_len, now);

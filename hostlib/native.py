@@ -354,7 +354,9 @@ class NativeP2pEndpoint:
         ValueError: the native p2p core is not built, or a spec it cannot take.
     """
 
-    def __init__(self, spec: Any, policy: RetryPolicy | None = None) -> None:
+    def __init__(
+        self, spec: Any, policy: RetryPolicy | None = None, *, batch_datagrams: int | None = None
+    ) -> None:
         core, why_not = _p2p_core()
         if core is None:
             raise ValueError(f"native p2p engine: {why_not}")
@@ -364,6 +366,7 @@ class NativeP2pEndpoint:
         self.core = core.Endpoint(
             spec.rank, list(spec.addrs), spec.lanes, spec.window, p.timeout, p.min_timeout,
             p.max_timeout, p.backoff, p.deadline, gso=udp_gso(), late_timer=p.late_timer,
+            **({} if batch_datagrams is None else {"batch_datagrams": batch_datagrams}),
         )  # fmt: skip
         self.stats = _NativeP2pStats()
         self.rtt = _Rtt(p.timeout)
@@ -394,6 +397,23 @@ class NativeP2pEndpoint:
         self.last_rx: float = s["last_rx"]
         self.lanes: int = s["lanes"]
         self.window: int = s["window"]
+        self.naps: int = s["naps"]
+        """Sleeps before a receive in the calls' run() (:attr:`batch_datagrams`)."""
+        self.receives: int = s["receives"]
+        self.received: int = s["received"]
+        """Datagrams the calls' run() took in its :attr:`receives` receive calls."""
+
+    @property
+    def batch_datagrams(self) -> int:
+        """While a call still expects two batches of messages, its run() sleeps for
+        about this many datagrams' spacing before it receives them together (default:
+        the core's 8; 0: never). It changes when datagrams are taken, never which are
+        sent for them."""
+        return int(self.core.batch_datagrams)
+
+    @batch_datagrams.setter
+    def batch_datagrams(self, value: int) -> None:
+        self.core.batch_datagrams = value
 
     @property
     def unacked(self) -> bool:
