@@ -892,7 +892,7 @@ static int run_loop(InaCore *c, int fd, uint8_t *rbuf, size_t rsize, double *now
         }
         now = now_s();
         if (n > 0) {
-            spacing_sample(&sp, now, n);
+            spacing_sample(&sp, now, n, 0.5);
             c->receives++;
             c->received += n;
         }

@@ -108,14 +108,19 @@ static inline double spacing_nap(const Spacing *sp, int count, double until) {
     return nap < until ? nap : (until > 0 ? until : 0.0);
 }
 
-/* A receive at `now` returned `n` > 0 datagrams. A stall (a peer, this process, the VM)
-   is not the datagrams' spacing: a sample counts at most twice the mean, or one stall
-   would make the following naps outlast the window and idle the links for many. */
-static inline void spacing_sample(Spacing *sp, double now, int n) {
+/* A receive at `now` returned `n` > 0 datagrams. The mean rises by an eighth of a
+   sample's excess, and a sample counts at most twice the mean: a stall (a peer, this
+   process, the VM) or the call's start (the ranks do not start together) is not the
+   spacing, and naps longer than it called for idle the links while the window drains.
+   It falls by `fall` of the difference: a small window has little slack for naps too
+   long (INA's 8 packets: a half), a large one absorbs them and gains from fewer
+   wake-ups (p2p's 64: an eighth). */
+static inline void spacing_sample(Spacing *sp, double now, int n, double fall) {
     if (sp->last_rx > 0) {
         double g = (now - sp->last_rx) / n;
-        if (sp->gap > 0 && g > 2 * sp->gap) g = 2 * sp->gap;
-        sp->gap = sp->gap > 0 ? sp->gap + (g - sp->gap) / 8 : g;
+        if (sp->gap <= 0) sp->gap = g;
+        else if (g < sp->gap) sp->gap += (g - sp->gap) * fall;
+        else sp->gap += ((g > 2 * sp->gap ? 2 * sp->gap : g) - sp->gap) / 8;
     }
     sp->last_rx = now;
 }

@@ -1243,7 +1243,7 @@ static int run_loop(Call *c, int fd, double *now_out) {
         }
         now = now_s();
         if (n > 0) {
-            spacing_sample(&sp, now, n);
+            spacing_sample(&sp, now, n, 0.125);
             e->receives++;
             e->received += n;
         }
