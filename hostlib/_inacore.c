@@ -830,16 +830,6 @@ static int queue_fast(SendQueue *q) {
     return c->nfast ? flush(q) : 0;
 }
 
-static int wait_readable(int fd, double seconds) {
-    if (seconds <= 0) return 0;
-    struct timespec ts;
-    ts.tv_sec = (time_t)seconds;
-    ts.tv_nsec = (long)((seconds - (double)ts.tv_sec) * 1e9);
-    struct pollfd p = {fd, POLLIN, 0};
-    int r = ppoll(&p, 1, &ts, NULL);
-    return r < 0 && errno != EINTR ? errno : 0;
-}
-
 /* How long run() sleeps before its next receive (BATCH_RESULTS); 0: no nap. */
 static double nap_seconds(const InaCore *c, int results, const Spacing *sp, double until) {
     int64_t left = c->npackets - c->done;

@@ -2,12 +2,14 @@
  * What the native cores share (hostlib/_inacore.c, hostlib/_p2pcore.c): big-endian field
  * access, the monotonic clock, the fast-retransmission threshold and the RFC 6298
  * estimator, each exactly as hostlib.ina's Python (the differential tests hold both
- * cores to it); and their run loops' receive batching.
+ * cores to it); and their run loops' waits and receive batching.
  */
 #ifndef INALAB_NETCORE_H
 #define INALAB_NETCORE_H
 
+#include <errno.h>
 #include <math.h>
+#include <poll.h>
 #include <stdint.h>
 #include <string.h>
 #include <time.h>
@@ -49,6 +51,21 @@ static void lanes_from_be(int32_t *dst, const uint8_t *src, int64_t n) {
         memcpy(&v, src + 4 * i, 4);
         dst[i] = (int32_t)__builtin_bswap32(v);
     }
+}
+
+/* `seconds` (at least 0) as a timespec. */
+static inline struct timespec timespec_of(double seconds) {
+    struct timespec ts = {(time_t)seconds, (long)((seconds - (double)(time_t)seconds) * 1e9)};
+    return ts;
+}
+
+/* Wait until `fd` is readable or `seconds` pass (none if not positive); 0, or the errno
+   of a failed wait (a signal is not a failure: the caller's loop goes on). */
+static inline int wait_readable(int fd, double seconds) {
+    if (seconds <= 0) return 0;
+    struct timespec ts = timespec_of(seconds);
+    struct pollfd p = {fd, POLLIN, 0};
+    return ppoll(&p, 1, &ts, NULL) < 0 && errno != EINTR ? errno : 0;
 }
 
 /* CLOCK_MONOTONIC, the clock time.perf_counter reads on Linux. */
@@ -126,7 +143,7 @@ static inline void spacing_sample(Spacing *sp, double now, int n, double fall) {
 }
 
 static inline void nap(double seconds) {
-    struct timespec ts = {(time_t)seconds, (long)((seconds - (double)(time_t)seconds) * 1e9)};
+    struct timespec ts = timespec_of(seconds);
     nanosleep(&ts, NULL); /* a signal ends it early: the caller's loop goes on */
 }
 

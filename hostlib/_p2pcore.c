@@ -788,21 +788,16 @@ static void Endpoint_dealloc(Endpoint *e) {
 
 static int Endpoint_init(Endpoint *e, PyObject *args, PyObject *kw) {
     static char *names[] = {"rank", "addrs", "lanes", "window", "timeout", "min_timeout",
-                            "max_timeout", "backoff", "deadline", "gso", "late_timer",
-                            "batch_datagrams", NULL};
+                            "max_timeout", "backoff", "deadline", "gso", "late_timer", NULL};
     PyObject *addrs;
     e->gso = 0;
     e->late_timer = INFINITY;
     e->batch = BATCH_DATAGRAMS;
-    if (!PyArg_ParseTupleAndKeywords(args, kw, "iOiiddddd|pdi", names, &e->rank, &addrs,
+    if (!PyArg_ParseTupleAndKeywords(args, kw, "iOiiddddd|pd", names, &e->rank, &addrs,
                                      &e->spec_lanes, &e->spec_window, &e->rto, &e->min_timeout,
                                      &e->max_timeout, &e->backoff, &e->deadline_s, &e->gso,
-                                     &e->late_timer, &e->batch))
+                                     &e->late_timer))
         return -1;
-    if (e->batch < 0) {
-        PyErr_SetString(PyExc_ValueError, "batch_datagrams must be 0 or more");
-        return -1;
-    }
     if (e->ch) {
         PyErr_SetString(PyExc_RuntimeError, "Endpoint is initialised once");
         return -1;
@@ -1222,11 +1217,8 @@ static int run_loop(Call *c, int fd, double *now_out) {
             now = now_s();
             until = (wake < check_at ? wake : check_at) - now;
         }
-        if (until > 0) {
-            struct timespec ts = {(time_t)until, (long)((until - (double)(time_t)until) * 1e9)};
-            struct pollfd p = {fd, POLLIN, 0};
-            if (ppoll(&p, 1, &ts, NULL) < 0 && errno != EINTR) { err = errno; break; }
-        }
+        err = wait_readable(fd, until);
+        if (err) break;
         for (int k = 0; k < BATCH; k++) {
             iov[k].iov_base = buf + (size_t)k * (PKT_MAX + 64);
             iov[k].iov_len = PKT_MAX + 64;

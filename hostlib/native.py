@@ -354,9 +354,7 @@ class NativeP2pEndpoint:
         ValueError: the native p2p core is not built, or a spec it cannot take.
     """
 
-    def __init__(
-        self, spec: Any, policy: RetryPolicy | None = None, *, batch_datagrams: int | None = None
-    ) -> None:
+    def __init__(self, spec: Any, policy: RetryPolicy | None = None) -> None:
         core, why_not = _p2p_core()
         if core is None:
             raise ValueError(f"native p2p engine: {why_not}")
@@ -366,7 +364,6 @@ class NativeP2pEndpoint:
         self.core = core.Endpoint(
             spec.rank, list(spec.addrs), spec.lanes, spec.window, p.timeout, p.min_timeout,
             p.max_timeout, p.backoff, p.deadline, gso=udp_gso(), late_timer=p.late_timer,
-            **({} if batch_datagrams is None else {"batch_datagrams": batch_datagrams}),
         )  # fmt: skip
         self.stats = _NativeP2pStats()
         self.rtt = _Rtt(p.timeout)
