@@ -90,14 +90,16 @@ typedef struct {
     int8_t *local_exp;   /* per block (float32) */
     int8_t *global_exp;  /* per block, from the results (float32) */
     /* policy */
-    double min_timeout, max_timeout, backoff, deadline_s, late_timer;
+    double min_timeout, max_timeout, backoff, deadline_s, late_timer, stall_check;
+    double heartbeat; /* RetryPolicy.heartbeat */
+    StallClock clock;
     /* the session's RTT estimator (read back by the binding) */
     double rto, srtt, rttvar;
     int64_t samples;
     /* per slot */
     uint8_t *slotbuf; /* window x packet size */
     int64_t *outstanding;
-    double *sent_at, *slot_rto, *slot_deadline;
+    double *sent_at, *slot_rto, *slot_deadline, *stall_at;
     char *resent, *queued, *rearmed;
     int64_t *slot_tx;
     int64_t done, tx, high_tx;
@@ -405,6 +407,7 @@ static void build(InaCore *c, int64_t index) {
 
 static int arm(InaCore *c, int32_t slot, int64_t index, double now) {
     c->rearmed[slot] = 0;
+    c->stall_at[slot] = c->clock.stalled;
     c->tx++;
     c->slot_tx[slot] = c->tx;
     if (order_push(c, c->tx, slot, index) < 0) return -1;
@@ -507,12 +510,19 @@ static int send_next(InaCore *c, int64_t index, double now) {
 static double next_wakeup(InaCore *c) {
     if (c->nfast) return -INFINITY;
     double deadline = c->last_progress + c->deadline_s;
-    if (c->nheap && c->heap[0].deadline < deadline) return c->heap[0].deadline;
-    return deadline;
+    double wake = c->nheap && c->heap[0].deadline < deadline ? c->heap[0].deadline : deadline;
+    double beat = c->clock.seen + c->heartbeat;
+    return beat < wake ? beat : wake;
 }
 
-/* Expired timers: resend each (its timeout backed off), unless served late, which re-arms
-   it once (hostlib.ina.RetryPolicy.late_timer). Appends the slots to `slots`
+/* Every call into the engine (a datagram, a timer, a wake-up of run()) first observes the
+   stall clock against the wake-up the engine had asked for. */
+static void observe(InaCore *c, double now) {
+    stall_observe(&c->clock, now, next_wakeup(c));
+}
+
+/* Expired timers: resend each (its timeout backed off), unless its packet was in flight
+   while the worker stalled, which re-arms it once (hostlib.ina.RetryPolicy.late_timer). Appends the slots to `slots`
    (room for window entries... the heap holds at most one live timer per slot). Returns
    the number of slots, -1 on no memory. Fast retransmissions stay in fastbuf. */
 static Py_ssize_t expire(InaCore *c, double now, int32_t *slots) {
@@ -522,9 +532,11 @@ static Py_ssize_t expire(InaCore *c, double now, int32_t *slots) {
         if (c->outstanding[t.slot] != t.index || c->slot_deadline[t.slot] != t.deadline)
             continue; /* answered, or re-armed since */
         double slot_rto = c->slot_rto[t.slot];
-        if (!c->rearmed[t.slot] && now - t.deadline > c->late_timer * slot_rto) {
-            /* Served late (RetryPolicy.late_timer): one timeout more from now. */
+        double stalled = c->clock.stalled - c->stall_at[t.slot];
+        if (!c->rearmed[t.slot] && stalled > c->late_timer * slot_rto) {
+            /* Stalled through (RetryPolicy.stalled_through): one timeout more from now. */
             c->rearmed[t.slot] = 1;
+            c->stall_at[t.slot] = c->clock.stalled;
             c->slot_deadline[t.slot] = now + slot_rto;
             if (heap_push(c, now + slot_rto, t.slot, t.index) < 0) return -1;
             c->late_timers++;
@@ -580,7 +592,7 @@ static void InaCore_dealloc(InaCore *c) {
     if (c->have_uses) PyBuffer_Release(&c->uses);
     free(c->local_exp); free(c->global_exp); free(c->slotbuf); free(c->outstanding);
     free(c->sent_at); free(c->slot_rto); free(c->slot_deadline); free(c->resent);
-    free(c->queued); free(c->rearmed); free(c->slot_tx); free(c->heap); free(c->order);
+    free(c->queued); free(c->rearmed); free(c->stall_at); free(c->slot_tx); free(c->heap); free(c->order);
     free(c->fastbuf);
     Py_TYPE(c)->tp_free((PyObject *)c);
 }
@@ -589,16 +601,17 @@ static int InaCore_init(InaCore *c, PyObject *args, PyObject *kw) {
     static char *names[] = {"job_id", "rank", "num_workers", "lanes", "window", "data",
                             "out", "uses", "first_seq", "rto", "srtt", "rttvar", "samples",
                             "min_timeout", "max_timeout", "backoff", "deadline", "late_timer",
-                            "stream_min_bytes", "batch_results", NULL};
+                            "stream_min_bytes", "batch_results", "stall_check", NULL};
     PyObject *data, *out, *uses;
     long long first_seq, samples, stream_min = STREAM_MIN_BYTES;
     c->batch_results = BATCH_RESULTS;
-    if (!PyArg_ParseTupleAndKeywords(args, kw, "iiiiiOOOLdddLddddd|Li", names, &c->job_id,
+    c->stall_check = 0.0025;
+    if (!PyArg_ParseTupleAndKeywords(args, kw, "iiiiiOOOLdddLddddd|Lid", names, &c->job_id,
                                      &c->rank, &c->num_workers, &c->lanes, &c->window, &data,
                                      &out, &uses, &first_seq, &c->rto, &c->srtt, &c->rttvar,
                                      &samples, &c->min_timeout, &c->max_timeout, &c->backoff,
                                      &c->deadline_s, &c->late_timer, &stream_min,
-                                     &c->batch_results))
+                                     &c->batch_results, &c->stall_check))
         return -1;
     if (c->started || c->have_data) {
         PyErr_SetString(PyExc_RuntimeError, "InaCore is initialised once");
@@ -654,6 +667,9 @@ static int InaCore_init(InaCore *c, PyObject *args, PyObject *kw) {
     c->resent = calloc(w, 1);
     c->queued = calloc(w, 1);
     c->rearmed = calloc(w, 1);
+    c->stall_at = calloc(w, sizeof(double));
+    stall_init(&c->clock, c->late_timer, c->min_timeout);
+    c->heartbeat = stall_heartbeat(c->late_timer, c->stall_check);
     c->slot_tx = calloc(w, sizeof(int64_t));
     c->capfast = (Py_ssize_t)w;
     c->fastbuf = malloc(w * c->psize);
@@ -662,7 +678,7 @@ static int InaCore_init(InaCore *c, PyObject *args, PyObject *kw) {
         c->global_exp = malloc((size_t)c->nblocks);
     }
     if (!c->slotbuf || !c->outstanding || !c->sent_at || !c->slot_rto || !c->slot_deadline ||
-        !c->resent || !c->queued || !c->rearmed || !c->slot_tx || !c->fastbuf ||
+        !c->resent || !c->queued || !c->rearmed || !c->stall_at || !c->slot_tx || !c->fastbuf ||
         (c->is_float && (!c->local_exp || !c->global_exp))) {
         PyErr_NoMemory();
         return -1;
@@ -696,6 +712,7 @@ static PyObject *InaCore_start(InaCore *c, PyObject *arg) {
     }
     c->started = 1;
     c->last_progress = now;
+    c->clock.seen = now;
     PyObject *list = PyList_New(0);
     if (!list) return NULL;
     for (int64_t i = 0; i < c->window; i++) {
@@ -711,6 +728,7 @@ static PyObject *InaCore_on_datagram(InaCore *c, PyObject *args) {
     Py_buffer d;
     double now;
     if (!PyArg_ParseTuple(args, "y*d", &d, &now)) return NULL;
+    observe(c, now);
     int64_t nxt = take(c, d.buf, (size_t)d.len, now);
     PyBuffer_Release(&d);
     if (nxt == -1) return PyErr_NoMemory();
@@ -723,6 +741,7 @@ static PyObject *InaCore_on_timer(InaCore *c, PyObject *arg) {
     double now = PyFloat_AsDouble(arg);
     if (now == -1.0 && PyErr_Occurred()) return NULL;
     if (c->done == c->npackets) return PyList_New(0);
+    observe(c, now);
     if (timed_out(c, now)) return timeout_error(c, now);
     PyObject *list = PyList_New(0);
     if (!list) return NULL;
@@ -857,6 +876,7 @@ static int run_loop(InaCore *c, int fd, uint8_t *rbuf, size_t rsize, double *now
     double now = now_s();
     c->started = 1;
     c->last_progress = now;
+    c->clock.seen = now;
     for (int64_t i = 0; i < c->window && !err; i++) err = queue_next(q, i, now);
     if (!err) err = flush(q);
     double check_at = now + SIGNAL_CHECK_S;
@@ -881,6 +901,7 @@ static int run_loop(InaCore *c, int fd, uint8_t *rbuf, size_t rsize, double *now
             n = 0;
         }
         now = now_s();
+        observe(c, now);
         if (n > 0) {
             spacing_sample(&sp, now, n, 0.5);
             c->receives++;

@@ -102,6 +102,30 @@ static inline void rtt_sample(Rtt *r, double rtt, double min_timeout, double max
     r->rto = rto;
 }
 
+/* hostlib.ina.StallClock: the seconds an engine went unserved during its call, woken
+   later than the wake-up it asked for by more than `least` (late_timer * min_timeout). */
+typedef struct {
+    double seen, stalled, least;
+} StallClock;
+
+static inline void stall_init(StallClock *k, double late_timer, double min_timeout) {
+    k->seen = 0.0;
+    k->stalled = 0.0;
+    k->least = late_timer * min_timeout;
+}
+
+/* The engine is served at `now`; it had asked to be woken at `asked`. */
+static inline void stall_observe(StallClock *k, double now, double asked) {
+    double gap = now - (asked > k->seen ? asked : k->seen);
+    if (gap > k->least) k->stalled += gap;
+    k->seen = now;
+}
+
+/* hostlib.ina.RetryPolicy.heartbeat */
+static inline double stall_heartbeat(double late_timer, double stall_check) {
+    return isfinite(late_timer) ? stall_check : INFINITY;
+}
+
 /* Receive batching: run() sleeps for about `count` datagrams' mean spacing before it
    receives, so that one wake-up serves several (hostlib/_inacore.c, BATCH_RESULTS, says
    why and what it saved). The nap never passes `until` (the next timer), never lasts

@@ -71,6 +71,7 @@ __all__ = [
     "InaTimeoutError",
     "JobSpec",
     "RetryPolicy",
+    "StallClock",
     "check_call_data",
     "check_window",
     "commit_uses",
@@ -149,28 +150,76 @@ class RetryPolicy:
     backoff: float = 2.0
     deadline: float = 10.0
     late_timer: float = 0.1
-    """A timer served more than this fraction of its timeout after it expired is re-armed
-    once, from the moment it is served, instead of firing (INA and p2p engines;
-    :meth:`served_late`). Its worker was not running meanwhile; on one machine (a VM
-    whose vCPUs the hypervisor took, a CPU-limited container) the switch and the peers
-    it waits for were stalled with it, so the silence is no evidence of loss. Measured
-    on the 2-core VM: four zero-loss star4 benches retransmitted 147 packets, 126 of
-    them from timers served 0.7-18 ms late after stalls of the whole VM of up to 28 ms
-    (no samples on either core). The price: a packet really lost while its worker
-    stalled waits one timeout more. ``math.inf`` turns it off."""
+    """A timer whose packet was in flight while its worker went unserved for more than
+    this fraction of its timeout is re-armed once, from the moment it is served, instead
+    of firing (INA engines, :class:`StallClock`; the p2p engines see only a timer served
+    that late after its deadline, :meth:`served_late`). Unserved: woken more than
+    ``late_timer * min_timeout`` after the wake-up the engine asked for. Its worker was
+    not running meanwhile; on one machine (a VM whose vCPUs the hypervisor took, a
+    CPU-limited container) the switch and the peers it waits for were stalled with it,
+    so the silence is no evidence of loss. Measured on the 2-core VM: four zero-loss
+    star4 benches retransmitted 147 packets, 126 of them from timers served 0.7-18 ms
+    late after stalls of the whole VM of up to 28 ms (no samples on either core); and a
+    stall that ended just as the timers came due (served 0.3 ms late after 10 ms with no
+    scheduling on either core) still retransmitted until the stall counted wherever it
+    fell in a timer's life. The price: a packet really lost while its worker stalled
+    waits one timeout more. ``math.inf`` turns it off."""
+    stall_check: float = 0.0025
+    """The longest an engine sleeps while its call runs (its heartbeat), so that a stall
+    is measured wherever it falls in a timer's life, not only after the timer's deadline;
+    a stall shorter than this can go unseen."""
 
     def __post_init__(self) -> None:
         if min(self.timeout, self.min_timeout, self.max_timeout, self.deadline) <= 0:
             raise ValueError("retry times must be positive")
         if not self.late_timer > 0:
             raise ValueError("late_timer must be positive (math.inf: off)")
+        if not self.stall_check > 0:
+            raise ValueError("stall_check must be positive")
         if self.min_timeout > self.max_timeout or self.backoff < 1.0:
             raise ValueError("need min_timeout <= max_timeout and backoff >= 1")
 
+    @property
+    def heartbeat(self) -> float:
+        """How long an engine may sleep between looks at the clock: ``stall_check``, or
+        forever when the late-timer rule is off."""
+        return self.stall_check if math.isfinite(self.late_timer) else math.inf
+
     def served_late(self, now: float, deadline: float, timeout: float) -> bool:
         """Whether a timer of ``timeout`` seconds due at ``deadline`` and served at
-        ``now`` is late (:attr:`late_timer`); the C cores test the same."""
+        ``now`` is late: the point-to-point engines' rule (:attr:`late_timer`), which
+        sees a stall only after the deadline; the C core tests the same. The INA
+        engines count a stall wherever it falls (:meth:`stalled_through`)."""
         return now - deadline > self.late_timer * timeout
+
+    def stalled_through(self, stalled: float, timeout: float) -> bool:
+        """Whether a timer of ``timeout`` seconds whose packet was in flight during
+        ``stalled`` seconds of its worker's stalls is late (:attr:`late_timer`); the C
+        cores test the same."""
+        return stalled > self.late_timer * timeout
+
+
+class StallClock:
+    """The seconds an engine went unserved during its call: woken later than the
+    wake-up it asked for (its earliest timer, its deadline, or its heartbeat,
+    :attr:`RetryPolicy.heartbeat`) by more than ``late_timer * min_timeout``. Every call
+    into the engine observes the clock once; a timer compares the total when it is
+    served with the total when it was armed (:meth:`RetryPolicy.stalled_through`).
+    The C cores keep the same clock (``stall_observe`` in ``_netcore.h``)."""
+
+    __slots__ = ("_least", "seen", "stalled")
+
+    def __init__(self, policy: RetryPolicy, now: float = 0.0) -> None:
+        self.seen = now
+        self.stalled = 0.0
+        self._least = policy.late_timer * policy.min_timeout
+
+    def observe(self, now: float, asked: float) -> None:
+        """The engine is served at ``now``; it had asked to be woken at ``asked``."""
+        gap = now - max(asked, self.seen)
+        if gap > self._least:
+            self.stalled += gap
+        self.seen = now
 
 
 @dataclass
@@ -342,6 +391,8 @@ class InaAllreduce:
         self._deadline = [0.0] * w  # the slot's live timer; other heap entries are stale
         self._resent = [False] * w
         self._rearmed = [False] * w  # the live timer was re-armed once for being served late
+        self._stall_at = [0.0] * w  # the stall clock when the slot's timer was armed
+        self._clock = StallClock(policy)
         self._timers: list[tuple[float, int, int]] = []
         self._done = 0
         self._last_progress = 0.0
@@ -395,10 +446,12 @@ class InaAllreduce:
     def start(self, now: float) -> list[memoryview]:
         """The first window of packets to send."""
         self._last_progress = now
+        self._clock.seen = now
         return [self._send(index, now) for index in range(self.window)]
 
     def on_datagram(self, data: memoryview, now: float) -> memoryview | None:
         """Take one received datagram; return the next packet to send, if any."""
+        self._clock.observe(now, self.next_wakeup())
         if len(data) != self._size:
             self.stats.foreign += 1
             return None
@@ -462,6 +515,7 @@ class InaAllreduce:
         self._slot_tx[slot] = self._tx
         self._order.append((self._tx, slot, index))
         self._rearmed[slot] = False
+        self._stall_at[slot] = self._clock.stalled
         deadline = now + self._slot_rto[slot]
         self._deadline[slot] = deadline
         heapq.heappush(self._timers, (deadline, slot, index))
@@ -486,22 +540,26 @@ class InaAllreduce:
                 self.stats.fast_retransmitted += 1
 
     def next_wakeup(self) -> float:
-        """When :meth:`on_timer` has work next (a retransmission or the deadline)."""
+        """When :meth:`on_timer` has work next (a retransmission or the deadline), or
+        the heartbeat of the stall clock (:attr:`RetryPolicy.heartbeat`) is due."""
         if self._fast:
             return -math.inf
         deadline = self._last_progress + self.policy.deadline
-        return min(self._timers[0][0], deadline) if self._timers else deadline
+        wake = min(self._timers[0][0], deadline) if self._timers else deadline
+        return min(wake, self._clock.seen + self.policy.heartbeat)
 
     def on_timer(self, now: float) -> list[memoryview]:
         """Packets to retransmit at ``now``: those found lost by later results, and
-        those whose timer expired (each such timer doubles, RFC 6298 5.5). A timer served
-        late (``RetryPolicy.late_timer``) is re-armed from ``now`` once instead.
+        those whose timer expired (each such timer doubles, RFC 6298 5.5). A timer whose
+        packet was in flight while this worker stalled (``RetryPolicy.late_timer``) is
+        re-armed from ``now`` once instead.
 
         Raises:
             InaTimeoutError: no new result for longer than the policy's deadline.
         """
         if self.done:
             return []
+        self._clock.observe(now, self.next_wakeup())
         if now >= self._last_progress + self.policy.deadline:  # the next_wakeup() sum
             raise InaTimeoutError(self._timeout_message(now))
         out, self._fast = self._fast, []
@@ -511,10 +569,12 @@ class InaAllreduce:
             if self._outstanding[slot] != index or self._deadline[slot] != deadline:
                 continue  # answered, or re-armed since
             rto = self._slot_rto[slot]
-            if not self._rearmed[slot] and self.policy.served_late(now, deadline, rto):
-                # Served late: this worker was not running, nor (on one machine) were
-                # the switch and the peers. One timeout more from now, same transmission.
+            stalled = self._clock.stalled - self._stall_at[slot]
+            if not self._rearmed[slot] and self.policy.stalled_through(stalled, rto):
+                # This worker was not running, nor (on one machine) were the switch and
+                # the peers. One timeout more from now, same transmission.
                 self._rearmed[slot] = True
+                self._stall_at[slot] = self._clock.stalled
                 self._deadline[slot] = now + rto
                 heapq.heappush(timers, (now + rto, slot, index))
                 self.stats.late_timers += 1

@@ -191,7 +191,7 @@ class NativeInaAllreduce:
             spec.job_id, spec.rank, spec.num_workers, spec.lanes, slots, self._data,
             self._out, uses, first_seq, self.rtt.rto, self.rtt.srtt, self.rtt.rttvar,
             self.rtt.samples, policy.min_timeout, policy.max_timeout, policy.backoff,
-            policy.deadline, policy.late_timer,
+            policy.deadline, policy.late_timer, stall_check=policy.stall_check,
             **({} if stream_min_bytes is None else {"stream_min_bytes": stream_min_bytes}),
             **({} if batch_results is None else {"batch_results": batch_results}),
         )  # fmt: skip

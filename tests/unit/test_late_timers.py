@@ -5,7 +5,9 @@ When the whole machine stalls (a VM whose vCPUs the hypervisor took, measured on
 one at up to 28 ms), the switch, the links and every worker stop together, and every
 worker's timers are served late when it resumes. Nothing was lost, so nothing must be
 sent again: such a timer is re-armed once from the moment it is served. A packet really
-lost is still recovered, one timeout later, and a timer served late twice fires.
+lost is still recovered, one timeout later, and a timer served late twice fires. The INA
+engines count a stall wherever it falls in a timer's life (a heartbeat wakes them while
+they wait), so a stall that ends just as timers come due counts too.
 """
 
 from __future__ import annotations
@@ -19,7 +21,7 @@ import pytest
 from helpers import FAKE_SWITCH, ROUTER, Router, check_allreduce, random_inputs
 
 from emulation.softswitch.pipeline import JobConfig, Pipeline
-from hostlib.ina import InaAllreduce, JobSpec, RetryPolicy
+from hostlib.ina import InaAllreduce, JobSpec, RetryPolicy, StallClock
 from hostlib.native import (
     NativeCollectiveCall,
     NativeInaAllreduce,
@@ -38,6 +40,7 @@ WORKERS = 4
 SLOTS = 4
 # A round trip of the fake wire is 40 us; the timer waits at least 10 ms.
 POLICY = RetryPolicy(timeout=0.02, min_timeout=0.01, max_timeout=0.5, deadline=30.0)
+
 
 def _engines(python: Any, native: Any, unavailable: str | None) -> list[Any]:
     """The Python engine and the native one (skipped where it is not built)."""
@@ -123,6 +126,42 @@ def test_a_stall_that_ends_before_the_timers_are_due_changes_nothing(engine: typ
     assert elapsed == pytest.approx(base_time + 0.005)
 
 
+# A stall that ends just after the timers of the packets in flight came due: at 1 ms
+# those packets carry the floor timeout (10 ms, the round trip being 40 us), so they are
+# due at about 11 ms, and served 0.1-0.3 ms late, under late_timer's 1 ms. Measured so on
+# the VM: 10 ms with no scheduling on either core, a timer served 0.3 ms late.
+STALL_UNTIL_DUE = (0.001, 0.0102)
+
+
+@pytest.mark.parametrize("engine", ENGINES)
+def test_a_stall_that_ends_as_the_timers_come_due_sends_nothing_again(engine: type) -> None:
+    stats, _ = _call(engine, [STALL_UNTIL_DUE])
+    assert _total(stats, lambda s: s.retransmitted) == 0
+    assert all(s.late_timers == SLOTS for s in stats), [s.late_timers for s in stats]
+
+
+@pytest.mark.parametrize("engine", ENGINES)
+def test_a_waiting_engine_wakes_at_least_every_stall_check(engine: type) -> None:
+    # Its first timer is due in 20 ms; the heartbeat wakes it 2.5 ms after each look at
+    # the clock, so that a stall anywhere in a timer's life is seen. Off with the rule.
+    def first_wakeup(policy: RetryPolicy) -> float:
+        spec = JobSpec(4, 0, WORKERS, FAKE_SWITCH, LANES, SLOTS)
+        call = engine(spec, np.ones(64, np.int32), np.zeros(SLOTS, np.int64), policy)
+        call.start(1.0)
+        return float(call.next_wakeup())
+
+    assert first_wakeup(POLICY) == pytest.approx(1.0 + POLICY.stall_check)
+    off = RetryPolicy(timeout=0.02, min_timeout=0.01, deadline=30.0, late_timer=math.inf)
+    assert first_wakeup(off) == pytest.approx(1.0 + off.timeout)
+
+
+@pytest.mark.parametrize("engine", ENGINES)
+def test_a_short_stall_inside_a_timers_life_is_not_counted(engine: type) -> None:
+    # 0.8 ms is within late_timer * min_timeout (1 ms): scheduling noise, not a stall.
+    stats, _ = _call(engine, [(0.001, 0.0008)], drop=(1, 100))
+    assert stats[1].retransmitted == 1 and stats[1].late_timers == 0
+
+
 @pytest.mark.parametrize("engine", ENGINES)
 def test_the_last_packet_lost_before_a_stall_is_recovered_a_timeout_later(engine: type) -> None:
     # Rank 1's last packet (seq 200) is lost, so no later result can reveal it: only its
@@ -156,6 +195,18 @@ def test_a_stall_needs_a_time_and_a_duration() -> None:
 def test_late_timer_must_be_positive() -> None:
     with pytest.raises(ValueError, match="late_timer"):
         RetryPolicy(late_timer=0.0)
+    with pytest.raises(ValueError, match="stall_check"):
+        RetryPolicy(stall_check=0.0)
+
+
+def test_the_stall_clock_counts_only_wakeups_later_than_asked() -> None:
+    clock = StallClock(RetryPolicy(late_timer=0.1, min_timeout=0.01), now=1.0)
+    clock.observe(1.0025, asked=1.0025)  # on time
+    clock.observe(1.0039, asked=1.0030)  # 0.9 ms late: scheduling noise
+    clock.observe(1.0200, asked=1.0065)  # 13.5 ms late: a stall
+    clock.observe(1.0200, asked=1.0100)  # the same wake-up, served twice
+    assert clock.stalled == pytest.approx(0.0135)
+    assert clock.seen == 1.02
 
 
 # ----------------------------------------------------------------- ring (p2p layer)
