@@ -143,7 +143,8 @@ typedef struct {
     int64_t tx;
     uint32_t seq;
     char resent;
-    char rearmed; /* the live timer was re-armed once for being served late */
+    char rearmed;    /* the live timer was re-armed once for a stall */
+    double stall_at; /* the endpoint's stall clock when the live timer was armed */
 } Pending;
 
 typedef struct {
@@ -165,7 +166,9 @@ struct Call;
 typedef struct {
     PyObject_HEAD
     int rank, n, spec_lanes, spec_window, lanes, window;
-    double min_timeout, max_timeout, backoff, deadline_s, late_timer;
+    double min_timeout, max_timeout, backoff, deadline_s, late_timer, stall_check;
+    double heartbeat; /* RetryPolicy.heartbeat */
+    StallClock clock;
     double rto, srtt, rttvar;
     int64_t samples;
     int64_t call;
@@ -320,7 +323,8 @@ static int transmit(Endpoint *e, int32_t dst, uint32_t seq, Buf *pkt, double now
     ch->tx++;
     if (grow((void **)&ch->inflight, &ch->capinfl, ch->ninfl + 1, sizeof(Pending)) < 0) return -1;
     double rto = e->rto;
-    ch->inflight[ch->ninfl++] = (Pending){pkt, now, rto, now + rto, ch->tx, seq, 0, 0};
+    ch->inflight[ch->ninfl++] =
+        (Pending){pkt, now, rto, now + rto, ch->tx, seq, 0, 0, e->clock.stalled};
     if (OrderRing_push(&ch->order, (TxSeq){ch->tx, seq}) < 0) return -1;
     if (heap_push(e, now + rto, dst, seq) < 0) return -1;
     if (out_push(e, pkt->data, pkt->len, dst) < 0) return -1;
@@ -336,6 +340,7 @@ static int retransmit(Endpoint *e, int32_t dst, Pending *p, double now) {
     p->deadline = now + p->rto;
     p->resent = 1;
     p->rearmed = 0;
+    p->stall_at = e->clock.stalled;
     p->pkt->data[1] |= FLAG_RESEND;
     if (heap_push(e, p->deadline, dst, p->seq) < 0) return -1;
     if (out_push(e, p->pkt->data, p->pkt->len, dst) < 0) return -1;
@@ -474,7 +479,21 @@ static int on_data(Endpoint *e, int32_t src, uint32_t seq, uint32_t tag, unsigne
     return ack_push(e, src, seq, (uint32_t)ch->cum, call, flags) < 0 ? -1 : 0;
 }
 
+/* hostlib.p2p.P2pEndpoint.next_timer: the earliest timer, or the stall clock's heartbeat
+   while any timer runs. */
+static double ep_next_timer(const Endpoint *e) {
+    if (!e->nheap) return INFINITY;
+    double beat = e->clock.seen + e->heartbeat;
+    return beat < e->heap[0].deadline ? beat : e->heap[0].deadline;
+}
+
+/* Every call into the endpoint first observes the stall clock (hostlib.ina.StallClock). */
+static void ep_observe(Endpoint *e, double now) {
+    stall_observe(&e->clock, now, ep_next_timer(e));
+}
+
 static int ep_on_datagram(Endpoint *e, const uint8_t *d, Py_ssize_t len, double now) {
+    ep_observe(e, now);
     if (len < HSIZE) { e->foreign++; return 0; }
     int vt = d[0], src = d[2], dst = d[3];
     uint32_t seq = get32(d + 4), aux = get32(d + 8);
@@ -493,15 +512,19 @@ static int ep_on_datagram(Endpoint *e, const uint8_t *d, Py_ssize_t len, double 
 }
 
 static int ep_on_timer(Endpoint *e, double now) {
+    ep_observe(e, now);
     int backed_off = 0;
     while (e->nheap && e->heap[0].deadline <= now) {
         Timer t = heap_pop(e);
         Py_ssize_t at;
         Pending *p = find(&e->ch[t.dst], t.seq, &at);
         if (!p || p->deadline != t.deadline) continue; /* acknowledged, or re-armed since */
-        if (!p->rearmed && now - t.deadline > e->late_timer * p->rto) {
-            /* Served late (hostlib.ina.RetryPolicy.late_timer): one timeout more from now. */
+        double stalled = e->clock.stalled - p->stall_at;
+        if (!p->rearmed && stalled > e->late_timer * p->rto) {
+            /* Stalled through (hostlib.ina.RetryPolicy.stalled_through): one timeout more
+               from now. */
             p->rearmed = 1;
+            p->stall_at = e->clock.stalled;
             p->deadline = now + p->rto;
             if (heap_push(e, p->deadline, t.dst, p->seq) < 0) return -1;
             e->late_timers++;
@@ -525,7 +548,6 @@ static int ep_unacked(const Endpoint *e) {
     return 0;
 }
 
-static double ep_next_timer(const Endpoint *e) { return e->nheap ? e->heap[0].deadline : INFINITY; }
 
 /* Queue one message for dst (elements already little-endian 4-byte values). */
 static int ep_send(Endpoint *e, int32_t dst, uint32_t tag, const uint8_t *payload, int64_t count,
@@ -753,6 +775,7 @@ static int call_start(Call *c, double now) {
     e->call++;
     e->handler = c;
     e->last_progress = now;
+    e->clock.seen = now; /* the time between calls is no stall */
     c->started = 1;
     Py_ssize_t nearly = e->nstash;
     int r = c->kind == TREE ? tree_begin(c, now) : ring_begin(c, now);
@@ -788,15 +811,17 @@ static void Endpoint_dealloc(Endpoint *e) {
 
 static int Endpoint_init(Endpoint *e, PyObject *args, PyObject *kw) {
     static char *names[] = {"rank", "addrs", "lanes", "window", "timeout", "min_timeout",
-                            "max_timeout", "backoff", "deadline", "gso", "late_timer", NULL};
+                            "max_timeout", "backoff", "deadline", "gso", "late_timer",
+                            "stall_check", NULL};
     PyObject *addrs;
     e->gso = 0;
     e->late_timer = INFINITY;
+    e->stall_check = 0.0025;
     e->batch = BATCH_DATAGRAMS;
-    if (!PyArg_ParseTupleAndKeywords(args, kw, "iOiiddddd|pd", names, &e->rank, &addrs,
+    if (!PyArg_ParseTupleAndKeywords(args, kw, "iOiiddddd|pdd", names, &e->rank, &addrs,
                                      &e->spec_lanes, &e->spec_window, &e->rto, &e->min_timeout,
                                      &e->max_timeout, &e->backoff, &e->deadline_s, &e->gso,
-                                     &e->late_timer))
+                                     &e->late_timer, &e->stall_check))
         return -1;
     if (e->ch) {
         PyErr_SetString(PyExc_RuntimeError, "Endpoint is initialised once");
@@ -826,6 +851,8 @@ static int Endpoint_init(Endpoint *e, PyObject *args, PyObject *kw) {
     e->lanes = e->spec_lanes;
     e->window = e->spec_window;
     e->last_rx = -INFINITY;
+    stall_init(&e->clock, e->late_timer, e->min_timeout);
+    e->heartbeat = stall_heartbeat(e->late_timer, e->stall_check);
     return 0;
 }
 

@@ -152,8 +152,7 @@ class RetryPolicy:
     late_timer: float = 0.1
     """A timer whose packet was in flight while its worker went unserved for more than
     this fraction of its timeout is re-armed once, from the moment it is served, instead
-    of firing (INA engines, :class:`StallClock`; the p2p engines see only a timer served
-    that late after its deadline, :meth:`served_late`). Unserved: woken more than
+    of firing (INA and p2p engines, :class:`StallClock`). Unserved: woken more than
     ``late_timer * min_timeout`` after the wake-up the engine asked for. Its worker was
     not running meanwhile; on one machine (a VM whose vCPUs the hypervisor took, a
     CPU-limited container) the switch and the peers it waits for were stalled with it,
@@ -184,13 +183,6 @@ class RetryPolicy:
         """How long an engine may sleep between looks at the clock: ``stall_check``, or
         forever when the late-timer rule is off."""
         return self.stall_check if math.isfinite(self.late_timer) else math.inf
-
-    def served_late(self, now: float, deadline: float, timeout: float) -> bool:
-        """Whether a timer of ``timeout`` seconds due at ``deadline`` and served at
-        ``now`` is late: the point-to-point engines' rule (:attr:`late_timer`), which
-        sees a stall only after the deadline; the C core tests the same. The INA
-        engines count a stall wherever it falls (:meth:`stalled_through`)."""
-        return now - deadline > self.late_timer * timeout
 
     def stalled_through(self, stalled: float, timeout: float) -> bool:
         """Whether a timer of ``timeout`` seconds whose packet was in flight during
@@ -390,7 +382,7 @@ class InaAllreduce:
         self._slot_rto = [0.0] * w
         self._deadline = [0.0] * w  # the slot's live timer; other heap entries are stale
         self._resent = [False] * w
-        self._rearmed = [False] * w  # the live timer was re-armed once for being served late
+        self._rearmed = [False] * w  # the live timer was re-armed once for a stall
         self._stall_at = [0.0] * w  # the stall clock when the slot's timer was armed
         self._clock = StallClock(policy)
         self._timers: list[tuple[float, int, int]] = []

@@ -364,6 +364,7 @@ class NativeP2pEndpoint:
         self.core = core.Endpoint(
             spec.rank, list(spec.addrs), spec.lanes, spec.window, p.timeout, p.min_timeout,
             p.max_timeout, p.backoff, p.deadline, gso=udp_gso(), late_timer=p.late_timer,
+            stall_check=p.stall_check,
         )  # fmt: skip
         self.stats = _NativeP2pStats()
         self.rtt = _Rtt(p.timeout)

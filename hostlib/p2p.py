@@ -101,6 +101,7 @@ from hostlib.ina import (
     InaError,
     InaTimeoutError,
     RetryPolicy,
+    StallClock,
     _Rtt,
     check_call_data,
     reorder_threshold,
@@ -254,7 +255,8 @@ class _Pending:
     deadline: float
     tx: int  # the channel's transmission number of its latest copy
     resent: bool = False
-    rearmed: bool = False  # its live timer was re-armed once for being served late
+    rearmed: bool = False  # its live timer was re-armed once for a stall
+    stall_at: float = 0.0  # the endpoint's stall clock when the live timer was armed
 
 
 class _Channel:
@@ -292,6 +294,7 @@ class P2pEndpoint:
         self.last_rx = -math.inf  # last datagram of any kind from a peer
         self._peers = [_Channel() for _ in spec.addrs]
         self._timers: list[tuple[float, int, int]] = []
+        self._clock = StallClock(self.policy)
         self._outbox: list[bytes | bytearray] = []
         self._handler: Handler | None = None
         self._stash: list[tuple[int, int, bytes]] = []  # messages of the next call
@@ -320,6 +323,7 @@ class P2pEndpoint:
         self.call += 1
         self._handler = handler
         self.last_progress = now
+        self._clock.seen = now  # the time between calls is no stall
         early, self._stash = self._stash, []
         return early
 
@@ -376,7 +380,8 @@ class P2pEndpoint:
         ch = self._peers[dst]
         ch.tx += 1
         rto = self.rtt.rto
-        ch.inflight[seq] = _Pending(packet, now, rto, now + rto, ch.tx)
+        stall_at = self._clock.stalled
+        ch.inflight[seq] = _Pending(packet, now, rto, now + rto, ch.tx, stall_at=stall_at)
         ch.order.append((ch.tx, seq))
         heapq.heappush(self._timers, (now + rto, dst, seq))
         self._outbox.append(packet)
@@ -392,6 +397,7 @@ class P2pEndpoint:
         pending.deadline = now + pending.rto
         pending.resent = True
         pending.rearmed = False
+        pending.stall_at = self._clock.stalled
         pending.packet[1] |= FLAG_RESEND
         heapq.heappush(self._timers, (pending.deadline, dst, seq))
         self._outbox.append(pending.packet)
@@ -409,6 +415,7 @@ class P2pEndpoint:
     # ------------------------------------------------------------------ receiving
     def on_datagram(self, data: memoryview, now: float) -> None:
         """Take one datagram: an ack frees window, new data goes to the call's handler."""
+        self._clock.observe(now, self.next_timer())
         if len(data) < _HSIZE:
             self.stats.foreign += 1
             return
@@ -506,11 +513,17 @@ class P2pEndpoint:
 
     # ------------------------------------------------------------------ timers
     def next_timer(self) -> float:
-        return self._timers[0][0] if self._timers else math.inf
+        """The earliest timer, or the stall clock's heartbeat while any timer runs
+        (:attr:`RetryPolicy.heartbeat`)."""
+        if not self._timers:
+            return math.inf
+        return min(self._timers[0][0], self._clock.seen + self.policy.heartbeat)
 
     def on_timer(self, now: float) -> None:
         """Retransmit every packet whose timeout expired (into the outbox); a timer
-        served late (``RetryPolicy.late_timer``) is re-armed from ``now`` once instead."""
+        whose packet was in flight while this endpoint stalled (``RetryPolicy.late_timer``)
+        is re-armed from ``now`` once instead."""
+        self._clock.observe(now, self.next_timer())
         timers, policy = self._timers, self.policy
         backed_off = False
         while timers and timers[0][0] <= now:
@@ -518,10 +531,12 @@ class P2pEndpoint:
             pending = self._peers[dst].inflight.get(seq)
             if pending is None or pending.deadline != deadline:
                 continue  # acknowledged, or re-armed since
-            if not pending.rearmed and policy.served_late(now, deadline, pending.rto):
-                # Served late: this endpoint was not running, nor (on one machine) the
-                # peer it waits for. One timeout more from now, same transmission.
+            stalled = self._clock.stalled - pending.stall_at
+            if not pending.rearmed and policy.stalled_through(stalled, pending.rto):
+                # This endpoint was not running, nor (on one machine) the peer it waits
+                # for. One timeout more from now, same transmission.
                 pending.rearmed = True
+                pending.stall_at = self._clock.stalled
                 pending.deadline = now + pending.rto
                 heapq.heappush(timers, (pending.deadline, dst, seq))
                 self.stats.late_timers += 1

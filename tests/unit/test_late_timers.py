@@ -5,7 +5,7 @@ When the whole machine stalls (a VM whose vCPUs the hypervisor took, measured on
 one at up to 28 ms), the switch, the links and every worker stop together, and every
 worker's timers are served late when it resumes. Nothing was lost, so nothing must be
 sent again: such a timer is re-armed once from the moment it is served. A packet really
-lost is still recovered, one timeout later, and a timer served late twice fires. The INA
+lost is still recovered, one timeout later, and a timer served late twice fires. The
 engines count a stall wherever it falls in a timer's life (a heartbeat wakes them while
 they wait), so a stall that ends just as timers come due counts too.
 """
@@ -251,3 +251,9 @@ def test_without_the_rule_a_stall_makes_the_ring_send_again(native: bool) -> Non
     stats = _ring(native, [(0.001, 0.05)], policy=off)
     assert _total(stats, lambda s: s.retransmitted) > 0
     assert _total(stats, lambda s: s.late_timers) == 0
+
+
+@pytest.mark.parametrize("native", P2P)
+def test_a_stall_that_ends_as_the_ring_timers_come_due_sends_nothing_again(native: bool) -> None:
+    stats = _ring(native, [STALL_UNTIL_DUE])
+    assert [(s.retransmitted, s.late_timers) for s in stats] == [(0, SLOTS)] * WORKERS
