@@ -119,9 +119,11 @@ CPU_NOTE = (
     " this machine's CPU, not the network or the algorithm. worker_cpu_s_per_gbit (beside"
     " cpu): the mean rank's CPU seconds per Gbit it sent (INA sends the size once; ring,"
     " tree and Gloo 2(n-1)/n of it), the kernel's work in its context included;"
-    " switch_dataplane_cpu_s_per_gbit: the switches' data planes' CPU seconds over the"
-    " Gbit all ranks sent, per rank (of worker_cpu_s_per_gbit, about that much was the"
-    " emulated switch's work rather than the host's)"
+    " worker_cpu_s_per_gbit_size: the same per Gbit of the size, the bytes every"
+    " algorithm reduces alike; switch_dataplane_cpu_s_per_gbit: the switches' data"
+    " planes' CPU seconds over the Gbit all ranks sent, per rank (of"
+    " worker_cpu_s_per_gbit, about that much was the emulated switch's work rather than"
+    " the host's)"
 )
 
 log = logging.getLogger(__name__)

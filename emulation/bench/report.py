@@ -41,6 +41,7 @@ __all__ = [
     "plot_figure",
     "plot_line",
     "save_figure",
+    "size_cpu_note",
     "steal_note",
     "switch_notes",
     "write_json",
@@ -161,6 +162,21 @@ class Row:
         return round(sum(known) / len(known) * self.time_us_max / 1e6 / sent_gbit, 4)
 
     @property
+    def worker_cpu_s_per_gbit_size(self) -> float | None:
+        """The mean rank's CPU seconds per Gbit of the size (the nccl-tests ``size``
+        column, which ``algbw`` divides): the same bytes for every algorithm, so rows of
+        INA, ring, tree and Gloo compare as the CPU it takes to reduce (or gather) one
+        Gbit, where :attr:`worker_cpu_s_per_gbit` divides by what each sends. ``None``:
+        CPU not measured."""
+        if self.cpu is None or self.nbytes == 0:
+            return None
+        known = [w for w in self.cpu.workers if w is not None]
+        if not known:
+            return None
+        size_gbit = self.nbytes * 8 / 1e9
+        return round(sum(known) / len(known) * self.time_us_max / 1e6 / size_gbit, 4)
+
+    @property
     def switch_dataplane_cpu_s_per_gbit(self) -> float | None:
         """The switches' data planes' CPU seconds (their BPF programs' run time, all
         switches) per Gbit the ranks sent, per rank: on the scale of
@@ -244,6 +260,11 @@ class Row:
             **(
                 {"worker_cpu_s_per_gbit": self.worker_cpu_s_per_gbit}
                 if self.worker_cpu_s_per_gbit is not None
+                else {}
+            ),
+            **(
+                {"worker_cpu_s_per_gbit_size": self.worker_cpu_s_per_gbit_size}
+                if self.worker_cpu_s_per_gbit_size is not None
                 else {}
             ),
             **(
@@ -406,6 +427,22 @@ def steal_note(rows: Iterable[Row]) -> str | None:
     )
 
 
+def size_cpu_note(rows: Iterable[Row]) -> str | None:
+    """The line under a table giving the ranks' CPU per Gbit of the size at the largest
+    size (:attr:`Row.worker_cpu_s_per_gbit_size`), or ``None`` where not measured."""
+    measured = [r for r in rows if r.worker_cpu_s_per_gbit_size is not None]
+    if not measured:
+        return None
+    row = measured[-1]
+    sent = row.worker_cpu_s_per_gbit
+    return (
+        f"# worker cpu: {row.worker_cpu_s_per_gbit_size:.3f} CPU-s per Gbit of the size"
+        " (largest size; JSON worker_cpu_s_per_gbit_size: the same bytes for every"
+        " algorithm"
+        + (f"; per Gbit a rank sent: {sent:.3f}, worker_cpu_s_per_gbit)" if sent else ")")
+    )
+
+
 def dataplane_note(rows: Iterable[Row]) -> str | None:
     """The line under a table whose rows measured the switches' data plane per Gbit:
     how much of the ranks' CPU per Gbit was the emulated switch's, or ``None``."""
@@ -513,7 +550,8 @@ def format_table(algo: str, rows: Iterable[Row], description: str = "") -> str:
     ]
     if any(r.cpu is not None and r.cpu.bound for r in rows):
         lines.append(bound_note())
-    lines += [note for note in (busy_note(rows), steal_note(rows), dataplane_note(rows)) if note]
+    notes = (busy_note(rows), steal_note(rows), size_cpu_note(rows), dataplane_note(rows))
+    lines += [note for note in notes if note]
     return "\n".join(lines)
 
 
@@ -542,8 +580,9 @@ RETX_FOOTNOTES = (
     ),
     (
         "late_timers",
-        "# late timers: {} timers expired while their rank was not running (the machine"
-        " stalled: see cpu.steal) and were re-armed, not sent again (JSON late_timers per"
+        "# late timers: {} timers expired while their rank had not been running for part"
+        " of their time (the machine stalled, see cpu.steal, or the rank waited for a"
+        " core) and were re-armed, not sent again (JSON late_timers per"
         " row; hostlib RetryPolicy.late_timer)",
     ),
 )

@@ -30,7 +30,7 @@ from emulation.bench.cpu import (
     read_process_ticks,
     worker_cpu,
 )
-from emulation.bench.report import Row, dataplane_note, format_table
+from emulation.bench.report import Row, dataplane_note, format_table, size_cpu_note
 from emulation.bench.workers import SizeResult, ThreadsCpu, _timed, cpu_between, threads_cpu
 
 HZ = 100
@@ -567,6 +567,24 @@ def test_worker_cpu_per_gbit_sent(algo: str, chosen: str | None, sent_factor: fl
     want = 0.4 * 0.5 / sent_factor
     assert row.worker_cpu_s_per_gbit == pytest.approx(want, abs=1e-4)
     assert row.to_json()["worker_cpu_s_per_gbit"] == pytest.approx(want, abs=1e-4)
+
+
+@pytest.mark.parametrize("algo", ["ina", "ring", "gloo", "collnet"])
+def test_worker_cpu_per_gbit_of_the_size_is_the_same_denominator_for_every_algorithm(
+    algo: str,
+) -> None:
+    # 4 ranks at 0.3 and 0.5 of a core for 0.5 s calls of 125 MB (1 Gbit of data).
+    row = Row(algo, 125_000_000, 31_250_000, "int32", 4, 5e5, 5e5, 5e5, 0,
+              cpu=RowCpu((0.3, 0.5, 0.3, 0.5), 0.0, 1.0))  # fmt: skip
+    assert row.worker_cpu_s_per_gbit_size == pytest.approx(0.2, abs=1e-4)
+    assert row.to_json()["worker_cpu_s_per_gbit_size"] == pytest.approx(0.2, abs=1e-4)
+    note = size_cpu_note([row])
+    assert note is not None and "0.200 CPU-s per Gbit of the size" in note
+    sent = {"ina": "per Gbit a rank sent: 0.200", "ring": "per Gbit a rank sent: 0.133"}
+    assert sent.get(algo, "worker_cpu_s_per_gbit_size") in note
+    assert "# worker cpu:" in format_table(algo, [row])
+    assert Row(algo, 1000, 250, "int32", 2, 10.0, 10.0, 10.0, 0).worker_cpu_s_per_gbit_size is None
+    assert size_cpu_note([Row(algo, 1000, 250, "int32", 2, 10.0, 10.0, 10.0, 0)]) is None
 
 
 def test_no_cpu_per_gbit_where_ranks_send_unequal_amounts_or_cpu_was_not_measured() -> None:
