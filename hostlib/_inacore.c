@@ -91,7 +91,8 @@ typedef struct {
     int8_t *global_exp;  /* per block, from the results (float32) */
     /* policy */
     double min_timeout, max_timeout, backoff, deadline_s, late_timer, stall_check;
-    double heartbeat; /* RetryPolicy.heartbeat */
+    double heartbeat;     /* RetryPolicy.heartbeat */
+    double first_timeout; /* RetryPolicy.timeout: the least before the first result */
     StallClock clock;
     /* the session's RTT estimator (read back by the binding) */
     double rto, srtt, rttvar;
@@ -422,7 +423,9 @@ static int32_t send_new(InaCore *c, int64_t index, double now) {
     c->outstanding[slot] = index;
     c->sent_at[slot] = now;
     c->resent[slot] = 0;
-    c->slot_rto[slot] = c->rto;
+    /* Before the call's first result the peers may still be entering the call
+       (RetryPolicy.timeout). */
+    c->slot_rto[slot] = c->done || c->rto >= c->first_timeout ? c->rto : c->first_timeout;
     if (arm(c, slot, index, now) < 0) return -1;
     c->sent++;
     return slot;
@@ -601,17 +604,19 @@ static int InaCore_init(InaCore *c, PyObject *args, PyObject *kw) {
     static char *names[] = {"job_id", "rank", "num_workers", "lanes", "window", "data",
                             "out", "uses", "first_seq", "rto", "srtt", "rttvar", "samples",
                             "min_timeout", "max_timeout", "backoff", "deadline", "late_timer",
-                            "stream_min_bytes", "batch_results", "stall_check", NULL};
+                            "stream_min_bytes", "batch_results", "stall_check", "first_timeout",
+                            NULL};
     PyObject *data, *out, *uses;
     long long first_seq, samples, stream_min = STREAM_MIN_BYTES;
     c->batch_results = BATCH_RESULTS;
     c->stall_check = 0.0025;
-    if (!PyArg_ParseTupleAndKeywords(args, kw, "iiiiiOOOLdddLddddd|Lid", names, &c->job_id,
+    c->first_timeout = 0.0;
+    if (!PyArg_ParseTupleAndKeywords(args, kw, "iiiiiOOOLdddLddddd|Lidd", names, &c->job_id,
                                      &c->rank, &c->num_workers, &c->lanes, &c->window, &data,
                                      &out, &uses, &first_seq, &c->rto, &c->srtt, &c->rttvar,
                                      &samples, &c->min_timeout, &c->max_timeout, &c->backoff,
                                      &c->deadline_s, &c->late_timer, &stream_min,
-                                     &c->batch_results, &c->stall_check))
+                                     &c->batch_results, &c->stall_check, &c->first_timeout))
         return -1;
     if (c->started || c->have_data) {
         PyErr_SetString(PyExc_RuntimeError, "InaCore is initialised once");

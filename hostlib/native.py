@@ -192,6 +192,7 @@ class NativeInaAllreduce:
             self._out, uses, first_seq, self.rtt.rto, self.rtt.srtt, self.rtt.rttvar,
             self.rtt.samples, policy.min_timeout, policy.max_timeout, policy.backoff,
             policy.deadline, policy.late_timer, stall_check=policy.stall_check,
+            first_timeout=policy.timeout,
             **({} if stream_min_bytes is None else {"stream_min_bytes": stream_min_bytes}),
             **({} if batch_results is None else {"batch_results": batch_results}),
         )  # fmt: skip
