@@ -525,9 +525,10 @@ static void observe(InaCore *c, double now) {
 }
 
 /* Expired timers: resend each (its timeout backed off), unless its packet was in flight
-   while the worker stalled, which re-arms it once (hostlib.ina.RetryPolicy.late_timer). Appends the slots to `slots`
-   (room for window entries... the heap holds at most one live timer per slot). Returns
-   the number of slots, -1 on no memory. Fast retransmissions stay in fastbuf. */
+   while the worker stalled, which re-arms it once (hostlib.ina.RetryPolicy.late_timer).
+   Appends the slots to `slots` (room for window entries... the heap holds at most one
+   live timer per slot). Returns the number of slots, -1 on no memory. Fast
+   retransmissions stay in fastbuf. */
 static Py_ssize_t expire(InaCore *c, double now, int32_t *slots) {
     Py_ssize_t k = 0;
     while (c->nheap && c->heap[0].deadline <= now) {
@@ -595,8 +596,8 @@ static void InaCore_dealloc(InaCore *c) {
     if (c->have_uses) PyBuffer_Release(&c->uses);
     free(c->local_exp); free(c->global_exp); free(c->slotbuf); free(c->outstanding);
     free(c->sent_at); free(c->slot_rto); free(c->slot_deadline); free(c->resent);
-    free(c->queued); free(c->rearmed); free(c->stall_at); free(c->slot_tx); free(c->heap); free(c->order);
-    free(c->fastbuf);
+    free(c->queued); free(c->rearmed); free(c->stall_at); free(c->slot_tx); free(c->heap);
+    free(c->order); free(c->fastbuf);
     Py_TYPE(c)->tp_free((PyObject *)c);
 }
 
