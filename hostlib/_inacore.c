@@ -90,7 +90,7 @@ typedef struct {
     int8_t *local_exp;   /* per block (float32) */
     int8_t *global_exp;  /* per block, from the results (float32) */
     /* policy */
-    double min_timeout, max_timeout, backoff, deadline_s, late_timer, stall_check;
+    double min_timeout, max_timeout, backoff, deadline_s, late_timer;
     double heartbeat;     /* RetryPolicy.heartbeat */
     double first_timeout; /* RetryPolicy.timeout: the least before the first result */
     StallClock clock;
@@ -540,7 +540,6 @@ static Py_ssize_t expire(InaCore *c, double now, int32_t *slots) {
         if (!c->rearmed[t.slot] && stalled > c->late_timer * slot_rto) {
             /* Stalled through (RetryPolicy.stalled_through): one timeout more from now. */
             c->rearmed[t.slot] = 1;
-            c->stall_at[t.slot] = c->clock.stalled;
             c->slot_deadline[t.slot] = now + slot_rto;
             if (heap_push(c, now + slot_rto, t.slot, t.index) < 0) return -1;
             c->late_timers++;
@@ -609,15 +608,15 @@ static int InaCore_init(InaCore *c, PyObject *args, PyObject *kw) {
                             NULL};
     PyObject *data, *out, *uses;
     long long first_seq, samples, stream_min = STREAM_MIN_BYTES;
+    double stall_check = 0.0025;
     c->batch_results = BATCH_RESULTS;
-    c->stall_check = 0.0025;
     c->first_timeout = 0.0;
     if (!PyArg_ParseTupleAndKeywords(args, kw, "iiiiiOOOLdddLddddd|Lidd", names, &c->job_id,
                                      &c->rank, &c->num_workers, &c->lanes, &c->window, &data,
                                      &out, &uses, &first_seq, &c->rto, &c->srtt, &c->rttvar,
                                      &samples, &c->min_timeout, &c->max_timeout, &c->backoff,
                                      &c->deadline_s, &c->late_timer, &stream_min,
-                                     &c->batch_results, &c->stall_check, &c->first_timeout))
+                                     &c->batch_results, &stall_check, &c->first_timeout))
         return -1;
     if (c->started || c->have_data) {
         PyErr_SetString(PyExc_RuntimeError, "InaCore is initialised once");
@@ -675,7 +674,7 @@ static int InaCore_init(InaCore *c, PyObject *args, PyObject *kw) {
     c->rearmed = calloc(w, 1);
     c->stall_at = calloc(w, sizeof(double));
     stall_init(&c->clock, c->late_timer, c->min_timeout);
-    c->heartbeat = stall_heartbeat(c->late_timer, c->stall_check);
+    c->heartbeat = stall_heartbeat(c->late_timer, stall_check);
     c->slot_tx = calloc(w, sizeof(int64_t));
     c->capfast = (Py_ssize_t)w;
     c->fastbuf = malloc(w * c->psize);

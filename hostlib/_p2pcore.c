@@ -166,7 +166,7 @@ struct Call;
 typedef struct {
     PyObject_HEAD
     int rank, n, spec_lanes, spec_window, lanes, window;
-    double min_timeout, max_timeout, backoff, deadline_s, late_timer, stall_check;
+    double min_timeout, max_timeout, backoff, deadline_s, late_timer;
     double heartbeat; /* RetryPolicy.heartbeat */
     StallClock clock;
     double rto, srtt, rttvar;
@@ -524,7 +524,6 @@ static int ep_on_timer(Endpoint *e, double now) {
             /* Stalled through (hostlib.ina.RetryPolicy.stalled_through): one timeout more
                from now. */
             p->rearmed = 1;
-            p->stall_at = e->clock.stalled;
             p->deadline = now + p->rto;
             if (heap_push(e, p->deadline, t.dst, p->seq) < 0) return -1;
             e->late_timers++;
@@ -547,7 +546,6 @@ static int ep_unacked(const Endpoint *e) {
         if (e->ch[r].ninfl || BufRing_len(&e->ch[r].queue)) return 1;
     return 0;
 }
-
 
 /* Queue one message for dst (elements already little-endian 4-byte values). */
 static int ep_send(Endpoint *e, int32_t dst, uint32_t tag, const uint8_t *payload, int64_t count,
@@ -814,14 +812,14 @@ static int Endpoint_init(Endpoint *e, PyObject *args, PyObject *kw) {
                             "max_timeout", "backoff", "deadline", "gso", "late_timer",
                             "stall_check", NULL};
     PyObject *addrs;
+    double stall_check = 0.0025;
     e->gso = 0;
     e->late_timer = INFINITY;
-    e->stall_check = 0.0025;
     e->batch = BATCH_DATAGRAMS;
     if (!PyArg_ParseTupleAndKeywords(args, kw, "iOiiddddd|pdd", names, &e->rank, &addrs,
                                      &e->spec_lanes, &e->spec_window, &e->rto, &e->min_timeout,
                                      &e->max_timeout, &e->backoff, &e->deadline_s, &e->gso,
-                                     &e->late_timer, &e->stall_check))
+                                     &e->late_timer, &stall_check))
         return -1;
     if (e->ch) {
         PyErr_SetString(PyExc_RuntimeError, "Endpoint is initialised once");
@@ -852,7 +850,7 @@ static int Endpoint_init(Endpoint *e, PyObject *args, PyObject *kw) {
     e->window = e->spec_window;
     e->last_rx = -INFINITY;
     stall_init(&e->clock, e->late_timer, e->min_timeout);
-    e->heartbeat = stall_heartbeat(e->late_timer, e->stall_check);
+    e->heartbeat = stall_heartbeat(e->late_timer, stall_check);
     return 0;
 }
 

@@ -574,7 +574,6 @@ class InaAllreduce:
                 # This worker was not running, nor (on one machine) were the switch and
                 # the peers. One timeout more from now, same transmission.
                 self._rearmed[slot] = True
-                self._stall_at[slot] = self._clock.stalled
                 self._deadline[slot] = now + rto
                 heapq.heappush(timers, (now + rto, slot, index))
                 self.stats.late_timers += 1

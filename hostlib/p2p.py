@@ -536,7 +536,6 @@ class P2pEndpoint:
                 # This endpoint was not running, nor (on one machine) the peer it waits
                 # for. One timeout more from now, same transmission.
                 pending.rearmed = True
-                pending.stall_at = self._clock.stalled
                 pending.deadline = now + pending.rto
                 heapq.heappush(timers, (pending.deadline, dst, seq))
                 self.stats.late_timers += 1
