@@ -153,13 +153,8 @@ class Row:
             sent_share = bus_factor(self.num_workers, self.collective)
         else:
             return None
-        if self.cpu is None or self.nbytes == 0:
-            return None
-        known = [w for w in self.cpu.workers if w is not None]
-        if not known:
-            return None
-        sent_gbit = self.nbytes * 8 / 1e9 * sent_share
-        return round(sum(known) / len(known) * self.time_us_max / 1e6 / sent_gbit, 4)
+        cpu_s = self._worker_cpu_s
+        return None if cpu_s is None else round(cpu_s / (self.nbytes * 8e-9 * sent_share), 4)
 
     @property
     def worker_cpu_s_per_gbit_size(self) -> float | None:
@@ -168,13 +163,20 @@ class Row:
         INA, ring, tree and Gloo compare as the CPU it takes to reduce (or gather) one
         Gbit, where :attr:`worker_cpu_s_per_gbit` divides by what each sends. ``None``:
         CPU not measured."""
+        cpu_s = self._worker_cpu_s
+        return None if cpu_s is None else round(cpu_s / (self.nbytes * 8e-9), 4)
+
+    @property
+    def _worker_cpu_s(self) -> float | None:
+        """The mean rank's CPU seconds per timed call (its CPU share times the call's
+        time), the numerator of both per-Gbit figures; ``None``: not measured, or no
+        bytes to divide by."""
         if self.cpu is None or self.nbytes == 0:
             return None
         known = [w for w in self.cpu.workers if w is not None]
         if not known:
             return None
-        size_gbit = self.nbytes * 8 / 1e9
-        return round(sum(known) / len(known) * self.time_us_max / 1e6 / size_gbit, 4)
+        return sum(known) / len(known) * self.time_us_max / 1e6
 
     @property
     def switch_dataplane_cpu_s_per_gbit(self) -> float | None:
