@@ -54,6 +54,7 @@
 #define HSIZE 16
 #define FLAG_RESEND 0x01
 #define FLAG_DUPLICATE 0x02 /* ACK: the DATA had arrived before (D-SACK; statistics only) */
+#define FLAG_EARLY 0x04     /* ACK: the DATA is of the receiver's next call (p2p.py) */
 #define MAX_LANES 2048
 #define SEQ_MAX 0xFFFFFFFFLL
 #define PKT_MAX (HSIZE + 4 * MAX_LANES)
@@ -155,6 +156,7 @@ typedef struct {
     uint64_t *above; /* bit k: seq cum + 1 + k arrived */
     Py_ssize_t abovewords;
     OrderRing order;
+    char entered; /* the peer answered a DATA of the current call from inside it */
 } Channel;
 
 typedef struct { double deadline; int32_t dst; uint32_t seq; } Timer;
@@ -170,6 +172,7 @@ typedef struct {
     double heartbeat; /* RetryPolicy.heartbeat */
     StallClock clock;
     double rto, srtt, rttvar;
+    double first_timeout; /* RetryPolicy.timeout: the least until a peer is in the call */
     int64_t samples;
     int64_t call;
     double last_progress, last_rx;
@@ -322,7 +325,8 @@ static int transmit(Endpoint *e, int32_t dst, uint32_t seq, Buf *pkt, double now
     Channel *ch = &e->ch[dst];
     ch->tx++;
     if (grow((void **)&ch->inflight, &ch->capinfl, ch->ninfl + 1, sizeof(Pending)) < 0) return -1;
-    double rto = e->rto;
+    /* Until the peer answers from inside this call, it may still be entering it. */
+    double rto = ch->entered || e->rto >= e->first_timeout ? e->rto : e->first_timeout;
     ch->inflight[ch->ninfl++] =
         (Pending){pkt, now, rto, now + rto, ch->tx, seq, 0, 0, e->clock.stalled};
     if (OrderRing_push(&ch->order, (TxSeq){ch->tx, seq}) < 0) return -1;
@@ -391,9 +395,10 @@ static int detect_losses(Endpoint *e, int32_t dst, Channel *ch, double now) {
 }
 
 /* flags: the ACK's; FLAG_RESEND there echoes the DATA's (p2p.py, "Spurious timeouts") */
-static int on_ack(Endpoint *e, int32_t src, uint32_t seq, uint32_t cum, uint8_t flags,
-                  double now) {
+static int on_ack(Endpoint *e, int32_t src, uint32_t seq, uint32_t cum, unsigned call,
+                  uint8_t flags, double now) {
     Channel *ch = &e->ch[src];
+    if (call == (unsigned)(e->call & 0xFFFF) && !(flags & FLAG_EARLY)) ch->entered = 1;
     Py_ssize_t at;
     if (find(ch, seq, &at) && acked(e, ch, at, now, !(flags & FLAG_RESEND)) < 0) return -1;
     while (ch->ninfl && ch->inflight[0].seq <= cum)
@@ -446,11 +451,12 @@ static int on_data(Endpoint *e, int32_t src, uint32_t seq, uint32_t tag, unsigne
                    uint8_t data_flags, const uint8_t *payload, Py_ssize_t len, double now) {
     Channel *ch = &e->ch[src];
     uint8_t flags = data_flags & FLAG_RESEND; /* echoed: which copy this ack answers */
+    unsigned ahead = (call - (unsigned)(e->call & 0xFFFF)) & 0xFFFF;
+    if (ahead == 1) flags |= FLAG_EARLY; /* kept for a call this endpoint has not started */
     if (seq <= ch->cum || above_has(ch, seq)) {
         e->duplicates++; /* our ack was lost or late: acknowledge again */
         flags |= FLAG_DUPLICATE;
     } else {
-        unsigned ahead = (call - (unsigned)(e->call & 0xFFFF)) & 0xFFFF;
         if (ahead == 0 && e->handler) {
             int r = call_on_message(e->handler, src, tag, payload, len, now);
             if (r) return r;
@@ -501,7 +507,7 @@ static int ep_on_datagram(Endpoint *e, const uint8_t *d, Py_ssize_t len, double 
     if (dst != e->rank || src >= e->n || src == dst) { e->foreign++; return 0; }
     if (vt == P2P_ACK) {
         e->last_rx = now;
-        return on_ack(e, src, seq, aux, d[1], now);
+        return on_ack(e, src, seq, aux, call, d[1], now);
     }
     if (vt == P2P_DATA && len == HSIZE + 4 * (Py_ssize_t)count) {
         e->last_rx = now;
@@ -774,6 +780,7 @@ static int call_start(Call *c, double now) {
     e->handler = c;
     e->last_progress = now;
     e->clock.seen = now; /* the time between calls is no stall */
+    for (int r = 0; r < e->n; r++) e->ch[r].entered = 0;
     c->started = 1;
     Py_ssize_t nearly = e->nstash;
     int r = c->kind == TREE ? tree_begin(c, now) : ring_begin(c, now);
@@ -848,6 +855,7 @@ static int Endpoint_init(Endpoint *e, PyObject *args, PyObject *kw) {
     }
     e->lanes = e->spec_lanes;
     e->window = e->spec_window;
+    e->first_timeout = e->rto; /* the initial timeout */
     e->last_rx = -INFINITY;
     stall_init(&e->clock, e->late_timer, e->min_timeout);
     e->heartbeat = stall_heartbeat(e->late_timer, stall_check);
@@ -1366,10 +1374,10 @@ PyMODINIT_FUNC PyInit__p2pcore(void) {
     TimeoutType = Py_NewRef(PyExc_TimeoutError);
     if (PyModule_AddObjectRef(m, "Endpoint", (PyObject *)&EndpointType) < 0 ||
         PyModule_AddObjectRef(m, "Call", (PyObject *)&CallType) < 0) { Py_DECREF(m); return NULL; }
-    PyObject *proto = Py_BuildValue("{s:i,s:i,s:i,s:i,s:i,s:i}", "P2P_DATA", P2P_DATA,
+    PyObject *proto = Py_BuildValue("{s:i,s:i,s:i,s:i,s:i,s:i,s:i}", "P2P_DATA", P2P_DATA,
                                     "P2P_ACK", P2P_ACK, "HEADER", HSIZE, "FLAG_RESEND",
-                                    FLAG_RESEND, "FLAG_DUPLICATE", FLAG_DUPLICATE, "MAX_LANES",
-                                    MAX_LANES);
+                                    FLAG_RESEND, "FLAG_DUPLICATE", FLAG_DUPLICATE, "FLAG_EARLY",
+                                    FLAG_EARLY, "MAX_LANES", MAX_LANES);
     if (!proto || PyModule_AddObject(m, "PROTOCOL", proto) < 0) { Py_XDECREF(proto); Py_DECREF(m); return NULL; }
     PyObject *all = Py_BuildValue("[ssss]", "Call", "Endpoint", "PROTOCOL", "set_errors");
     if (!all || PyModule_AddObject(m, "__all__", all) < 0) { Py_XDECREF(all); Py_DECREF(m); return NULL; }

@@ -298,7 +298,7 @@ class NativeInaAllreduce:
 
 # ----------------------------------------------------------------- the p2p core
 def _load_p2p() -> tuple[Any, str | None]:
-    from hostlib.p2p import FLAG_DUPLICATE, P2P_ACK, P2P_DATA, P2P_HEADER, P2pError
+    from hostlib.p2p import FLAG_DUPLICATE, FLAG_EARLY, P2P_ACK, P2P_DATA, P2P_HEADER, P2pError
 
     try:
         from hostlib import _p2pcore
@@ -310,6 +310,7 @@ def _load_p2p() -> tuple[Any, str | None]:
         "HEADER": P2P_HEADER.size,
         "FLAG_RESEND": protocol.FLAG_RESEND,
         "FLAG_DUPLICATE": FLAG_DUPLICATE,
+        "FLAG_EARLY": FLAG_EARLY,
         "MAX_LANES": protocol.MAX_LANES,
     }
     if wire != _p2pcore.PROTOCOL:

@@ -24,7 +24,9 @@ since only hosts read it)::
     1      flags:8    FLAG_RESEND on a retransmitted DATA, echoed on its ACK (so the
                       sender knows which copy an ack answers: "Spurious timeouts");
                       FLAG_DUPLICATE on the ACK of a DATA that had arrived before
-                      (RFC 2883's D-SACK; statistics and pcaps only)
+                      (RFC 2883's D-SACK; statistics and pcaps only); FLAG_EARLY on
+                      the ACK of a DATA of the receiver's next call (kept until that
+                      call starts: "Peers entering a call")
     2      src:8      sender's rank
     3      dst:8      receiver's rank: the driver (or a router on the fake network)
                       sends to the address of this rank
@@ -48,7 +50,7 @@ acknowledgement: the ack of a call's last packet can be lost after its receiver 
 the call (the end-of-transfer problem of every reliable protocol over datagrams; TCP
 keeps TIME_WAIT for it). The receiver may then wait anywhere (a barrier, a call of
 another session, a training step), so :class:`PeerCollective` answers on the socket
-whenever no call runs: after its first call a responder thread waits on the socket with
+whenever no call runs: from its creation a responder thread waits on the socket with
 the GIL released and, under the session's lock, acknowledges again every duplicate of a
 finished call (and keeps and acknowledges the next call's early packets); a call answers
 them itself while it runs, and :meth:`PeerCollective.close` lingers for them. A sender's
@@ -77,6 +79,19 @@ nothing is learnt from it, nor from acks that only move the cumulative point. Th
 of a DATA that had arrived before is also marked FLAG_DUPLICATE (RFC 2883's D-SACK), for
 the statistics and pcaps only: a network that duplicates a retransmitted copy makes
 such an ack without anything having been spurious, so it is never a sample.
+
+Peers entering a call. Ranks enter a call apart: a ring rank finishes its call when its
+last packets are acknowledged, then its caller prepares the next one (on this VM, star4,
+64 MiB: 12-36 ms between a rank's last packet of one call and its first of the next, by
+pcap). A faster peer's packets meanwhile go to the responder, which keeps and
+acknowledges them, but while the late rank starts the call (queueing its first messages
+under the session's lock) nobody answers: 6-9 ms, and the faster peer's timers, at the
+10 ms floor by then, fired (58-378 retransmissions per star4 row at zero loss, every one
+a late answer). So an ACK of a DATA of the receiver's next call carries FLAG_EARLY, and
+until a peer answers a DATA of the current call without it, packets to that peer are
+timed with at least the initial timeout (``RetryPolicy.timeout``), as INA times a call's
+packets until its first result. Once the peer answers from inside the call, the
+estimator's timeout applies again.
 """
 
 from __future__ import annotations
@@ -118,6 +133,8 @@ from hostlib.session import reduce_flat
 from hostlib.transport.base import Transport
 
 __all__ = [
+    "FLAG_DUPLICATE",
+    "FLAG_EARLY",
     "P2P_ACK",
     "P2P_DATA",
     "P2P_HEADER",
@@ -140,6 +157,10 @@ P2P_DATA = (P2P_VERSION << 4) | 1
 P2P_ACK = (P2P_VERSION << 4) | 2
 FLAG_DUPLICATE = 0x02
 """ACK flag: the acknowledged DATA had arrived before (D-SACK; statistics only)."""
+FLAG_EARLY = 0x04
+"""ACK flag: the acknowledged DATA belongs to the receiver's next call, which has not
+started there (the packet was kept for it): the sender's timers for that peer keep the
+initial timeout until it answers from inside the call."""
 P2P_HEADER = struct.Struct("!BBBBIIHH")
 """vt, flags, src, dst, seq, aux (tag | cumulative ack), call, count: 16 bytes."""
 
@@ -271,6 +292,7 @@ class _Channel:
         self.tx = 0  # transmissions so far (first copies and retransmissions)
         self.high_tx = 0  # the latest transmission an ack is known to answer
         self.order: deque[tuple[int, int]] = deque()  # (tx, seq) in transmission order
+        self.entered = False  # the peer answered a DATA of the current call from inside it
 
 
 class P2pEndpoint:
@@ -324,6 +346,8 @@ class P2pEndpoint:
         self._handler = handler
         self.last_progress = now
         self._clock.seen = now  # the time between calls is no stall
+        for ch in self._peers:
+            ch.entered = False
         early, self._stash = self._stash, []
         return early
 
@@ -379,7 +403,8 @@ class P2pEndpoint:
     def _transmit(self, dst: int, seq: int, packet: bytearray, now: float) -> None:
         ch = self._peers[dst]
         ch.tx += 1
-        rto = self.rtt.rto
+        # Until the peer answers from inside this call, it may still be entering it.
+        rto = self.rtt.rto if ch.entered else max(self.rtt.rto, self.policy.timeout)
         stall_at = self._clock.stalled
         ch.inflight[seq] = _Pending(packet, now, rto, now + rto, ch.tx, stall_at=stall_at)
         ch.order.append((ch.tx, seq))
@@ -425,7 +450,7 @@ class P2pEndpoint:
             self.stats.foreign += 1
         elif vt == P2P_ACK:
             self.last_rx = now
-            self._on_ack(src, seq, aux, flags, now)
+            self._on_ack(src, seq, aux, call, flags, now)
         elif vt == P2P_DATA and len(data) == _HSIZE + 4 * count:
             self.last_rx = now
             self._on_data(src, seq, aux, call, flags, data[_HSIZE:], now)
@@ -444,11 +469,13 @@ class P2pEndpoint:
     ) -> None:
         ch = self._peers[src]
         flags = data_flags & FLAG_RESEND  # echoed: which copy this ack answers
+        ahead = (call - self.call) & 0xFFFF
+        if ahead == 1:
+            flags |= FLAG_EARLY  # kept for a call this endpoint has not started
         if seq <= ch.cum or seq in ch.above:
             self.stats.duplicates += 1  # our ack was lost or late: acknowledge again
             flags |= FLAG_DUPLICATE
         else:
-            ahead = (call - self.call) & 0xFFFF
             if ahead == 0 and self._handler is not None:
                 self._handler(src, tag, payload, now)
             elif ahead == 1:
@@ -468,8 +495,10 @@ class P2pEndpoint:
             P2P_HEADER.pack(P2P_ACK, flags, self.spec.rank, src, seq, ch.cum, call, 0)
         )
 
-    def _on_ack(self, src: int, seq: int, cum: int, flags: int, now: float) -> None:
+    def _on_ack(self, src: int, seq: int, cum: int, call: int, flags: int, now: float) -> None:
         ch = self._peers[src]
+        if call == self.call & 0xFFFF and not flags & FLAG_EARLY:
+            ch.entered = True
         pending = ch.inflight.pop(seq, None)
         if pending is not None:
             self._acked(ch, pending, now, answers_original=not flags & FLAG_RESEND)
@@ -799,6 +828,9 @@ class PeerCollective:
         self.lock = threading.Lock()
         """Held by whoever reads the socket: a call, or the responder between calls."""
         self._responder: _Responder | None = None
+        # From the start: ranks enter the first call apart too (28 ms on star4), and
+        # a faster peer's packets are then acknowledged as early instead of timing out.
+        self._start_responder()
 
     @property
     def retransmissions(self) -> int:
@@ -927,8 +959,6 @@ class PeerCollective:
             except P2pError as exc:
                 self._broken = str(exc)
                 raise
-        if self._responder is None:
-            self._start_responder()
         return call.result()
 
     def _start_responder(self) -> None:
