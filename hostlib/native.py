@@ -482,14 +482,25 @@ class NativeCollectiveCall:
         self.endpoint, self.spec, self.phase = endpoint, endpoint.spec, phase
         self.lanes, self.window = call_knobs(self.spec, lanes, window)
         n, r = self.spec.world_size, self.spec.rank
+        # A ring allreduce of several ranks writes every element of its result from
+        # received data, so the core reads the input where it is (``src``) rather than
+        # from a copy of it in the result.
+        ring_allreduce = phase == "allreduce" and not tree and n > 1 and data.flags.c_contiguous
+        src: np.ndarray | None = None
         if phase == "all_gather" and not tree:
             self.out = np.zeros(n * data.size, dtype=data.dtype)
             self.out[r * data.size : (r + 1) * data.size] = data
         elif out is not None and phase == "allreduce":
             # The caller's memory (``data`` itself when in place): reduced there.
             self.out = out_buffer(out, data)
-            if self.out.ctypes.data != data.ctypes.data:
+            if self.out.ctypes.data == data.ctypes.data:
+                pass
+            elif ring_allreduce and not np.shares_memory(self.out, data):
+                src = data
+            else:
                 self.out[...] = data
+        elif ring_allreduce:
+            self.out, src = np.empty_like(data, order="C"), data
         else:
             self.out = np.array(data, copy=True, order="C")
         size = self.out.size
@@ -497,7 +508,7 @@ class NativeCollectiveCall:
         kind = _TREE_KIND if tree else _RING_KINDS[phase]
         self._core = _p2p_core()[0].Call(
             endpoint.core, kind, self.out, data.dtype == np.float32, self.lanes, self.window,
-            linger,
+            linger, src,
         )  # fmt: skip
 
     @property

@@ -164,3 +164,69 @@ def test_a_wrong_message_raises_the_python_engines_error() -> None:
                 b.on_datagram(memoryview(bytes(p)), 0.001)
         messages.append(str(err.value))
     assert messages[0] == messages[1], messages
+
+
+# ------------------------------------------------- where the native ring reads its input
+def _ring_results(native: bool, xs: list[np.ndarray], outs: list[Any]) -> list[np.ndarray]:
+    """One ring allreduce of ``len(xs)`` ranks on a lossy fake network, each rank's
+    result (in ``outs[r]`` where it is not None)."""
+    n = len(xs)
+    addrs = [(f"10.1.0.{r + 1}", 7000 + r) for r in range(n)]
+    kind = NativeP2pEndpoint if native else P2pEndpoint
+    eps = [kind(PeerSpec(r, tuple(addrs), 16, 4), POLICY) for r in range(n)]
+    if native:
+        calls = [
+            NativeCollectiveCall(eps[r], xs[r], LINGER, lanes=5, window=3, out=outs[r])
+            for r in range(n)
+        ]
+    else:
+        calls = [RingCall(eps[r], xs[r], LINGER, lanes=5, window=3) for r in range(n)]
+    net = FakeNetwork(Router(addrs), ROUTER, LINKS[2], seed=7)
+    errors = net.run(dict(zip(addrs, calls, strict=True)))  # type: ignore[arg-type]
+    assert all(e is None for e in errors.values()), errors
+    return [np.asarray(c.result()) for c in calls]
+
+
+@pytest.mark.parametrize("dtype", [np.int32, np.float32])
+def test_a_ring_reduces_into_separate_memory_from_the_input_where_it_is(dtype: type) -> None:
+    # The core reads each rank's input in place and writes input + received into the
+    # result: the input stays as it was, and the bytes are the specification's.
+    rng = np.random.default_rng(1)
+    xs = list(random_inputs(rng, dtype, 3, 101))
+    kept = [x.copy() for x in xs]
+    outs = [np.full_like(x, 7) for x in xs]  # garbage that must not leak into the sum
+    got = _ring_results(True, xs, outs)
+    want = _ring_results(False, kept, [None] * 3)
+    for g, w, out in zip(got, want, outs, strict=True):
+        np.testing.assert_array_equal(g.view(np.uint8), w.view(np.uint8))
+        assert np.shares_memory(g, out)
+    for x, k in zip(xs, kept, strict=True):
+        np.testing.assert_array_equal(x, k)
+
+
+def test_a_ring_over_a_strided_or_overlapping_input_copies_it_first() -> None:
+    rng = np.random.default_rng(2)
+    base = [random_inputs(rng, np.int32, 1, 202)[0] for _ in range(3)]
+    strided = [b[::2] for b in base]  # not contiguous: the core cannot read it in place
+    want = _ring_results(False, [s.copy() for s in strided], [None] * 3)
+    got = _ring_results(True, strided, [None] * 3)
+    for g, w in zip(got, want, strict=True):
+        np.testing.assert_array_equal(g, w)
+    # the result overlapping the input by half: read in place, it would read sums
+    xs = [np.concatenate([b[:101], np.zeros(50, np.int32)]) for b in base]
+    ins = [x[:101] for x in xs]
+    want = _ring_results(False, [i.copy() for i in ins], [None] * 3)
+    got = _ring_results(True, ins, [x[50:151] for x in xs])
+    for g, w in zip(got, want, strict=True):
+        np.testing.assert_array_equal(g, w)
+
+
+def test_the_core_takes_a_separate_input_for_ring_allreduce_only() -> None:
+    from hostlib import _p2pcore
+
+    ep = NativeP2pEndpoint(PeerSpec(0, (("10.1.0.1", 1), ("10.1.0.2", 2)), 8, 4), POLICY)
+    out, x = np.zeros(16, np.int32), np.ones(16, np.int32)
+    with pytest.raises(ValueError, match="ring allreduce"):
+        _p2pcore.Call(ep.core, 3, out, False, 8, 4, 0.0, x)  # a tree
+    with pytest.raises(ValueError, match="differ in size"):
+        _p2pcore.Call(ep.core, 0, out, False, 8, 4, 0.0, x[:8])
