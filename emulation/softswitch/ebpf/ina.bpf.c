@@ -444,21 +444,28 @@ enum verdict {
     V_TAKEN,       /* the upstream switch's result, stored: multicast it */
 };
 
-/* Lane loops, inside the slot's lock: no helper may be called there. */
+/* Lane loops, inside the slot's lock: no helper may be called there. Unrolled by 8:
+ * rolled, clang reloaded the frame pointer from the stack for every lane (12 instructions
+ * a lane in lanes_add); the kernel's test runner (emulation/softswitch/ebpf/microbench.py,
+ * 4 workers) timed a 896-lane packet at 925 ns rolled and 672 unrolled, 64 lanes at 325
+ * and 289 ns: 0.72 ns a lane before, 0.46 after. Unrolled by 16: no faster. */
 static __always_inline void lanes_write(__s32 *values, __be32 *pkt)
 {
+#pragma clang loop unroll_count(8)
     for (int j = 0; j < INA_LANES; j++)
         values[j] = (__s32)bpf_ntohl(pkt[j]);
 }
 
 static __always_inline void lanes_add(__s32 *values, __be32 *pkt)
 {
+#pragma clang loop unroll_count(8)
     for (int j = 0; j < INA_LANES; j++)
         values[j] = (__s32)((__u32)values[j] + bpf_ntohl(pkt[j])); /* wrapping int32 */
 }
 
 static __always_inline void lanes_read(__s32 *values, __be32 *pkt)
 {
+#pragma clang loop unroll_count(8)
     for (int j = 0; j < INA_LANES; j++)
         pkt[j] = bpf_htonl((__u32)values[j]);
 }
@@ -467,6 +474,7 @@ static __always_inline void lanes_read(__s32 *values, __be32 *pkt)
  * then lanes_read, one load of each register fewer). */
 static __always_inline void lanes_add_read(__s32 *values, __be32 *pkt)
 {
+#pragma clang loop unroll_count(8)
     for (int j = 0; j < INA_LANES; j++) {
         __u32 sum = (__u32)values[j] + bpf_ntohl(pkt[j]); /* wrapping int32 */
         values[j] = (__s32)sum;
