@@ -623,20 +623,8 @@ static int received(Call *c, Py_ssize_t len, int64_t lo, int64_t hi) {
     return 0;
 }
 
-static void add_into(Call *c, uint8_t *mine, const uint8_t *other, int64_t count) {
-    if (c->is_float) {
-        float *m = (float *)mine;
-        const float *o = (const float *)other;
-        for (int64_t i = 0; i < count; i++) m[i] = m[i] + o[i];
-    } else {
-        uint32_t *m = (uint32_t *)mine;
-        const uint32_t *o = (const uint32_t *)other;
-        for (int64_t i = 0; i < count; i++) m[i] = m[i] + o[i]; /* int32 wraps */
-    }
-}
-
-/* mine = from + other: add_into's sums, with the first operand read elsewhere. */
-static void add_from(Call *c, uint8_t *mine, const uint8_t *from, const uint8_t *other,
+/* mine = from + other, element by element; from may be mine (an add in place). */
+static void add_into(Call *c, uint8_t *mine, const uint8_t *from, const uint8_t *other,
                      int64_t count) {
     if (c->is_float) {
         float *m = (float *)mine;
@@ -693,8 +681,7 @@ static int ring_on_message(Call *c, int32_t src, uint32_t tag, const uint8_t *pa
     int r = received(c, len, lo, hi);
     if (r) return r;
     if (c->first + step >= c->ep->n - 1) memcpy(out_at(c, lo), payload, (size_t)(hi - lo) * 4);
-    else if (c->have_src) add_from(c, out_at(c, lo), in_at(c, lo), payload, hi - lo);
-    else add_into(c, out_at(c, lo), payload, hi - lo);
+    else add_into(c, out_at(c, lo), in_at(c, lo), payload, hi - lo);
     if (step + 1 < c->nsteps) return send_slice(c, c->next, (uint32_t)(tag + c->cps), lo, hi, now);
     return 0;
 }
@@ -745,7 +732,8 @@ static int tree_on_message(Call *c, int32_t src, uint32_t tag, const uint8_t *pa
         memcpy(c->from_child + ((size_t)index * c->size + lo) * 4, payload, (size_t)(hi - lo) * 4);
         if (--c->missing[tag] == 0) {
             for (int i = 0; i < c->nchildren; i++)
-                add_into(c, out_at(c, lo), c->from_child + ((size_t)i * c->size + lo) * 4, hi - lo);
+                add_into(c, out_at(c, lo), out_at(c, lo),
+                         c->from_child + ((size_t)i * c->size + lo) * 4, hi - lo);
             return tree_reduced(c, tag, now);
         }
         return 0;

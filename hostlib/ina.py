@@ -150,7 +150,9 @@ class RetryPolicy:
     have entered the call, and ranks enter a call apart: 1.5-15.7 ms on this VM (star4,
     float32, 12 calls, by pcap), a delay the estimator, fed by the rest of the call, does
     not see. With the 10 ms floor, the first rank in sent its first window again when
-    the last came 11 ms later."""
+    the last came 11 ms later. The point-to-point layer times its packets to a peer the
+    same way until that peer answers from inside the call (``hostlib.p2p``, "Peers
+    entering a call")."""
     min_timeout: float = 0.01
     max_timeout: float = 0.5
     backoff: float = 2.0

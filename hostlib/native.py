@@ -493,12 +493,11 @@ class NativeCollectiveCall:
         elif out is not None and phase == "allreduce":
             # The caller's memory (``data`` itself when in place): reduced there.
             self.out = out_buffer(out, data)
-            if self.out.ctypes.data == data.ctypes.data:
-                pass
-            elif ring_allreduce and not np.shares_memory(self.out, data):
-                src = data
-            else:
-                self.out[...] = data
+            if self.out.ctypes.data != data.ctypes.data:
+                if ring_allreduce and not np.may_share_memory(self.out, data):
+                    src = data
+                else:
+                    self.out[...] = data
         elif ring_allreduce:
             self.out, src = np.empty_like(data, order="C"), data
         else:
