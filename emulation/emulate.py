@@ -87,6 +87,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="set every link's probability of holding a packet back behind the packets "
         "queued after it (by the eBPF switch's ports, on their way out: toward the host "
         "on a host's link; the link needs a rate)")  # fmt: skip
+    add("--in-order-links", action="store_true",
+        help="every link keeps each flow's order, as a cable does (eBPF switches only; "
+        "veths without TCP segmentation offload and with GRO, which costs TCP CPU: "
+        "emulation.network.IN_ORDER_FEATURES); by default a veth may pass a flow's frame "
+        "ahead of an earlier one that the other core received")  # fmt: skip
     add("--switch-slots", type=int_in(1, 1 << 15), default=1024,
         help="each switch's slot pool per set (default 1024)")  # fmt: skip
     add("--pcap", action="store_true", help="switches record their ports into RUN_DIR/NAME.pcap")
@@ -401,10 +406,13 @@ def _run(
     pool = max(args.switch_slots, slots)
     seed = getattr(args, "seed", 0)
     with emulate(
-        topo, run_dir, pool, not bench, args.pcap, seed, slots, args.datapath, bmv2_tools=tools
-    ) as em:
+        topo, run_dir, pool, not bench, args.pcap, seed, slots, args.datapath,
+        bmv2_tools=tools, in_order_links=args.in_order_links,
+    ) as em:  # fmt: skip
         for line in describe_plan(em.topology, em.plan, tools):
             print(line, flush=True)
+        if args.in_order_links:
+            print("# links: every veth keeps each flow's order (TSO off, GRO on)", flush=True)
         print(f"# manifest: {run_dir / 'manifest.json'}", flush=True)
         status = 0
         if args.action == "calibrate":
@@ -735,6 +743,11 @@ class EmulatedFabric:
         """Every switch process of the network, by name: they forward every algorithm's
         packets (ring, tree and Gloo too), so the bench reports their CPU for all."""
         return _EmulatedSwitch.pids_of(self.em, [s.name for s in self.em.topology.switches])
+
+    def link_drops(self) -> dict[str, int]:
+        """Frames every interface of the network dropped on the way out so far
+        (:meth:`Emulation.link_drops`)."""
+        return self.em.link_drops()
 
     def set_link_rate(self, mbit: float) -> None:
         """Set every host link's HTB rate (both ends) to ``mbit`` Mbit/s, as ``inalab

@@ -173,6 +173,8 @@ class Emulation:
     """Who emulates the links, and each soft switch's data plane (with the reason)."""
     installed: dict[int, list[str]] = field(default_factory=dict)
     """Job id -> the switches it is installed on (what :meth:`remove_job` undoes)."""
+    in_order_links: bool = False
+    """Every veth runs with :data:`IN_ORDER_FEATURES` (eBPF switches only)."""
 
     def host(self, name: str) -> Any:
         return self.net.get(name)
@@ -212,7 +214,12 @@ class Emulation:
                 if agg.name != s.name:
                     port = _port_toward(hops[s.name], s.name, agg.name)
                     ctl.forwarder.add_host(HostRoute(self.ina_address(agg.name)[1], port))
-        if not self.frames_leave_the_kernel:
+        if self.in_order_links:
+            if self.frames_leave_the_kernel:
+                raise EmulationError(
+                    "in-order links need every switch on the eBPF data plane (a switch that"
+                    " reads frames into a process sets their order itself)"
+                )
             self._keep_flows_in_order()
         for h in topo.hosts:
             node = self.host(h.name)
@@ -222,8 +229,8 @@ class Emulation:
                 # fill in; a switch that reads frames into a process and writes them out
                 # again (the Python data plane, bmv2) loses that, so hosts compute
                 # checksums. eBPF switches pass the kernel's checksum state along, and
-                # hosts keep their checksum offloads, as on a NIC (TCP segmentation is
-                # off on every veth then: IN_ORDER_FEATURES).
+                # hosts keep their offloads (checksums, TCP segmentation), as on a NIC
+                # (TCP segmentation is off with in_order_links: IN_ORDER_FEATURES).
                 out = node.cmd(f"ethtool -K {intf} tx off rx off")
                 if "not found" in out:
                     raise EmulationError("ethtool is missing (apt-get install -y ethtool)")
@@ -343,6 +350,21 @@ class Emulation:
                     f" {HTB_QUANTUM} rate {mbit:g}Mbit burst {burst} cburst {burst}"
                 )
                 _check(out, intf.name)
+
+    def link_drops(self) -> dict[str, int]:
+        """Frames each interface of the network dropped on their way out so far, by name:
+        its root qdisc's drops (a shaper's queue was full) and the device's own (a veth
+        whose peer's receive ring was full). A link's ``loss`` is decided by the switches
+        and is not counted here.
+
+        Raises:
+            EmulationError: ``ip`` or ``tc`` failed, or printed what this cannot read.
+        """
+        return {
+            intf.name: _interface_drops(intf)
+            for link in self.net.links
+            for intf in (link.intf1, link.intf2)
+        }
 
     def counters(self, switches: Sequence[str] | None = None) -> dict[str, dict[str, int]]:
         """Each switch's INA statistics (default: every switch)."""
@@ -535,22 +557,25 @@ HTB_QUANTUM = 60000
 the 200000 past which tc warns that the quantum (by default rate / 10) is too big."""
 
 IN_ORDER_FEATURES = "tso off gro on"
-"""The offloads of every veth of a network whose switches are all eBPF, so that a link
-keeps each flow's order, as a cable does. A veth hands a frame to its peer in the
+"""The offloads of every veth with ``in_order_links`` (eBPF switches only), so that a
+link keeps each flow's order, as a cable does. A veth hands a frame to its peer in the
 sender's context: by default onto the backlog of the CPU that sent it, where each CPU
 works through its own. A link's HTB is dequeued on both CPUs (by the sending rank, and
-by its timer on the core that armed it), so frames sent one after another could be
+by its timer on the core that armed it), so frames sent one after another can be
 received on the two cores at once, the later one first: at 1 Gbit/s, star4 INA, 10-38
 of each rank's 499,717 packets reached the switch out of order (captures on both ends),
 and hostlib took it for loss (fast retransmissions at zero loss). With GRO on, the
 receiving veth queues frames in one ring that one NAPI poll empties, in order; the
 kernel takes that path only for frames from a device without TCP segmentation offload
-(or with UDP GRO forwarding, which would merge INA datagrams). TCP still leaves a host
-in 64 KB sends, cut by the kernel's GSO before the veth, and GRO merges them again
-at the next hop. Measured (star4, 1 Gbit/s, 64 MiB int32, alternating runs, 2026-11-27):
+(or with UDP GRO forwarding, which would merge INA datagrams). TCP then leaves a host
+in 64 KB sends cut by the kernel's GSO before the veth, merged again by GRO at the next
+hop, which costs CPU: why it is not the default.
+
+Measured (1 Gbit/s, 64 MiB int32, alternating runs on this 2-core VM, 2026-11-27): star4
 INA and hostlib ring rows had 13-24 fast retransmissions in 4 of 9 rows without these
-features and none in 11 rows with them; Gloo took 0.83-0.85 s per call without and
-0.83-0.84 s with them."""
+features and none in 11 rows with them, and Gloo's time was unchanged (0.83-0.84 s);
+but on star8, where the machine is short of CPU, Gloo took 1.11 s instead of 1.00 s and
+0.29 instead of 0.24 CPU-s per Gbit."""
 
 SHAPER_BURST_SECONDS = 0.001
 """A shaped link's HTB burst: what it may send at once, one millisecond of its rate (at
@@ -593,6 +618,19 @@ def _link_class() -> type:
     return ShapedLink
 
 
+def _interface_drops(intf: Any) -> int:
+    """An interface's outgoing frames dropped so far: root qdisc plus device (in its
+    node's network namespace; see :meth:`Emulation.link_drops`)."""
+    link = intf.cmd(f"ip -s -j link show dev {intf.name}")
+    qdisc = intf.cmd(f"tc -s -j qdisc show dev {intf.name} root")
+    try:
+        device = int(json.loads(link)[0]["stats64"]["tx"]["dropped"])
+        queued = sum(int(q.get("drops", 0)) for q in json.loads(qdisc) if q.get("root"))
+    except (ValueError, LookupError, TypeError) as exc:
+        raise EmulationError(f"{intf.name}: unreadable drop counters: {link!r} {qdisc!r}") from exc
+    return device + queued
+
+
 def _check(output: str, where: str) -> None:
     if output.strip():
         raise EmulationError(f"{where}: {output.strip()}")
@@ -610,6 +648,7 @@ def emulate(
     datapath: str | None = None,
     netem: bool | None = None,
     bmv2_tools: Bmv2Tools | None = None,
+    in_order_links: bool = False,
 ) -> Iterator[Emulation]:
     """Build, start and configure ``topo`` in Mininet; stop and remove it on exit.
 
@@ -626,6 +665,8 @@ def emulate(
             keeps each switch's own (:mod:`emulation.datapaths`).
         netem: whether links use netem; None probes the kernel.
         bmv2_tools: what ``kind: bmv2`` switches run; None finds them on PATH.
+        in_order_links: every veth keeps each flow's order (:data:`IN_ORDER_FEATURES`;
+            eBPF switches only), at the cost of TCP's segmentation offload.
 
     Raises:
         EmulationError: the topology asks for what cannot be emulated here.
@@ -641,7 +682,9 @@ def emulate(
         topo=None, switch=None, host=Host, controller=None, link=_link_class(), build=False
     )
     started = False
-    emulation = Emulation(topo, net, run_dir, {}, min(slot_count, slots), plan=plan)
+    emulation = Emulation(
+        topo, net, run_dir, {}, min(slot_count, slots), plan=plan, in_order_links=in_order_links
+    )
     try:
         for h in topo.hosts:
             net.addHost(h.name, ip=h.ip, mac=h.mac)

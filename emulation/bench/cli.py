@@ -333,6 +333,7 @@ def run_bench(
     from emulation.bench.progress import TerminalProgress
     from emulation.bench.report import (
         format_table,
+        link_drops_note,
         make_document,
         switch_notes,
         write_json,
@@ -368,6 +369,9 @@ def run_bench(
             print(format_table(algo, rows, _describe(algo, cfg, fabric.description, hosts)))
             for line in switch_notes(result.switch_counters.get(algo, {})):
                 print(line)
+            link_line = link_drops_note(result.link_drops.get(algo, {}))
+            if link_line:
+                print(link_line)
             print("#")
     extra: dict[str, Any] = {}
     if policy is not None and stopped is None:
@@ -380,6 +384,7 @@ def run_bench(
     meta["switch_log"] = result.switch_log
     meta["wall_s"] = result.wall_s
     meta["udp_kernel_counters_delta"] = result.udp_kernel_delta
+    meta["link_drops"] = result.link_drops
     meta["busy_cores_before"] = busy_before
     meta["links"] = getattr(fabric, "links", None)
     if stopped is not None:

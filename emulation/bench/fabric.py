@@ -90,6 +90,11 @@ class Fabric(Protocol):
         the bench's CPU accounting; empty where a switch runs only for INA (loopback)."""
         ...
 
+    def link_drops(self) -> Mapping[str, int]:
+        """Frames the fabric's emulated links dropped so far (full shaper queues, full
+        veth rings), by interface; empty where there are no such links (loopback)."""
+        ...
+
 
 class LoopbackFabric:
     """All ranks on 127.0.0.1; ``ranks_per_host`` consecutive ranks form one "host" for
@@ -117,6 +122,9 @@ class LoopbackFabric:
 
     def switch_pids(self) -> Mapping[str, int]:
         return {}  # ring, tree and Gloo talk over loopback; the switch is INA's alone
+
+    def link_drops(self) -> Mapping[str, int]:
+        return {}  # no emulated links: loopback
 
     @contextmanager
     def ina_switch(self, cfg: BenchConfig, run_dir: Path) -> Iterator[InaSwitch]:

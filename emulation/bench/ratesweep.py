@@ -60,6 +60,7 @@ PER_RATE = (
     "switch_counters",
     "switch_log",
     "udp_kernel_counters_delta",
+    "link_drops",
     "busy_cores_before",
     "stopped_by",
 )

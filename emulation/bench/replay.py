@@ -747,6 +747,9 @@ class _PooledLoopback:
     def switch_pids(self) -> Mapping[str, int]:
         return {}
 
+    def link_drops(self) -> Mapping[str, int]:
+        return {}
+
     @contextmanager
     def ina_switch(self, cfg: BenchConfig, run_dir: Path) -> Iterator[InaSwitch]:
         from controller.client import P4RuntimeError

@@ -33,6 +33,7 @@ __all__ = [
     "format_oracle",
     "format_table",
     "format_time",
+    "link_drops_note",
     "make_document",
     "merge_ranks",
     "oracle_points",
@@ -410,6 +411,20 @@ def switch_notes(counters: Mapping[str, Any]) -> list[str]:
     return lines
 
 
+def link_drops_note(drops: Mapping[str, int]) -> str | None:
+    """The line under a table whose algorithm's run lost frames in the emulated links'
+    queues (the JSON metadata's ``link_drops`` for it: interface -> frames), or
+    ``None``."""
+    total = sum(drops.values())
+    if not total:
+        return None
+    where = ", ".join(f"{name} {n}" for name, n in sorted(drops.items()))
+    return (
+        f"# link drops: the emulated links dropped {total} frames (full shaper queues or"
+        f" veth rings: {where}; JSON metadata link_drops): loss no fault asked for"
+    )
+
+
 STEAL_NOTED = 0.01
 """A row whose timed calls lost more than this share of the cores to the hypervisor
 gets the steal line under its table."""
@@ -597,7 +612,8 @@ RETX_NOTE = (
     " the JSON's retransmits_fast) or by their timers. The JSON says what each was for:"
     " host_drops (a rank's kernel dropped a datagram: its socket buffer was full),"
     " late_answers (a packet reached a rank twice: the first copy was late, not lost, so"
-    " a timer fired too early), the switches' drop counters and the links' loss"
+    " a timer fired too early), the switches' drop counters, the links' loss and"
+    " link_drops (full queues of the emulated links)"
 )
 
 

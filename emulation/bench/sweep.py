@@ -105,6 +105,9 @@ class SweepResult:
     switch's drop simulator did not cause. Host-wide, so other traffic adds to it."""
     choices: dict[int, str] = field(default_factory=dict)
     """``auto``: the algorithm it ran per size (bytes)."""
+    link_drops: dict[str, dict[str, int]] = field(default_factory=dict)
+    """Per algorithm: frames the emulated links dropped during its run (full shaper
+    queues, full veth rings), by interface, only those that dropped some."""
 
 
 def run_sweep(
@@ -155,6 +158,7 @@ def _run_algo(
     """One algorithm's sweep; its rows, wall time and UDP counters go into ``result``."""
     start = time.perf_counter()
     udp_before = udp_counters()
+    links_before = fabric.link_drops()
     partial: list[list[SizeResult]] = [[] for _ in range(cfg.workers)]
     try:
         if algo in SWITCH_ALGORITHMS or algo in PEER_ALGORITHMS:
@@ -177,6 +181,12 @@ def _run_algo(
     result.wall_s[algo] = time.perf_counter() - start
     udp_after = udp_counters()
     result.udp_kernel_delta[algo] = {k: v - udp_before[k] for k, v in udp_after.items()}
+    links_after = fabric.link_drops()
+    result.link_drops[algo] = {
+        name: n - links_before.get(name, 0)
+        for name, n in links_after.items()
+        if n > links_before.get(name, 0)
+    }
     rows = merge_ranks(algo, cfg.dtype, per_rank, cfg.workers, cfg.collective)
     result.rows += _with_system_cpu(rows, sampler)
 

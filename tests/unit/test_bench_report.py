@@ -576,6 +576,17 @@ def test_switch_counters_explain_ignored_duplicates_and_drops() -> None:
     assert switch_notes({}) == []
 
 
+def test_link_drops_get_a_line_naming_the_interfaces() -> None:
+    from emulation.bench.report import RETX_NOTE, link_drops_note
+
+    line = link_drops_note({"s1-eth3": 40, "h1-eth0": 2})
+    assert line is not None
+    assert line.startswith("# link drops: the emulated links dropped 42 frames")
+    assert "h1-eth0 2, s1-eth3 40; JSON metadata link_drops" in line
+    assert link_drops_note({}) is None
+    assert "link_drops" in RETX_NOTE
+
+
 def test_stolen_time_gets_a_line_under_the_table() -> None:
     def with_steal(row: Row, steal: float) -> Row:
         assert row.cpu is not None
