@@ -215,11 +215,6 @@ class Emulation:
                     port = _port_toward(hops[s.name], s.name, agg.name)
                     ctl.forwarder.add_host(HostRoute(self.ina_address(agg.name)[1], port))
         if self.in_order_links:
-            if self.frames_leave_the_kernel:
-                raise EmulationError(
-                    "in-order links need every switch on the eBPF data plane (a switch that"
-                    " reads frames into a process sets their order itself)"
-                )
             self._keep_flows_in_order()
         for h in topo.hosts:
             node = self.host(h.name)
@@ -250,6 +245,12 @@ class Emulation:
                 ]
                 self.install_job(job, ranks)
 
+    def interfaces(self) -> Iterator[Any]:
+        """Both ends of every link of the running network (Mininet interfaces)."""
+        for link in self.net.links:
+            yield link.intf1
+            yield link.intf2
+
     def _keep_flows_in_order(self) -> None:
         """Have every veth of the network deliver its frames in the order it sent them
         (:data:`IN_ORDER_FEATURES` on both ends of every link).
@@ -257,10 +258,9 @@ class Emulation:
         Raises:
             EmulationError: ethtool is missing or refused a feature.
         """
-        for link in self.net.links:
-            for intf in (link.intf1, link.intf2):
-                out = intf.cmd(f"ethtool -K {intf.name} {IN_ORDER_FEATURES} 2>&1 >/dev/null")
-                _check(out, f"{intf.name}: ethtool -K {IN_ORDER_FEATURES}")
+        for intf in self.interfaces():
+            out = intf.cmd(f"ethtool -K {intf.name} {IN_ORDER_FEATURES} 2>&1 >/dev/null")
+            _check(out, f"{intf.name}: ethtool -K {IN_ORDER_FEATURES}")
 
     def install_job(
         self, job: TopologyJob, workers: Sequence[tuple[str, Addr]]
@@ -360,11 +360,7 @@ class Emulation:
         Raises:
             EmulationError: ``ip`` or ``tc`` failed, or printed what this cannot read.
         """
-        return {
-            intf.name: _interface_drops(intf)
-            for link in self.net.links
-            for intf in (link.intf1, link.intf2)
-        }
+        return {intf.name: _interface_drops(intf) for intf in self.interfaces()}
 
     def counters(self, switches: Sequence[str] | None = None) -> dict[str, dict[str, int]]:
         """Each switch's INA statistics (default: every switch)."""
@@ -571,9 +567,9 @@ kernel takes that path only for frames from a device without TCP segmentation of
 in 64 KB sends cut by the kernel's GSO before the veth, merged again by GRO at the next
 hop, which costs CPU: why it is not the default.
 
-Measured (1 Gbit/s, 64 MiB int32, alternating runs on this 2-core VM, 2026-11-27): star4
-INA and hostlib ring rows had 13-24 fast retransmissions in 4 of 9 rows without these
-features and none in 11 rows with them, and Gloo's time was unchanged (0.83-0.84 s);
+Measured (1 Gbit/s, 64 MiB int32 and float32, runs on this 2-core VM, 2026-11-27): INA
+and hostlib ring rows had 1-24 fast retransmissions in 8 of 17 rows without these
+features and none in 19 rows with them; on star4 Gloo's time was unchanged (0.83-0.84 s);
 but on star8, where the machine is short of CPU, Gloo took 1.11 s instead of 1.00 s and
 0.29 instead of 0.24 CPU-s per Gbit."""
 
@@ -685,6 +681,11 @@ def emulate(
     emulation = Emulation(
         topo, net, run_dir, {}, min(slot_count, slots), plan=plan, in_order_links=in_order_links
     )
+    if in_order_links and emulation.frames_leave_the_kernel:
+        raise EmulationError(
+            "in-order links need every switch on the eBPF data plane (a switch that reads"
+            " frames into a process sets their order itself)"
+        )
     try:
         for h in topo.hosts:
             net.addHost(h.name, ip=h.ip, mac=h.mac)

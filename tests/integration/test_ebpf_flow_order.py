@@ -4,11 +4,10 @@ A veth hands a frame to its peer on the CPU that sent it; without
 ``emulation.network.IN_ORDER_FEATURES`` two cores could receive one flow's frames at
 once and pass a later one first, and hostlib took the reordering for loss (fast
 retransmissions at zero loss). With ``in_order_links`` both ends of every link get the
-features; then numbered
-datagrams cross the switch, both ways and into one host from two, on links loaded to
-their rate, and every flow must arrive in order. With the features turned back (TSO on,
-GRO off), the second test failed in 2 of 5 runs (one datagram of about 15,000 late);
-with them it passed 6 of 6.
+features; then numbered datagrams cross the switch, both ways and into one host from
+two, on links loaded to their rate, and every flow must arrive in order. With the
+features turned back (TSO on, GRO off), the order test failed in 2 of 5 runs (one
+datagram of about 15,000 late); with them it passed 6 of 6.
 """
 
 from __future__ import annotations
@@ -91,9 +90,7 @@ def test_in_order_links_set_the_features_on_every_veth(tmp_path: Path, in_order:
     topo = parse_topology(TOPOLOGY)
     with emulate(topo, tmp_path, install_jobs=False, in_order_links=in_order) as em:
         assert em.plan is not None and em.plan.datapaths["s1"].datapath == "ebpf"
-        seen = {
-            intf.name: _features(intf) for link in em.net.links for intf in (link.intf1, link.intf2)
-        }
+        seen = {intf.name: _features(intf) for intf in em.interfaces()}
     assert len(seen) == 6
     for name, features in seen.items():
         for feature, value in expected.items():
