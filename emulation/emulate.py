@@ -11,6 +11,9 @@ and configures them through the controller, and writes ``RUN_DIR/manifest.json``
   JSON and plot;
 - ``calibrate``: ``inalab calibrate`` across the emulated links (the job's ranks):
   dynamiccl's profile for this network;
+- ``wire-floor``: what moving INA-sized datagrams between the job's hosts costs a host
+  in CPU with no work at all (:mod:`emulation.bench.wirefloor`): the floor under the
+  bench's worker CPU for INA on this network;
 - ``up`` (default): keep the network up until Ctrl-C (or ``--seconds``), for your own
   controller (``inalab ctl --manifest RUN_DIR/manifest.json --name s1``) and workers;
 - ``--cli``: Mininet's CLI once the network is up (after the bench, if one runs);
@@ -25,6 +28,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import json
 import os
 import shutil
 import signal
@@ -132,6 +136,29 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     only.add_argument("--lanes", type=int_in(1, 2048), default=64,
                       help="int32 lanes per packet (default 64: p4/'s width)")  # fmt: skip
     only.add_argument("--json", type=Path, metavar="PATH", help="write the numbers as JSON")
+    from emulation.bench.config import DEFAULT_EMULATED_SLOTS
+    from hostlib.protocol import MAX_LANES
+
+    floor = sub.add_parser(
+        "wire-floor",
+        help="CPU per Gbit of moving INA-sized datagrams between the job's hosts, no work",
+        description="Each rank of the job sends UDP datagrams of an INA packet's size to the"
+        " next rank and receives the previous rank's, from native code with no other work:"
+        " the CPU per Gbit that this network's kernel path costs a host by itself, the floor"
+        " under the bench's worker CPU for INA (emulation.bench.wirefloor).",
+    )
+    floor.add_argument("--seconds", type=positive_float, default=5.0,
+                       help="sending interval (default 5)")  # fmt: skip
+    floor.add_argument("--rate", type=positive_float, metavar="MBIT",
+                       help="each rank's sending rate in Mbit/s (default: 95%% of the hosts'"
+                       " link rate)")  # fmt: skip
+    floor.add_argument("--batch", type=int_in(1, 1024), default=DEFAULT_EMULATED_SLOTS,
+                       help="datagrams sent at once, per period (default"
+                       f" {DEFAULT_EMULATED_SLOTS}: the bench's INA window)")  # fmt: skip
+    floor.add_argument("--lanes", type=int_in(1, MAX_LANES), default=None,
+                       help="the datagram is an INA packet of this many lanes (default: the"
+                       " bench's)")  # fmt: skip
+    floor.add_argument("--json", type=Path, metavar="PATH", help="write the numbers as JSON")
     from emulation.run import add_arguments as run_arguments
 
     program = sub.add_parser("run", help="run COMMAND once per rank of the job, in its host")
@@ -250,6 +277,8 @@ def run(args: argparse.Namespace) -> int:
         elif args.action == "replay":
             assert job is not None
             _check_replay_flags(args, topo, job)
+        elif args.action == "wire-floor" and args.rate is None:
+            _host_link_rate(topo, "wire-floor", "--rate MBIT (or --bw MBIT)")
         tools = _bmv2_tools(topo, args.p4_tools)
         _check_machine()
     except (TopologyError, _Refused) as exc:
@@ -333,8 +362,11 @@ def _check_replay_flags(args: argparse.Namespace, topo: Topology, job: TopologyJ
     args.slots = setup.slots
 
 
-def _host_link_rate(topo: Topology) -> float:
-    """The one HTB rate of every link with a host at one end (bandwidth-drop's "before").
+def _host_link_rate(
+    topo: Topology, who: str = "--scenario bandwidth-drop", give: str = "--bw MBIT"
+) -> float:
+    """The one HTB rate of every link with a host at one end (bandwidth-drop's "before",
+    the wire floor's default rate); ``who`` needs it and may be given ``give`` instead.
 
     Raises:
         _Refused: a host link is unshaped, or they differ.
@@ -342,8 +374,8 @@ def _host_link_rate(topo: Topology) -> float:
     rates = {link.bw for link in topo.host_links()}
     if len(rates) != 1 or None in rates:
         shown = ", ".join("unshaped" if r is None else f"{r:g}" for r in sorted(rates, key=str))
-        raise _Refused(f"--scenario bandwidth-drop needs every host link shaped at one rate"
-                       f" (here: {shown}): give --bw MBIT")  # fmt: skip
+        raise _Refused(f"{who} needs every host link shaped at one rate (here: {shown}):"
+                       f" give {give}")  # fmt: skip
     (rate,) = rates
     assert rate is not None
     return rate
@@ -386,7 +418,7 @@ def _job(topo: Topology, job_id: int | None) -> TopologyJob:
     raise _Refused(f"topology {topo.name} has no job {job_id}")
 
 
-_JOB_ACTIONS = ("bench", "calibrate", "switch-only", "run", "replay")
+_JOB_ACTIONS = ("bench", "calibrate", "switch-only", "run", "replay", "wire-floor")
 """Actions that install a job of their own (the topology's jobs are not installed)."""
 
 
@@ -421,6 +453,9 @@ def _run(
         elif args.action == "switch-only":
             assert job is not None
             status = _switch_only(args, em, job, run_dir)
+        elif args.action == "wire-floor":
+            assert job is not None
+            status = _wire_floor(args, em, job, run_dir)
         elif args.action == "run":
             from emulation.run import run_command
 
@@ -609,6 +644,36 @@ def _switch_only(args: argparse.Namespace, em: Emulation, job: TopologyJob, run_
     where = {"switch": "/".join(kinds), "fabric": fabric.description, "seconds": args.seconds,
              "topology": em.topology.name, "job": job.job_id}  # fmt: skip
     write_switch_only(numbers, where, args.json, run_dir)
+    return 0
+
+
+def _wire_floor(args: argparse.Namespace, em: Emulation, job: TopologyJob, run_dir: Path) -> int:
+    from emulation.bench.wirefloor import (
+        RATE_SHARE,
+        WireFloorError,
+        measure_wire_floor,
+        report_lines,
+    )
+    from hostlib.protocol import packet_size
+
+    rate = args.rate if args.rate is not None else RATE_SHARE * _host_link_rate(em.topology)
+    fabric = EmulatedFabric(em, job)
+    try:
+        floor = measure_wire_floor(
+            fabric, fabric.workers, packet_size(args.lanes), args.batch, rate, args.seconds
+        )
+    except (ValueError, WireFloorError) as exc:
+        print(f"{PROG}: failed: {exc}", file=sys.stderr)
+        return 1
+    where = f"{fabric.description}, job {job.job_id}, {fabric.workers} ranks"
+    for line in report_lines(floor, where):
+        print(line, flush=True)
+    if args.json is not None:
+        doc = {"schema": "inalab.wire-floor/1", "topology": em.topology.name,
+               "job": job.job_id, "fabric": fabric.description, "seconds": args.seconds,
+               "run_dir": str(run_dir), **floor.to_json()}  # fmt: skip
+        args.json.write_text(json.dumps(doc, indent=2) + "\n")
+        print(f"# json: {args.json}")
     return 0
 
 

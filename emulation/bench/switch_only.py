@@ -20,7 +20,6 @@ The in-process ceiling of the Python pipeline (no sockets) is
 from __future__ import annotations
 
 import multiprocessing
-import queue
 import socket
 import struct
 import time
@@ -32,6 +31,7 @@ from typing import Any
 
 from emulation.bench.config import BenchConfig
 from emulation.bench.fabric import Fabric, FabricError, LoopbackFabric
+from emulation.bench.spawned import HANDSHAKE_SECONDS, next_report, reap
 from emulation.bench.workers import Placement, enter_netns
 from emulation.softswitch.loadgen import (
     BENCH_JOB_ID,
@@ -60,7 +60,6 @@ _U16 = struct.Struct("!H")
 _U32 = struct.Struct("!I")
 _POOL_OFFSET, _SEQ_OFFSET, _FLAGS_OFFSET = 8, 12, 1  # header byte offsets (protocol.py)
 _SOCKET_BUFFER_BYTES = 4 << 20
-_HANDSHAKE_SECONDS = 60.0  # spawning N interpreters that import numpy, on a loaded host
 
 
 class SwitchOnlyError(RuntimeError):
@@ -174,7 +173,7 @@ def measure_switch(
     except FabricError as exc:
         raise SwitchOnlyError(str(exc)) from exc
     finally:
-        _reap(senders)
+        reap(senders)
 
 
 def _drive(
@@ -213,27 +212,9 @@ def _totals(counters: dict[str, Any]) -> dict[str, int]:
     return {k: int(v) for k, v in counters.items()}
 
 
-def _reap(senders: Sequence[BaseProcess]) -> None:
-    """Join the sender processes; terminate (by their own handles) any still running."""
-    for p in senders:
-        p.join(timeout=5.0)
-        if p.is_alive():
-            p.terminate()
-            p.join(timeout=5.0)
-
-
 def _get(q: Queue[Any], senders: Sequence[BaseProcess]) -> Any:
     """Next item from a sender queue; SwitchOnlyError if a sender died or went silent."""
-    deadline = time.monotonic() + _HANDSHAKE_SECONDS
-    while time.monotonic() < deadline:
-        try:
-            return q.get(timeout=0.5)
-        except queue.Empty:
-            pass  # look whether a sender died instead of waiting the whole deadline
-        dead = [p.exitcode for p in senders if p.exitcode not in (None, 0)]
-        if dead:
-            raise SwitchOnlyError(f"sender process failed with exit codes {dead}")
-    raise SwitchOnlyError(f"no sender report within {_HANDSHAKE_SECONDS}s")
+    return next_report(q, senders, SwitchOnlyError, "sender")
 
 
 def _sleep_until(t: float) -> None:
@@ -287,7 +268,7 @@ def _sender_main(
             sock.setsockopt(socket.SOL_SOCKET, opt, _SOCKET_BUFFER_BYTES)
         sock.bind((placement.bind_ip, 0))
         ports.put((rank, sock.getsockname()[1]))
-        plan = plans.get(timeout=_HANDSHAKE_SECONDS)
+        plan = plans.get(timeout=HANDSHAKE_SECONDS)
         (ip, port), rank_at_switch = plan["targets"][rank]
         sender = _Sender(sock, (ip, port), rank_at_switch, rank + 1, workers, lanes, window, rto)
         reports.put(sender.run(plan["go"], plan["start"], plan["end"]))
