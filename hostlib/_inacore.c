@@ -363,7 +363,7 @@ static inline int64_t block_len(InaCore *c, int64_t block) {
 
 static void rtt_update(InaCore *c, double rtt) {
     Rtt r = {c->rto, c->srtt, c->rttvar, c->samples};
-    rtt_sample(&r, rtt, c->min_timeout, c->max_timeout);
+    rtt_sample(&r, rtt, c->min_timeout, c->max_timeout, 1); /* RFC 6298 as it is */
     c->rto = r.rto;
     c->srtt = r.srtt;
     c->rttvar = r.rttvar;

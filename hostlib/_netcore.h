@@ -81,19 +81,22 @@ static inline int reorder_threshold(int window) {
     return t < 1 ? 1 : t;
 }
 
-/* The RFC 6298 estimator of hostlib.ina._Rtt.update, in the same order of operations. */
+/* The RFC 6298 estimator of hostlib.ina._Rtt.update, in the same order of operations;
+   `flight` divides the gains (RFC 7323, Appendix G): the samples one round trip brings. */
 typedef struct {
     double rto, srtt, rttvar;
     int64_t samples;
 } Rtt;
 
-static inline void rtt_sample(Rtt *r, double rtt, double min_timeout, double max_timeout) {
+static inline void rtt_sample(Rtt *r, double rtt, double min_timeout, double max_timeout,
+                              int64_t flight) {
     if (r->samples == 0) {
         r->srtt = rtt;
         r->rttvar = rtt / 2;
     } else {
-        r->rttvar = 0.75 * r->rttvar + 0.25 * fabs(r->srtt - rtt);
-        r->srtt = 0.875 * r->srtt + 0.125 * rtt;
+        double beta = 0.25 / (double)flight, alpha = 0.125 / (double)flight;
+        r->rttvar = (1 - beta) * r->rttvar + beta * fabs(r->srtt - rtt);
+        r->srtt = (1 - alpha) * r->srtt + alpha * rtt;
     }
     r->samples++;
     double rto = r->srtt + 4 * r->rttvar;

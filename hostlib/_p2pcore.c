@@ -317,9 +317,13 @@ static int ack_push(Endpoint *e, int32_t src, uint32_t seq, uint32_t cum, unsign
     return out_push(e, a, HSIZE, src);
 }
 
+/* A sample of a packet just taken out of flight: the gains divided by the packets that
+   were in flight with it, on every channel (p2p.py's P2pEndpoint._acked). */
 static void rtt_update(Endpoint *e, double rtt) {
     Rtt r = {e->rto, e->srtt, e->rttvar, e->samples};
-    rtt_sample(&r, rtt, e->min_timeout, e->max_timeout);
+    int64_t flight = 1;
+    for (int i = 0; i < e->n; i++) flight += e->ch[i].ninfl;
+    rtt_sample(&r, rtt, e->min_timeout, e->max_timeout, flight);
     e->rto = r.rto;
     e->srtt = r.srtt;
     e->rttvar = r.rttvar;

@@ -63,7 +63,11 @@ transmission :func:`reorder_threshold` or more sends after a still-unacknowledge
 marks that packet lost, and it is sent again at once (fast retransmission; TCP's
 duplicate-ack threshold, counted in sends as RACK counts in time, RFC 8985). The
 RFC 6298 timer (srtt + 4 rttvar within the policy's bounds, doubled per expiry) is the
-backstop, for the call's last packets above all, which have no later ones.
+backstop, for the call's last packets above all, which have no later ones. Every acked
+packet is a sample, a window of them per round trip, so each sample's gains are divided
+by the packets in flight with it (RFC 7323, Appendix G; ``hostlib.ina._Rtt.update``):
+``rttvar`` then spans the variation between round trips, as a peer's queue (which its
+acks wait behind) fills and drains, instead of shrinking within one round trip.
 
 Spurious timeouts. A timer that fires while the packet is only delayed (a queue behind a
 peer's own data, a descheduled peer on a busy machine) sends a copy the peer already
@@ -515,14 +519,20 @@ class P2pEndpoint:
     def _acked(
         self, ch: _Channel, pending: _Pending, now: float, answers_original: bool = False
     ) -> None:
-        """``answers_original``: the ack named this packet and echoed no FLAG_RESEND."""
+        """``answers_original``: the ack named this packet and echoed no FLAG_RESEND.
+        ``pending`` is out of flight already; a sample's gains are divided by the packets
+        in flight with it, on every channel (:meth:`hostlib.ina._Rtt.update`)."""
         self.last_progress = now
         if not pending.resent:  # Karn's rule: a retransmitted packet's ack is ambiguous ...
-            self.rtt.update(now - pending.sent_at, self.policy)
+            self.rtt.update(now - pending.sent_at, self.policy, self._flight())
             ch.high_tx = max(ch.high_tx, pending.tx)
         elif answers_original:  # ... unless it answers the original: spurious
-            self.rtt.update(now - pending.sent_at, self.policy)
+            self.rtt.update(now - pending.sent_at, self.policy, self._flight())
             self.stats.spurious += 1
+
+    def _flight(self) -> int:
+        """Packets in flight on every channel, plus the one just acknowledged."""
+        return 1 + sum(len(ch.inflight) for ch in self._peers)
 
     def _detect_losses(self, dst: int, ch: _Channel, now: float) -> None:
         """Fast retransmission: a packet still unacknowledged when an ack answered a
