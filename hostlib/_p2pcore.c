@@ -318,11 +318,13 @@ static int ack_push(Endpoint *e, int32_t src, uint32_t seq, uint32_t cum, unsign
 }
 
 /* A sample of a packet just taken out of flight: the gains divided by the packets that
-   were in flight with it, on every channel (p2p.py's P2pEndpoint._acked). */
+   were in flight with it, on every channel, at most the samples so far (p2p.py's
+   P2pEndpoint._flight). */
 static void rtt_update(Endpoint *e, double rtt) {
     Rtt r = {e->rto, e->srtt, e->rttvar, e->samples};
     int64_t flight = 1;
     for (int i = 0; i < e->n; i++) flight += e->ch[i].ninfl;
+    if (flight > e->samples) flight = e->samples > 1 ? e->samples : 1;
     rtt_sample(&r, rtt, e->min_timeout, e->max_timeout, flight);
     e->rto = r.rto;
     e->srtt = r.srtt;

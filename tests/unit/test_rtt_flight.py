@@ -58,24 +58,25 @@ def test_a_sample_moves_the_estimate_by_the_gains_over_the_flight() -> None:
     assert rtt.srtt == pytest.approx(0.010 + 0.020 / 64)
 
 
-def test_the_endpoint_divides_by_the_packets_in_flight_with_the_one_acked() -> None:
+def test_the_endpoint_divides_by_the_packets_in_flight_but_not_the_samples_not_yet_taken() -> None:
     addrs = (("10.1.0.1", 7000), ("10.1.0.2", 7001))
-    a, b = (P2pEndpoint(PeerSpec(r, addrs, 16, 4), POLICY) for r in (0, 1))
+    a, b = (P2pEndpoint(PeerSpec(r, addrs, 16, 8), POLICY) for r in (0, 1))
     got: list[Any] = []
     for ep in (a, b):
         ep.begin_call(lambda *m: got.append(m), 0.0)
-    for tag in range(4):  # a window of 4 one-packet messages, all in flight
+    for tag in range(8):  # a window of 8 one-packet messages, all in flight
         a.send(1, tag, np.arange(4, dtype=np.int32) + tag, 0.0)
     data = a.take_outbox()
-    assert len(data) == 4
+    assert len(data) == 8
     expected = _Rtt(POLICY.timeout)
     for i, packet in enumerate(data):  # acked one by one, 10 ms apart
         now = 0.010 * (i + 1)
         b.on_datagram(memoryview(bytes(packet)), now)
         (ack,) = b.take_outbox()
         a.on_datagram(memoryview(bytes(ack)), now)
-        expected.update(now, POLICY, 4 - i)  # the acked one and those still in flight
+        # The acked one and those still in flight, at most the samples taken before.
+        expected.update(now, POLICY, min(8 - i, max(i, 1)))  # 1, 1, 2, 3, 4, 3, 2, 1
         assert (a.rtt.srtt, a.rtt.rttvar, a.rtt.rto) == (
             expected.srtt, expected.rttvar, expected.rto
         )  # fmt: skip
-    assert not a.unacked and a.rtt.samples == 4
+    assert not a.unacked and a.rtt.samples == 8
