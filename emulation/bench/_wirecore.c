@@ -184,4 +184,14 @@ static struct PyModuleDef module = {
     NULL, NULL, NULL, NULL,
 };
 
-PyMODINIT_FUNC PyInit__wirecore(void) { return PyModule_Create(&module); }
+PyMODINIT_FUNC PyInit__wirecore(void) {
+    PyObject *m = PyModule_Create(&module);
+    if (!m) return NULL;
+    PyObject *all = Py_BuildValue("[s]", "run");
+    if (!all || PyModule_AddObject(m, "__all__", all) < 0) {
+        Py_XDECREF(all);
+        Py_DECREF(m);
+        return NULL;
+    }
+    return m;
+}
