@@ -72,7 +72,8 @@ class InaHookState:
         Args:
             options: the switch and job; its chooser becomes the state's.
             group: an initialized process group (any backend); ``None``: the default.
-            timeout: the session's no-progress deadline if ``options.deadline`` is unset.
+            timeout: bounds the no-progress deadline if ``options.deadline`` is unset
+                (:meth:`~dynamiccl.torch_backend.InaOptions.no_progress_deadline`).
 
         Raises:
             InaSetupError: the job could not be installed.

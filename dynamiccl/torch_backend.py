@@ -139,7 +139,9 @@ __all__ = [
     "ENV_CHOOSER",
     "ENV_COLLNET",
     "ENV_COLLNET_BYTES",
+    "ENV_DEADLINE",
     "ENV_DEVICE_ID",
+    "ENV_GLOO_IFNAME",
     "ENV_HOST",
     "ENV_JOB",
     "ENV_LANES",
@@ -150,6 +152,7 @@ __all__ = [
     "ENV_SWITCH",
     "ENV_SWITCH_RANK",
     "ENV_WORKERS",
+    "DEFAULT_DEADLINE",
     "GLOO_COLLECTIVES",
     "Aggregator",
     "AlwaysIna",
@@ -168,6 +171,8 @@ __all__ = [
     "connect_collnet",
     "connect_peers",
     "connect_session",
+    "gloo_address",
+    "gloo_group",
     "host_key",
     "host_layout",
     "ina_action",
@@ -242,8 +247,24 @@ ENV_COLLNET_BYTES = "INALAB_COLLNET_BYTES"
 """CollNet: the largest piece of a call the ranks of a machine reduce through shared
 memory at once, in bytes (default 16 MiB); each machine maps ``(ranks + 1)`` times it."""
 
+ENV_DEADLINE = "INALAB_DEADLINE"
+"""Seconds an INA, ring or tree call may go without progress (no new result from the
+switch, no packet from a peer) while it has packets outstanding before it fails with an
+error naming the switch or peer (default :data:`DEFAULT_DEADLINE`, or the process group's
+timeout where that is shorter). A dead switch answers nothing, and neither does a live
+one while a rank has not entered the call: raise it where ranks can enter a collective
+further apart than this (one rank saving a checkpoint while the others wait)."""
+ENV_GLOO_IFNAME = "GLOO_SOCKET_IFNAME"
+"""torch's own variable: the interfaces Gloo's side of the group binds. Unset, the group
+binds the address this host's routes use toward ``MASTER_ADDR`` (:func:`gloo_address`),
+not the address the hostname resolves to, which Debian and others map to loopback."""
+
 INA_DTYPES = (torch.float32, torch.int32)
 DEFAULT_COLLNET_BYTES = 16 * 2**20
+DEFAULT_DEADLINE: float = RetryPolicy.deadline
+"""The no-progress deadline of :data:`ENV_DEADLINE`, hostlib's own
+(:attr:`hostlib.ina.RetryPolicy.deadline`): seconds, not ``init_process_group``'s 30
+minutes, so a dead switch ends every rank's call within it."""
 
 
 class InaSetupError(RuntimeError):
@@ -316,8 +337,9 @@ class InaOptions:
         bind_port: the port it binds (0: any free one).
         slots: slots per set the job gets (its window of packets in flight); a job
             installed already: at most the slots it was installed with.
-        deadline: seconds without progress before an allreduce fails; ``None``: the
-            process group's timeout.
+        deadline: seconds without progress before a call fails (:data:`ENV_DEADLINE`);
+            ``None``: :data:`DEFAULT_DEADLINE`, or the process group's timeout where that
+            is shorter (:meth:`no_progress_deadline`).
         chooser: what runs each call, per collective and size (:func:`resolve_action`).
         remove_on_shutdown: rank 0 removes the job when the group shuts down (only a job
             it installed).
@@ -402,6 +424,13 @@ class InaOptions:
         """
         return self.bind_ip or route_source(switch[0])
 
+    def no_progress_deadline(self, timeout: timedelta) -> float:
+        """Seconds a call may go without progress: :attr:`deadline`, else
+        :data:`DEFAULT_DEADLINE` or ``timeout`` (the process group's) if shorter."""
+        if self.deadline is not None:
+            return self.deadline
+        return min(DEFAULT_DEADLINE, timeout.total_seconds())
+
     @property
     def installed(self) -> bool:
         """Whether the job is installed already (by a launcher), not by rank 0."""
@@ -428,6 +457,9 @@ class InaOptions:
         def number(name: str) -> int | None:
             return int(env[name]) if env.get(name) else None
 
+        def seconds(name: str) -> float | None:
+            return float(env[name]) if env.get(name) else None
+
         try:
             switches = [parse_addr(a.strip()) for a in env[ENV_SWITCH].split(",")]
             servers = [a.strip() for a in env.get(ENV_P4RUNTIME, "").split(",") if a.strip()]
@@ -448,6 +480,7 @@ class InaOptions:
                 bind_ip=env.get(ENV_BIND) or None,
                 bind_port=number(ENV_PORT) or 0,
                 slots=int(env.get(ENV_SLOTS, str(DEFAULT_SLOTS_PER_JOB))),
+                deadline=seconds(ENV_DEADLINE),
                 chooser=chooser_from_env(env),
                 switch_rank=number(ENV_SWITCH_RANK),
                 num_workers=number(ENV_WORKERS),
@@ -584,6 +617,50 @@ class GroupExchange:
         return str(box[0])
 
 
+def gloo_address(environ: Mapping[str, str] | None = None) -> str | None:
+    """The address Gloo's side of the group binds: the one this host's routes use toward
+    ``MASTER_ADDR`` (where torchrun's and ``env://``'s rendezvous is), so ranks on other
+    machines can reach it; ``None`` (torch's own choice) where :data:`ENV_GLOO_IFNAME`
+    names interfaces or no ``MASTER_ADDR`` is set. Torch's own choice is the address the
+    hostname resolves to, and where that is loopback (Debian's ``/etc/hosts`` maps the
+    hostname to 127.0.1.1) peers on other machines are told to connect to their own
+    loopback and the group never forms.
+
+    Raises:
+        InaSetupError: ``MASTER_ADDR`` does not resolve, or no route leads to it.
+    """
+    env = os.environ if environ is None else environ
+    master = env.get("MASTER_ADDR", "")
+    if env.get(ENV_GLOO_IFNAME) or not master:
+        return None
+    try:
+        ip = socket.getaddrinfo(master, None, socket.AF_INET)[0][4][0]
+        return route_source(str(ip))
+    except OSError as exc:
+        raise InaSetupError(
+            f"MASTER_ADDR {master!r}: no address to bind Gloo's side of the ina group "
+            f"toward it ({exc}); set {ENV_GLOO_IFNAME} to the interface to use"
+        ) from None
+
+
+def gloo_group(store: dist.Store, rank: int, world_size: int, timeout: timedelta) -> Any:
+    """The Gloo process group the ``"ina"`` group delegates to, bound to
+    :func:`gloo_address` (torch's choice where that is ``None``).
+
+    Raises:
+        InaSetupError: as :func:`gloo_address`.
+    """
+    address = gloo_address()
+    if address is None:
+        return dist.ProcessGroupGloo(store, rank, world_size, timeout)
+    log.info("ina group: Gloo binds %s (the route toward MASTER_ADDR)", address)
+    opts = dist.ProcessGroupGloo._Options()  # type: ignore[attr-defined]  # not in the stubs
+    opts._devices = [dist.ProcessGroupGloo.create_device(hostname=address)]
+    opts._timeout = timeout
+    opts._threads = 2  # torch's own: two per device
+    return dist.ProcessGroupGloo(store, rank, world_size, opts)
+
+
 def connect_session(
     options: InaOptions, exchange: Exchange, timeout: timedelta
 ) -> InaSession | StripedInaSession:
@@ -622,7 +699,7 @@ def connect_session(
                 raise InaSetupError(f"job {options.job_id}: {info['error']}")
             # Rank 0 installed the group's ranks in order, on every aggregator.
             lanes, rank, workers = int(info["lanes"]), exchange.rank, exchange.world_size
-        deadline = options.deadline or timeout.total_seconds()
+        deadline = options.no_progress_deadline(timeout)
         sessions = [
             InaSession(
                 JobSpec(options.job_id, rank, workers, switch, lanes, options.slots),
@@ -706,7 +783,7 @@ def connect_peers(
         exchange: the group's ranks.
         lanes: the default packet width of a call.
         window: the default packets in flight per peer.
-        timeout: the deadline if ``options.deadline`` is unset.
+        timeout: the process group's (:meth:`InaOptions.no_progress_deadline`).
 
     Raises:
         TransportError: ``options.local_ip`` cannot be bound.
@@ -718,7 +795,7 @@ def connect_peers(
         every = None if gathered is None else json.dumps([json.loads(a) for a in gathered])
         addrs = tuple((str(host), int(port)) for host, port in json.loads(exchange.share(every)))
         spec = PeerSpec(exchange.rank, addrs, lanes, window)
-        deadline = options.deadline or timeout.total_seconds()
+        deadline = options.no_progress_deadline(timeout)
         return RingAllreduce(spec, transport, RetryPolicy(deadline=deadline))
     except BaseException:
         transport.close()
@@ -859,7 +936,7 @@ def connect_collnet(
             raise InaSetupError(f"job {options.job_id}: {info['error']}")
         lanes, slots = int(info["lanes"]), options.slots
     size, key = len(layout.hosts[host]), f"{prefix}/collnet/{host}"
-    wait = (options.deadline or timeout.total_seconds()) + 10.0  # beyond the head's INA
+    wait = options.no_progress_deadline(timeout) + 10.0  # beyond the head's INA
     try:
         if local == 0:
             name = f"{SHM_PREFIX}job{options.job_id}-{os.getpid()}-{secrets.token_hex(4)}"
@@ -1141,9 +1218,7 @@ class InaProcessGroup(dist.ProcessGroup):
         self.options = options
         self._store = store
         # Any: the stubs omit the collectives of ProcessGroupGloo (a c10d Backend).
-        self._gloo: Any = dist.ProcessGroupGloo(
-            dist.PrefixStore("gloo/", store), rank, world_size, timeout
-        )
+        self._gloo: Any = gloo_group(dist.PrefixStore("gloo/", store), rank, world_size, timeout)
         # For torch code that asks the group for its backend; the collectives themselves
         # are all methods of this class (see the module docstring).
         gloo_type = dist.ProcessGroup.BackendType.GLOO

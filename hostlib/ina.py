@@ -654,10 +654,12 @@ def timeout_message(
     retransmitted: int,
 ) -> str:
     """What :class:`InaTimeoutError` says (either engine): who waited, how long, for what."""
+    host, port = spec.switch
     return (
-        f"job {spec.job_id} rank {spec.rank}: no result from switch {spec.switch} for "
+        f"job {spec.job_id} rank {spec.rank}: no result from switch {host}:{port} for "
         f"{seconds:.3f} s (deadline {policy.deadline} s); "
         f"{done}/{npackets} packets of the call done, waiting for packets "
         f"{waiting[:8]}{'...' if len(waiting) > 8 else ''}, "
-        f"{retransmitted} retransmissions"
+        f"{retransmitted} retransmissions: the switch is down, or a rank has not entered "
+        "this call (RetryPolicy.deadline; the torch backend's INALAB_DEADLINE)"
     )

@@ -744,7 +744,8 @@ def stall_message(endpoint: Any, seconds: float, remaining: int) -> str:
         f"rank {ep.spec.rank} call {ep.call}: no progress for "
         f"{seconds:.3f} s (deadline {ep.policy.deadline} s); "
         f"{remaining} messages still expected, unacknowledged packets per peer "
-        f"{ep.waiting_for()}, {ep.stats.retransmitted} retransmissions"
+        f"{ep.waiting_for()}, {ep.stats.retransmitted} retransmissions: a peer is down, or "
+        "has not entered this call (RetryPolicy.deadline; the torch backend's INALAB_DEADLINE)"
     )
 
 

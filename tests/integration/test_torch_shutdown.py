@@ -28,7 +28,7 @@ torch = pytest.importorskip("torch")
 import torch.distributed as dist  # noqa: E402
 import torch.multiprocessing as mp  # noqa: E402
 
-from dynamiccl.torch_backend import InaOptions, InaProcessGroup  # noqa: E402
+from dynamiccl.torch_backend import DEFAULT_DEADLINE, InaOptions, InaProcessGroup  # noqa: E402
 from emulation.softswitch.process import SoftSwitchProcess  # noqa: E402
 from hostlib.ina import InaError  # noqa: E402
 
@@ -165,3 +165,59 @@ def test_destroy_with_a_rank_killed(switch: SoftSwitchProcess, tmp_path: Path) -
     with switch.controller() as ctl:
         # Rank 0 removed the job although rank 3 never shut down.
         assert 101 not in [j.job_id for j in ctl.installed_jobs()]
+
+
+def _training_rank(rank: int, init: str, options: InaOptions, ready: Any, out: str) -> None:
+    """A training loop as a user writes it: ``init_process_group("ina")`` with torch's
+    default timeout (30 minutes), allreduces until one raises, and the exception ends the
+    process (recorded first, for the parent)."""
+    dist.init_process_group("ina", init_method=init, rank=rank, world_size=WORLD,
+                            pg_options=options)  # fmt: skip
+    ready.set()
+    try:
+        while True:
+            dist.all_reduce(torch.ones(50_000))
+    except Exception as exc:
+        Path(out, f"rank{rank}.err").write_text(f"{type(exc).__name__}: {exc}")
+        raise
+
+
+@pytest.mark.timeout(300)
+def test_a_killed_switch_ends_a_default_timeout_job_within_the_deadline(
+    switch: SoftSwitchProcess, tmp_path: Path
+) -> None:
+    """Issue #38: with ``init_process_group``'s default 30-minute timeout and no deadline
+    set, ``kill -9`` of the switch mid-training ends every rank within the backend's
+    documented no-progress deadline (10 s) + 5 s, each naming the switch."""
+    options = InaOptions(switch=switch.data_addr, p4runtime=switch.p4runtime_address,
+                         job_id=102, device_id=switch.device_id)  # fmt: skip
+    assert options.no_progress_deadline(dist.default_pg_timeout) == DEFAULT_DEADLINE == 10.0
+    ctx = mp.get_context("spawn")
+    init = tcp_init_method()
+    readies = [ctx.Event() for _ in range(WORLD)]
+    procs = [ctx.Process(target=_training_rank, args=(r, init, options, readies[r], str(tmp_path)))
+             for r in range(WORLD)]  # fmt: skip
+    for proc in procs:
+        proc.start()
+    try:
+        for ready in readies:
+            assert ready.wait(120), "the ranks did not set up"
+        time.sleep(1.0)  # allreduces under way
+        os.kill(switch.pid, signal.SIGKILL)
+        killed = time.monotonic()
+        ended = []
+        for proc in procs:
+            proc.join(max(killed + DEFAULT_DEADLINE + 30 - time.monotonic(), 0.1))
+            ended.append(time.monotonic() - killed)
+        assert not any(proc.is_alive() for proc in procs), ended
+    finally:
+        for proc in procs:
+            if proc.is_alive():
+                proc.kill()
+                proc.join()
+    assert max(ended) <= DEFAULT_DEADLINE + 5, ended
+    where = "{}:{}".format(*switch.data_addr)
+    for r, proc in enumerate(procs):
+        assert proc.exitcode != 0
+        error = (tmp_path / f"rank{r}.err").read_text()
+        assert f"no result from switch {where} for " in error, error
