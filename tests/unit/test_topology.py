@@ -40,6 +40,7 @@ def test_shipped_topologies_load() -> None:
         "leaf_spine_hier_bmv2.yaml": (8, 3, 10),
         "collnet2x2.yaml": (2, 1, 2),
         "fat_tree_k4.yaml": (16, 20, 48),
+        "fat_tree_k4_hier.yaml": (16, 20, 48),
         "tutorials_triangle.json": (3, 3, 6),
     }
     assert {p.name for p in TOPOLOGIES.iterdir() if p.suffix in (".yaml", ".json")} == set(shapes)
@@ -66,6 +67,21 @@ def test_fat_tree_is_a_fat_tree() -> None:
             assert sum(isinstance(t.node(n), Host) for n in t.ports(s.name).values()) == 2
     assert [s.name for s in t.switches if s.role == "aggregate"] == ["c1"]
     assert t.jobs[0].workers == tuple(f"h{i}" for i in range(1, 17))
+
+
+def test_hierarchical_fat_tree_sums_at_edge_pod_and_core() -> None:
+    flat = load_topology(TOPOLOGIES / "fat_tree_k4.yaml")
+    hier = load_topology(TOPOLOGIES / "fat_tree_k4_hier.yaml")
+    # The same network and job; edge switches and each pod's pPa1 aggregate too.
+    assert (flat.hosts, flat.links, flat.jobs) == (hier.hosts, hier.links, hier.jobs)
+    aggregating = {s.name for s in hier.switches if s.role == "aggregate"}
+    pods = {f"p{p}{s}" for p in range(1, 5) for s in ("e1", "e2", "a1")}
+    assert aggregating == {"c1"} | pods
+    tree = aggregation_tree(hier, hier.jobs[0])
+    assert tree.members["c1"] == ("p1a1", "p2a1", "p3a1", "p4a1")
+    assert tree.members["p2a1"] == ("p2e1", "p2e2")
+    assert tree.members["p2e2"] == ("h7", "h8")
+    assert tree.parent["p2e2"] == "p2a1" and tree.parent["p2a1"] == "c1"
 
 
 def test_aggregation_tree_flat_through_forwarding_leaves() -> None:
