@@ -8,7 +8,8 @@ touches the kernel: who emulates the links' delay and loss and each soft switch'
 plane (:func:`~emulation.datapaths.plan_links`), what bmv2 refuses
 (:func:`~emulation.bmv2.check_bmv2_switch`), each job's ranks and aggregation tree
 (:func:`~emulation.topology.aggregation_tree`) and what dynamiccl is told of its network
-(:func:`~emulation.topology_summary.summarize_topology`).
+(:func:`~emulation.topology_summary.summarize_topology`), and warns of links where a job's
+INA traffic converges before a switch sums it (:mod:`emulation.convergence`).
 
 What only root can find out, whether the eBPF data plane loads here, is reported as
 decided at run time, with what it depends on. The machine's tools (Mininet's ``mnexec``,
@@ -107,6 +108,7 @@ def check_report(args: argparse.Namespace, machine: Machine) -> str:
         *_switches(topo, plan, args, machine, default_lanes(topo)),
         *_links(topo, plan),
         *_jobs(topo, jobs, args.job),
+        *_convergence(topo, args.topology),
         *_tools(topo, getattr(args, "p4_tools", None)),
     ]
     return "\n".join(lines)
@@ -275,6 +277,22 @@ def _jobs(topo: Topology, jobs: tuple[TopologyJob, ...], job_id: int | None) -> 
             lines.append(f"    {s} sums {', '.join(members)}{up}")
         lines.append(f"    dynamiccl is told: {_summary(summarize_topology(topo, job.job_id))}")
     return lines
+
+
+def _convergence(topo: Topology, path: str) -> list[str]:
+    """A warning per link where a job's INA streams converge before a switch sums them
+    (:func:`~emulation.convergence.convergence_notes`): the run goes ahead, slower."""
+    from emulation.convergence import convergence_notes
+
+    notes = convergence_notes(topo, path)
+    if not notes:
+        return []
+    links = sum(n.startswith("warning: job ") for n in notes)
+    return [
+        f"convergence ({_count((None,) * links, 'link')}): several streams of a job's INA"
+        " traffic share these links before a switch sums them (a warning: the run goes ahead)",
+        *(f"  {n}" for n in notes),
+    ]
 
 
 def _summary(summary: TopologySummary) -> str:

@@ -67,6 +67,34 @@ def test_hierarchical_job_ranks_and_tree() -> None:
     assert AT_RUN_TIME not in report
 
 
+def test_a_flat_fat_tree_warns_where_its_ina_traffic_converges() -> None:
+    lines = _report("fat_tree_k4.yaml", "--bw", "100").splitlines()
+    start = lines.index(
+        "convergence (12 links): several streams of a job's INA traffic share these links"
+        " before a switch sums them (a warning: the run goes ahead)"
+    )
+    warnings = lines[start + 1 : start + 14]
+    assert warnings[0] == (
+        "  warning: job 1: link p1e1 - p1a1: fan-in 2 (h1, h2) unsummed toward c1, each way:"
+        " INA needs at least 2x a host link's time (2 x S at 100 Mbit/s vs S at 100 Mbit/s);"
+        " set `role: aggregate` on switch p1e1 to sum them there"
+    )
+    assert "  warning: job 1: link p4a1 - c1: fan-in 4 (h13, h14, h15, h16)" in warnings[11]
+    assert warnings[12] == (
+        f"  warning: or use {TOPOLOGIES / 'fat_tree_k4_hier.yaml'}, the same network"
+        " aggregating lower in the tree"
+    )
+    assert lines[start + 14].startswith("# here: ")
+
+
+@pytest.mark.parametrize(
+    "topology", ["fat_tree_k4_hier.yaml", "star4.yaml", "leaf_spine_hier.yaml"]
+)
+def test_no_warning_where_switches_sum_before_streams_meet(topology: str) -> None:
+    report = _report(topology)
+    assert "warning" not in report and "convergence" not in report
+
+
 def test_collnet_host_ranks_are_consecutive() -> None:
     report = _report("collnet2x2.yaml")
     assert "  job 1: 4 ranks on 2 hosts" in report
@@ -165,6 +193,14 @@ def test_the_command_exits_0_with_the_report() -> None:
     assert "star8 is valid: 8 hosts, 1 switch, 8 links, 3 jobs" in proc.stdout
     assert "every link 200 Mbit/s" in proc.stdout
     assert "# run dir" not in proc.stdout  # nothing was made
+
+
+def test_a_convergence_warning_keeps_exit_status_0() -> None:
+    proc = _inalab("emulate", "topologies/leaf_spine.yaml", "check")
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stderr == ""
+    assert "  warning: job 1: link leaf2 - spine: fan-in 4 (h5, h6, h7, h8)" in proc.stdout
+    assert "  warning: or use topologies/leaf_spine_hier.yaml," in proc.stdout
 
 
 def test_the_command_needs_no_mininet() -> None:
