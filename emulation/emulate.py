@@ -500,11 +500,32 @@ def _bench(args: argparse.Namespace, em: Emulation, job: TopologyJob, run_dir: P
     summary = summarize_topology(em.topology, job.job_id, slots=cfg.slots)
     try:
         if args.bw_sweep:
-            return _bench_rates(args, cfg, em, fabric, meta, run_dir)
-        return run_bench(args, cfg, run_dir, fabric, meta, summary)
+            status = _bench_rates(args, cfg, em, fabric, meta, run_dir)
+        else:
+            status = run_bench(args, cfg, run_dir, fabric, meta, summary)
     except BenchError as exc:
         print(f"{PROG}: failed: {exc}", file=sys.stderr)
         return 1
+    _convergence_footnote(args, cfg, em.topology, job)
+    return status
+
+
+def _convergence_footnote(
+    args: argparse.Namespace, cfg: BenchConfig, topo: Topology, job: TopologyJob
+) -> None:
+    """After the bench's tables, where an algorithm that may use the switch ran: the links
+    where the job's INA traffic converged before a switch summed it
+    (:mod:`emulation.convergence`; the JSON has them as ``metadata.emulation.convergence``).
+    A rate sweep's rates are its last one's."""
+    from emulation.bench.config import INA_ALGORITHMS
+    from emulation.convergence import convergence_notes
+
+    if not set(cfg.algos) & {*INA_ALGORITHMS, "auto"}:
+        return  # ring, tree and Gloo send host to host: no switch sums them
+    if args.bw_sweep:
+        topo = apply_overrides(topo, bw=args.bw_sweep[-1])
+    for line in convergence_notes(topo, args.topology, (job,)):
+        print(f"# {line}", flush=True)
 
 
 def _bench_rates(
@@ -581,13 +602,16 @@ def _report_rates(
 def emulation_metadata(topo: Topology, job: TopologyJob, run_dir: Path) -> dict[str, Any]:
     """The ``emulation`` section of a bench's or replay's JSON metadata: the network the
     ranks ran across, links as applied (``inalab compare`` tells configurations apart by
-    it)."""
+    it), and the links where its INA traffic converges before a switch sums it."""
+    from emulation.convergence import converging_links
+
     return {
         "topology": topo.name,
         "job": job.job_id,
         "hosts": list(job.workers),
         "links": [dataclasses.asdict(link) for link in topo.links],
         "manifest": str(run_dir / "manifest.json"),
+        "convergence": [c.to_dict() for c in converging_links(topo, job)],
     }
 
 
