@@ -147,7 +147,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         metavar="IFACE",
         help="be a reduction server on this host's NIC IFACE (eBPF, root): aggregate the "
         "INA packets sent to IFACE's IPv4 address, send each result to every worker as a "
-        "unicast datagram through the kernel's route, and leave every other packet (SSH, "
+        "unicast datagram to the MAC that worker's own packets came from (where none came "
+        "yet: the kernel's route, if IFACE forwards), and leave every other packet (SSH, "
         "P4Runtime, ...) to the host; workers send to IFACE's address, port "
         f"{INA_UDP_PORT}. Implies --datapath ebpf and port 1 on IFACE",
     )
@@ -341,8 +342,16 @@ def _serve(args: argparse.Namespace, server: SwitchServer) -> int:
             _write_ready_file(args.ready_file, server)
         if sys.stdout.isatty():  # a person started it: say where to reach it
             print(_listening(server), flush=True)
-        server.serve_forever()
+        final = server.serve_forever()
+    print(_stopped(final), file=sys.stderr, flush=True)
     return 0
+
+
+def _stopped(counters: dict[str, int]) -> str:
+    """The line ``inalab switch`` prints when it stops: its non-zero counters (drops,
+    ``no_route``, ``passed_to_host`` and the rest), whatever the log level."""
+    shown = ", ".join(f"{name} {value}" for name, value in sorted(counters.items()) if value)
+    return f"inalab switch: stopped; counters: {shown or 'all zero'}"
 
 
 def _ports_error(args: argparse.Namespace, ports: dict[int, str]) -> str | None:

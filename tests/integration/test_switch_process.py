@@ -315,6 +315,8 @@ def test_stop_leaves_no_process_and_is_idempotent(tmp_path: Path) -> None:
         os.kill(pid, 0)
     assert sw.stop() == 0
     assert "switch stopped; counters" in sw.log_path.read_text()
+    # Whatever the log level: the counters a one-armed server's operator reads on stop.
+    assert "inalab switch: stopped; counters: " in sw.log_path.read_text()
 
 
 def test_the_switch_dies_with_the_process_that_started_it(tmp_path: Path) -> None:

@@ -86,8 +86,9 @@ class EbpfDataplane(Pipeline):
         forward_only: forward INA packets like any frame.
         one_armed: this host's IPv4 address: be a reduction server on one NIC (the
             program's one-armed mode): aggregate INA packets to this address, answer
-            each worker through the kernel's route to it, and leave every other frame
-            to the host.
+            each worker at the MAC its own packets came from (else through the kernel's
+            route, where the interface forwards), and leave every other frame to the
+            host.
         program: a compiled object; by default built (and cached) for ``lanes``.
 
     Raises:
