@@ -72,12 +72,13 @@ class Machine:
 
 def run_check(args: argparse.Namespace) -> int:
     """``inalab emulate TOPOLOGY [options] check``: print what would be built; 0 if the
-    topology can be emulated with these options, 1 (one line on stderr) if not."""
+    topology can be emulated with these options, 2 (one line on stderr) if not: bad input,
+    as every ``inalab`` command reports it (:mod:`emulation.cli`)."""
     try:
         print(check_report(args, Machine.here()))
     except (TopologyError, CheckError) as exc:
         print(f"{PROG}: error: {exc}", file=sys.stderr)
-        return 1
+        return 2
     return 0
 
 

@@ -24,7 +24,7 @@ from collections.abc import Sequence
 from types import FrameType
 from typing import Any, NoReturn
 
-__all__ = ["DESCRIPTION", "Interrupted", "main"]
+__all__ = ["DESCRIPTION", "EXIT_STATUS", "Interrupted", "main"]
 
 DESCRIPTION = """\
 inalab emulates in-network aggregation (INA): allreduce summed inside a switch, as
@@ -38,6 +38,11 @@ same across its links, `sudo .venv/bin/inalab emulate topologies/star4.yaml run 
 examples/ddp_digits.py` runs a program of yours once per rank in its hosts, and `inalab
 emulate topologies/star4.yaml check` (no root) shows what it would build. `inalab compare
 a.json b.json` puts bench runs (--json) side by side."""
+
+EXIT_STATUS = """\
+exit status: 0 done; 1 a run failed (wrong results, a timeout, a process that died);
+2 bad input (flags, files, topologies, what this machine cannot run), with one line
+"inalab ...: error: ..." on stderr; 128+N stopped by signal N (130: Ctrl-C)."""
 
 SUBCOMMANDS: dict[str, tuple[str, str]] = {
     "switch": (
@@ -128,7 +133,10 @@ def _version() -> str:
 
 def build_parser() -> argparse.ArgumentParser:
     parser = CommandParser(
-        prog="inalab", description=DESCRIPTION, formatter_class=argparse.RawDescriptionHelpFormatter
+        prog="inalab",
+        description=DESCRIPTION,
+        epilog=EXIT_STATUS,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     parser.add_argument("-v", "--verbose", action="count", default=0, help="more logging")
     parser.add_argument("--version", action="version", version=f"%(prog)s {_version()}")

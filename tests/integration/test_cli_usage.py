@@ -32,6 +32,7 @@ def test_help_opens_with_what_inalab_is(capsys: pytest.CaptureFixture[str]) -> N
     assert out.startswith("usage: inalab ")
     assert DESCRIPTION.split("\n")[0] in out and "inalab bench" in out
     assert "subcommand module" not in out  # the developer's docstring stays in the code
+    assert "exit status: 0 done; 1 a run failed" in out and "2 bad input" in out
 
 
 def test_version(capsys: pytest.CaptureFixture[str]) -> None:

@@ -230,12 +230,22 @@ def test_the_command_needs_no_mininet() -> None:
         ("hosts: {h1: {}}\nswitches: {s1: {}}\nlinks: [[h1, s2]]\n", r"bad\.yaml:3:\d+: links"),
     ],
 )
-def test_the_command_exits_1_with_one_line(tmp_path: Path, content: str, message: str) -> None:
+def test_the_command_exits_2_with_one_line(tmp_path: Path, content: str, message: str) -> None:
     bad = tmp_path / "bad.yaml"
     bad.write_text(content)
     proc = _inalab("emulate", str(bad), "check")
-    assert proc.returncode == 1
+    assert proc.returncode == 2
     assert proc.stdout == ""
     assert proc.stderr.count("\n") == 1
     assert proc.stderr.startswith(f"inalab emulate: error: {bad}:")
     assert re.search(message, proc.stderr), proc.stderr
+
+
+@pytest.mark.parametrize("action", ["check", "bench", "up", "switch-only", "wire-floor"])
+def test_a_missing_topology_is_a_usage_error_whatever_the_action(
+    tmp_path: Path, action: str
+) -> None:
+    """Issue #38: one error, one exit code (2, as argparse's own) under every action."""
+    proc = _inalab("emulate", str(tmp_path / "none.yaml"), action)
+    assert proc.returncode == 2, proc.stderr
+    assert proc.stderr.count("\n") == 1 and "cannot read topology" in proc.stderr
