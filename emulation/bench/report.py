@@ -13,13 +13,24 @@ the table, the JSON and the plot.
 from __future__ import annotations
 
 import json
-from collections import Counter
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from emulation.bench.cpu import BOUND_FRACTION, CPU_NOTE, RowCpu, worker_cpu
+from emulation.bench.notes import (  # re-exported: the tables' footnotes
+    BUS_FORMULA,
+    RETX_FOOTNOTES,
+    RETX_NOTE,
+    bound_note,
+    busy_note,
+    dataplane_note,
+    link_drops_note,
+    size_cpu_note,
+    steal_note,
+    switch_notes,
+)
 
 __all__ = [
     "JSON_SCHEMA",
@@ -76,13 +87,10 @@ def bus_factor(num_workers: int, collective: str = "allreduce") -> float:
     """
     if num_workers < 1:
         raise ValueError(f"num_workers {num_workers} must be positive")
-    if collective not in _BUS_FORMULA:
+    if collective not in BUS_FORMULA:
         raise ValueError(f"unknown collective {collective!r}")
     steps = 2.0 if collective == "allreduce" else 1.0
     return steps * (num_workers - 1) / num_workers
-
-
-_BUS_FORMULA = {"allreduce": "2(n-1)/n", "reduce_scatter": "(n-1)/n", "all_gather": "(n-1)/n"}
 
 
 def redop(collective: str) -> str:
@@ -351,134 +359,6 @@ _COLS = "#{:>11}  {:>12}  {:>8}  {:>6}  {:>9}  {:>7}  {:>7}  {:>6}"
 _CPU_COLS = "  {:>8}  {:>8}  {:>8}"
 """switch, worker, machine; each value is followed by ``!`` (bound) or a space."""
 
-CPU_COLUMNS_NOTE = (
-    "# cpu during the timed calls: switch = busiest switch, its process and its in-kernel"
-    " data plane (eBPF programs), worker = busiest rank (% of one core; the kernel runs"
-    " an eBPF switch's data plane mostly in the sending rank's context, so it counts in"
-    " both); machine = % of all cores busy;"
-    f" ! = above {BOUND_FRACTION:.0%} (machine: the bench's own processes), ~ = the machine"
-    " busy with other processes"
-)
-
-
-def bound_note() -> str:
-    """The line under a table with CPU-bound rows: what the flag means."""
-    return (
-        f"# ! CPU-bound: a process of the bench, or its processes together, was above"
-        f" {BOUND_FRACTION:.0%} busy during the timed calls; that time measures this"
-        " machine's CPU, not the network or the algorithm"
-    )
-
-
-def busy_note(rows: Iterable[Row]) -> str | None:
-    """The line under a table whose rows ran beside other load, or ``None``."""
-    other = [r.cpu.other_cores for r in rows if r.cpu is not None and r.cpu.busy_other]
-    if not other:
-        return None
-    most = max(o for o in other if o is not None)
-    return (
-        f"# machine busy with other processes: up to {most:.0%} of a core during"
-        f" {len(other)} row(s) (cpu.other_cores); their times include that load"
-    )
-
-
-def switch_notes(counters: Mapping[str, Any]) -> list[str]:
-    """Lines under an INA table from its switches' counters, as the JSON's
-    ``switch_counters`` holds them per algorithm (one switch: counter -> value; several:
-    switch name -> counter -> value): the packets the switches ignored as duplicates,
-    which at zero loss are retransmissions sent while a peer was late (its slot still
-    waited), and the drops by reason."""
-    dups, drops = 0, Counter[str]()
-    nested = all(isinstance(v, Mapping) for v in counters.values())
-    for values in counters.values() if nested else [counters]:
-        for name, value in values.items():
-            if not isinstance(value, int) or value <= 0:
-                continue
-            if name == "duplicates_ignored":
-                dups += value
-            elif name.startswith("drop_"):
-                drops[name] += value
-    lines = []
-    if dups:
-        lines.append(
-            f"# switch: {dups} packets came for a slot that already held theirs and still"
-            " waited for other ranks, and were ignored (duplicates_ignored): retransmissions"
-            " sent while a peer was late, not lost, or copies a link duplicated"
-        )
-    if drops:
-        listed = ", ".join(f"{name} {n}" for name, n in sorted(drops.items()))
-        lines.append(f"# switch drops: {listed} (JSON metadata switch_counters)")
-    return lines
-
-
-def link_drops_note(drops: Mapping[str, int]) -> str | None:
-    """The line under a table whose algorithm's run lost frames in the emulated links'
-    queues (the JSON metadata's ``link_drops`` for it: interface -> frames), or
-    ``None``."""
-    total = sum(drops.values())
-    if not total:
-        return None
-    where = ", ".join(f"{name} {n}" for name, n in sorted(drops.items()))
-    return (
-        f"# link drops: the emulated links dropped {total} frames (full shaper queues or"
-        f" veth rings: {where}; JSON metadata link_drops): loss no fault asked for"
-    )
-
-
-STEAL_NOTED = 0.01
-"""A row whose timed calls lost more than this share of the cores to the hypervisor
-gets the steal line under its table."""
-
-
-def steal_note(rows: Iterable[Row]) -> str | None:
-    """The line under a table whose rows ran while the hypervisor took this VM's cores
-    (``cpu.steal``), or ``None``."""
-    steal = [r.cpu.system.steal for r in rows if r.cpu is not None and r.cpu.system.steal]
-    stolen = [s for s in steal if s > STEAL_NOTED]
-    if not stolen:
-        return None
-    return (
-        f"# steal: the hypervisor took up to {max(stolen):.1%} of this VM's cores during"
-        f" {len(stolen)} row(s) (cpu.steal): the whole VM, its switches and links with it,"
-        " stood still meanwhile; their times include the stalls"
-    )
-
-
-def size_cpu_note(rows: Iterable[Row]) -> str | None:
-    """The line under a table giving the ranks' CPU per Gbit of the size at the largest
-    size (:attr:`Row.worker_cpu_s_per_gbit_size`), or ``None`` where not measured."""
-    measured = [r for r in rows if r.worker_cpu_s_per_gbit_size is not None]
-    if not measured:
-        return None
-    row = measured[-1]
-    sent = row.worker_cpu_s_per_gbit
-    return (
-        f"# worker cpu: {row.worker_cpu_s_per_gbit_size:.3f} CPU-s per Gbit of the size"
-        " (largest size; JSON worker_cpu_s_per_gbit_size: the same bytes for every"
-        " algorithm"
-        + (f"; per Gbit a rank sent: {sent:.3f}, worker_cpu_s_per_gbit)" if sent else ")")
-    )
-
-
-def dataplane_note(rows: Iterable[Row]) -> str | None:
-    """The line under a table whose rows measured the switches' data plane per Gbit:
-    how much of the ranks' CPU per Gbit was the emulated switch's, or ``None``."""
-    pairs = [
-        (r.worker_cpu_s_per_gbit, r.switch_dataplane_cpu_s_per_gbit)
-        for r in rows
-        if r.worker_cpu_s_per_gbit is not None and r.switch_dataplane_cpu_s_per_gbit is not None
-    ]
-    if not pairs:
-        return None
-    worker, switch = pairs[-1]
-    return (
-        f"# switch data plane: {switch:.3f} CPU-s per Gbit a rank sent (largest size;"
-        f" JSON switch_dataplane_cpu_s_per_gbit), which the kernel ran mostly in the"
-        f" ranks' context: of their {worker:.3f} (worker_cpu_s_per_gbit) about"
-        f" {max(worker - switch, 0.0):.3f} was the rest (the hosts, and the emulated links'"
-        " shapers)"
-    )
-
 
 def format_time(us: float) -> str:
     """A time in us for a table column, 9 wide (``inalab compare``'s too)."""
@@ -516,11 +396,12 @@ def _cpu_cells(cpu: RowCpu | None) -> str:
 
 
 def format_table(algo: str, rows: Iterable[Row], description: str = "") -> str:
-    """An nccl-tests style table of one algorithm's rows, with a summary footer; with CPU
-    columns when any row measured its CPU, and a note when any row was CPU-bound."""
+    """An nccl-tests style table of one algorithm's rows, with a summary footer and the
+    footnotes that count what happened in them; with CPU columns when any row measured
+    its CPU. The columns and marks are explained once for all tables
+    (:func:`emulation.bench.notes.legend`)."""
     rows = list(rows)
     collective = rows[0].collective if rows else "allreduce"
-    formula = _BUS_FORMULA[collective]
     what = (
         []
         if collective == "allreduce"
@@ -543,13 +424,6 @@ def format_table(algo: str, rows: Iterable[Row], description: str = "") -> str:
     lines = [
         f"# algorithm: {algo}" + (f" ({description})" if description else ""),
         *what,
-        "# time = slowest rank's mean per call; algbw = size/time;"
-        f" busbw = algbw * {formula} (nccl-tests).",
-        "# note: INA's busbw can exceed the link rate, because each host sends and receives"
-        f" S once rather than {formula} * S; compare algbw.",
-        *([RETX_NOTE] if retx else []),
-        *([CPU_COLUMNS_NOTE] if cpu else []),
-        "#",
         head.format(*names).rstrip(),
         head.format(*units).rstrip(),
     ]
@@ -565,8 +439,6 @@ def format_table(algo: str, rows: Iterable[Row], description: str = "") -> str:
         f"# Out of bounds values : {wrong} {'OK' if wrong == 0 else 'FAILED'}",
         f"# Avg bus bandwidth    : {avg:.4f}",
     ]
-    if any(r.cpu is not None and r.cpu.bound for r in rows):
-        lines.append(bound_note())
     notes = (busy_note(rows), steal_note(rows), size_cpu_note(rows), dataplane_note(rows))
     lines += [note for note in notes if note]
     return "\n".join(lines)
@@ -581,40 +453,6 @@ def _table_line(r: Row, chosen: bool, cpu: bool, retx: bool = True) -> str:
         + (f"  {r.chosen or '':>7}" if chosen else "")
         + (_cpu_cells(r.cpu) if cpu else "")
     )
-
-
-RETX_FOOTNOTES = (
-    (
-        "host_drops",
-        "# host drops: the ranks' kernels dropped {} datagrams for full socket receive"
-        " buffers (JSON host_drops per row): retransmissions the hosts caused",
-    ),
-    (
-        "late_answers",
-        "# late answers: {} packets reached a rank twice (JSON late_answers per row): copies"
-        " a link duplicated, or retransmissions of packets that were only late (a timer"
-        " fired before a stalled peer, switch or CPU answered), not lost",
-    ),
-    (
-        "late_timers",
-        "# late timers: {} timers expired while their rank had not been running for part"
-        " of their time (the machine stalled, see cpu.steal, or the rank waited for a"
-        " core) and were re-armed, not sent again (JSON late_timers per"
-        " row; hostlib RetryPolicy.late_timer)",
-    ),
-)
-"""Row counters that explain a table's ``retx``, each with the line under the table
-when any row has some."""
-
-RETX_NOTE = (
-    "# retx = packets the ranks sent again (all ranks, warm-up calls included): loss"
-    " recovered by the hosts, at once when later packets were answered first (fast;"
-    " the JSON's retransmits_fast) or by their timers. The JSON says what each was for:"
-    " host_drops (a rank's kernel dropped a datagram: its socket buffer was full),"
-    " late_answers (a packet reached a rank twice: the first copy was late, not lost, so"
-    " a timer fired too early), the switches' drop counters, the links' loss and"
-    " link_drops (full queues of the emulated links)"
-)
 
 
 # ----------------------------------------------------------------- dynamiccl vs oracle
