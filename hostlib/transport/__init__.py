@@ -1,4 +1,5 @@
-"""Transports: UDP sockets (``udp``), a simulated network (``memory``), RoCEv2 (``rdma``)."""
+"""Transports: UDP sockets (``udp``) and a simulated network (``memory``). There is no
+RoCEv2 transport yet (issue #40)."""
 
 from hostlib.transport.base import Addr, Transport, TransportError
 
