@@ -43,11 +43,23 @@ from emulation.bench.config import (
 from hostlib.protocol import MAX_LANES, MAX_SLOT, MAX_WORKERS, TNA_LANES_PER_PACKET
 
 if TYPE_CHECKING:
+    from collections.abc import Sequence
+
     from dynamiccl.model import TopologySummary
     from dynamiccl.policy import Decision, Policy
     from emulation.bench.fabric import Fabric
+    from emulation.bench.sweep import SweepResult
 
-__all__ = ["UsageError", "add_arguments", "config_from_args", "make_run_dir", "run", "run_bench"]
+__all__ = [
+    "UsageError",
+    "add_arguments",
+    "config_from_args",
+    "host_engine",
+    "loopback_note",
+    "make_run_dir",
+    "run",
+    "run_bench",
+]
 
 PROG = "inalab bench"
 
@@ -163,6 +175,8 @@ def add_arguments(parser: argparse.ArgumentParser, emulated: bool = False) -> No
         help="record the switch's first N packets in RUN_DIR/switch.pcap (default 0: none)",
     )
     add("--json", type=Path, metavar="PATH", help="write results as JSON")
+    add("--explain", action="store_true",
+        help="explain the tables' columns and marks in full (default: a short legend)")  # fmt: skip
     add("--plot", type=Path, metavar="PATH", help="write a PNG plot of time and algbw")
     if not emulated:
         add("--switch-only", action="store_true", help="only load the switch (loadgen)")
@@ -229,6 +243,7 @@ def check_inputs(args: argparse.Namespace) -> None:
         except (OSError, ProfileError) as exc:
             raise UsageError(f"--profile: {exc}") from None
     resolve_algos(args)
+    host_engine()
     if "gloo" in args.algos and importlib.util.find_spec("torch") is None:
         raise UsageError(
             "gloo needs PyTorch, which is not installed: pip install 'inalab[torch]' "
@@ -318,12 +333,15 @@ def run_bench(
     fabric: Fabric | None = None,
     extra_meta: dict[str, Any] | None = None,
     topology: TopologySummary | None = None,
+    notes: Sequence[str] = (),
 ) -> int:
-    """Run the sweep on ``fabric`` (default: loopback), print the tables, write JSON and
-    plot; 0 if every element was right, 1 otherwise (2: ``--profile`` unreadable).
+    """Run the sweep on ``fabric`` (default: loopback), print the legend, the tables and
+    the summary of who won, write JSON and plot; 0 if every element was right, 1
+    otherwise (2: ``--profile`` unreadable or ``INALAB_HOST_ENGINE`` invalid).
 
     ``topology`` is what dynamiccl knows of the network for ``auto`` (None: the
-    profile's own set-up, loopback).
+    profile's own set-up, loopback). ``notes``: the caller's lines (each a ``# ``
+    comment) printed after the summary, e.g. what the emulation saw of its network.
 
     Raises:
         BenchError: a run failed (see :func:`emulation.bench.sweep.run_sweep`).
@@ -331,14 +349,8 @@ def run_bench(
     from dynamiccl.model import ProfileError
     from emulation.bench.fabric import LoopbackFabric
     from emulation.bench.progress import TerminalProgress
-    from emulation.bench.report import (
-        format_table,
-        link_drops_note,
-        make_document,
-        switch_notes,
-        write_json,
-        write_plot,
-    )
+    from emulation.bench.report import make_document, write_json, write_plot
+    from emulation.bench.summary import format_summary, summarize
     from emulation.bench.sweep import SweepInterrupted, run_sweep
 
     fabric = fabric or LoopbackFabric(cfg.ranks_per_host)
@@ -347,11 +359,17 @@ def run_bench(
     except (OSError, ProfileError) as exc:
         print(f"{PROG}: error: --profile: {exc}", file=sys.stderr)
         return 2
+    try:
+        engine = host_engine()
+    except UsageError as exc:
+        print(f"{PROG}: error: {exc}", file=sys.stderr)
+        return 2
     # auto's decision per size, made once: the sweep runs them, the report explains them.
     decisions = {n: policy.decide(n) for n in cfg.sizes} if policy is not None else {}
     loopback = isinstance(fabric, LoopbackFabric)
     busy_before = _warn_if_busy()
-    print(_banner(cfg, fabric.description, loopback, getattr(fabric, "links", "")), flush=True)
+    links = getattr(fabric, "links", "")
+    print(_banner(cfg, fabric.description, engine if loopback else None, links), flush=True)
     progress = TerminalProgress(len(cfg.sizes) * len(cfg.algos)).sweep(cfg.sizes)
     level = logging.getLogger().getEffectiveLevel()
     decide = (lambda n: decisions[n].algorithm) if decisions else None
@@ -362,20 +380,16 @@ def run_bench(
         result, stopped = exc.result, exc.cause
         print(f"# stopped by {_signal_name(stopped)}: the tables hold the sizes every rank "
               "finished", flush=True)  # fmt: skip
-    hosts = len({p.host for p in fabric.placements(cfg.workers)})
-    for algo in cfg.algos:
-        rows = [r for r in result.rows if r.algo == algo]
-        if rows or stopped is None:
-            print(format_table(algo, rows, _describe(algo, cfg, fabric.description, hosts)))
-            for line in switch_notes(result.switch_counters.get(algo, {})):
-                print(line)
-            link_line = link_drops_note(result.link_drops.get(algo, {}))
-            if link_line:
-                print(link_line)
-            print("#")
+    _print_tables(result, cfg, fabric, stopped is None, getattr(args, "explain", False))
     extra: dict[str, Any] = {}
     if policy is not None and stopped is None:
         extra["dynamiccl"] = _report_auto(policy, decisions, cfg, result.rows)
+    summary = summarize(result.rows, cfg.algos)
+    print(format_summary(summary))
+    for line in notes:
+        print(line)
+    print("#")
+    extra["summary"] = summary.to_json()
     wrong = sum(r.wrong for r in result.rows)
     meta = _metadata(args, cfg, run_dir)
     meta.update(extra_meta or {})
@@ -387,6 +401,7 @@ def run_bench(
     meta["link_drops"] = result.link_drops
     meta["busy_cores_before"] = busy_before
     meta["links"] = getattr(fabric, "links", None)
+    meta["host_engine"] = engine
     if stopped is not None:
         meta["stopped_by"] = _signal_name(stopped)
     pcap = run_dir / "switch.pcap"
@@ -408,6 +423,30 @@ def run_bench(
         print(f"{PROG}: {wrong} wrong elements in total", file=sys.stderr)
         return 1
     return 0
+
+
+def _print_tables(
+    result: SweepResult, cfg: BenchConfig, fabric: Fabric, complete: bool, explain: bool
+) -> None:
+    """The legend once, then one table per algorithm with its footnotes (after a stop,
+    only the algorithms that finished a size)."""
+    from emulation.bench.notes import legend, link_drops_note, switch_notes
+    from emulation.bench.report import format_table
+
+    for line in legend(result.rows, explain):
+        print(line)
+    print("#")
+    hosts = len({p.host for p in fabric.placements(cfg.workers)})
+    for algo in cfg.algos:
+        rows = [r for r in result.rows if r.algo == algo]
+        if rows or complete:
+            print(format_table(algo, rows, _describe(algo, cfg, fabric.description, hosts)))
+            for line in switch_notes(result.switch_counters.get(algo, {})):
+                print(line)
+            link_line = link_drops_note(result.link_drops.get(algo, {}))
+            if link_line:
+                print(link_line)
+            print("#")
 
 
 def _policy(
@@ -453,20 +492,47 @@ def _report_auto(
     return section
 
 
-LOOPBACK_NOTE = (
-    "# on loopback there is no wire: INA's per-packet work in Python (the soft switch and"
-    " the hosts) sets its speed"
-)
-"""Printed before a loopback run's tables: what its INA times measure."""
+def host_engine() -> str:
+    """The host engine the ranks will run (``native`` or ``python``): the ranks inherit
+    this process's environment and ask :func:`hostlib.native.engine_name` as it does.
+
+    Raises:
+        UsageError: ``INALAB_HOST_ENGINE`` names no engine, or one not built here.
+    """
+    from hostlib.native import engine_name
+
+    try:
+        return engine_name()
+    except ValueError as exc:
+        raise UsageError(str(exc)) from None
 
 
-def _banner(cfg: BenchConfig, where: str, loopback: bool = False, links: str = "") -> str:
+def loopback_note(engine: str) -> str:
+    """What sets the times on loopback, where there is no wire (``engine``: the hosts',
+    :func:`host_engine`): lines printed before a loopback run's tables."""
+    from emulation.bench.notes import wrap
+
+    hosts = (
+        "the hosts' per-packet work (INA, ring, tree) runs in native C"
+        if engine == "native"
+        else "the hosts' per-packet work (INA, ring, tree) runs in Python too"
+    )
+    text = (
+        "on loopback there is no wire: INA's pace is the soft switch's, one Python process"
+        f" that handles every packet of every rank; {hosts} (host engine: {engine});"
+        " Gloo moves large TCP segments"
+    )
+    return "\n".join(wrap(text))
+
+
+def _banner(cfg: BenchConfig, where: str, loopback: str | None = None, links: str = "") -> str:
+    """The lines before the tables; ``loopback``: the host engine of a loopback run."""
     sizes = f"{format_size(cfg.sizes[0])}..{format_size(cfg.sizes[-1])}"
     return (
         f"# inalab bench: {_what(cfg.collective)}, {cfg.workers} workers on {where}, {cfg.dtype},"
         f" sizes {sizes} ({len(cfg.sizes)}), iters {cfg.iters}, warmup {cfg.warmup},"
         f" seed {cfg.seed}\n" + (f"# links: {links}\n" if links else "")
-        + (f"{LOOPBACK_NOTE}\n" if loopback else "") + "#"
+        + (f"{loopback_note(loopback)}\n" if loopback is not None else "") + "#"
     )
 
 

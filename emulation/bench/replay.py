@@ -519,12 +519,14 @@ def _scenario(setup: ReplaySetup, ctx: _Context, switch: InaSwitch) -> Iterator[
 def run(args: argparse.Namespace) -> int:
     """``inalab replay`` on loopback; 0 on success, 1 if a run failed or gave wrong
     results, 2 on bad flags or a bad workload (nothing started)."""
-    from emulation.bench.cli import make_run_dir
+    from emulation.bench.cli import UsageError as EngineError
+    from emulation.bench.cli import host_engine, make_run_dir
     from emulation.bench.sweep import BenchError
 
     try:
         setup = prepare(args, args.workers)
-    except UsageError as exc:
+        host_engine()  # the ranks' INALAB_HOST_ENGINE, checked before anything starts
+    except (UsageError, EngineError) as exc:
         print(f"{PROG}: error: {exc}", file=sys.stderr)
         return 2
     run_dir = make_run_dir(args.run_dir, "inalab-replay-")
@@ -656,7 +658,7 @@ def _signal_name(stop: KeyboardInterrupt) -> str:
 
 # ----------------------------------------------------------------- words
 def _banner(setup: ReplaySetup, fabric: Fabric, ctx: _Context) -> str:
-    from emulation.bench.cli import LOOPBACK_NOTE
+    from emulation.bench.cli import host_engine, loopback_note
     from emulation.bench.fabric import LoopbackFabric
     from emulation.bench.replay_report import setup_lines
 
@@ -666,7 +668,7 @@ def _banner(setup: ReplaySetup, fabric: Fabric, ctx: _Context) -> str:
     if links:
         lines.append(f"# links: {links}")
     if isinstance(fabric, LoopbackFabric | _PooledLoopback):
-        lines.append(LOOPBACK_NOTE)
+        lines.append(loopback_note(host_engine()))
     return "\n".join(lines) + "\n#"
 
 

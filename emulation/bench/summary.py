@@ -115,10 +115,10 @@ class Summary:
         return text
 
     def fastest(self) -> str:
-        """Which algorithm was fastest where: ``ina at 4K..16K, ring at 64K..256K``."""
+        """Which algorithm was fastest where: ``ina at 4K..16K; ring at 64K, 1M..4M``."""
         every = [v.nbytes for v in self.sizes]
         winners = dict.fromkeys(v.fastest for v in self.sizes)
-        return ", ".join(
+        return "; ".join(
             f"{a} at {_ranges([v.nbytes for v in self.sizes if v.fastest == a], every)}"
             for a in winners
         )

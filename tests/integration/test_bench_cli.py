@@ -163,8 +163,12 @@ def test_ina_int32_is_exact(tmp_path: Path) -> None:
     out = tmp_path / "int.json"
     proc = _bench(*TINY, "--algos", "ina", "-d", "int32", "--json", str(out))
     _ok(proc)
-    rows = json.loads(out.read_text())["rows"]
+    doc = json.loads(out.read_text())
+    rows = doc["rows"]
     assert all(r["wrong"] == 0 and r["max_abs_err"] == 0 and r["type"] == "int32" for r in rows)
+    assert doc["summary"]["overall"] == "ina alone: nothing to compare"
+    assert doc["metadata"]["host_engine"] in ("native", "python")
+    assert f"host engine: {doc['metadata']['host_engine']}" in proc.stdout.replace("\n#   ", " ")
 
 
 @pytest.mark.slow
@@ -331,8 +335,15 @@ def test_rows_carry_the_cpu_use_of_their_timed_calls(tmp_path: Path) -> None:
     out = tmp_path / "cpu.json"
     proc = _bench(*TINY, "--algos", "ina,ring", "--json", str(out))
     _ok(proc)
-    rows = json.loads(out.read_text())["rows"]
+    doc = json.loads(out.read_text())
+    rows = doc["rows"]
     assert [r["algo"] for r in rows] == ["ina"] * 3 + ["ring"] * 3
+    # One legend before both tables; the answer after them, in the JSON too.
+    assert proc.stdout.count("# legend") == 1 and proc.stdout.count("retx =") == 1
+    assert proc.stdout.index("# legend") < proc.stdout.index("# algorithm:")
+    assert doc["summary"]["subject"] == "ina" and doc["summary"]["baseline"] == "ring"
+    assert f"# overall: {doc['summary']['overall'][:40]}" in proc.stdout
+    assert proc.stdout.index("# overall:") > proc.stdout.rindex("# algorithm:")
     cores = os.cpu_count() or 1
     for r in rows:
         cpu = r["cpu"]
@@ -354,4 +365,4 @@ def test_rows_carry_the_cpu_use_of_their_timed_calls(tmp_path: Path) -> None:
     assert proc.stdout.splitlines()[1] == "# links: none: loopback (127.0.0.1), no wire, no shaping"
     assert "on loopback there is no wire" in proc.stdout.splitlines()[2]
     bound = any(r["cpu"]["bound"] for r in rows)
-    assert ("# ! CPU-bound:" in proc.stdout) == bound
+    assert ("# ! CPU-bound" in proc.stdout) == bound
