@@ -239,9 +239,9 @@ def test_the_inalab_entry_point_once_registered() -> None:
     assert "choice: " in out
 
 
-def test_the_readme_shows_what_decide_prints() -> None:
-    readme = (TOPOLOGIES.parent / "README.md").read_text()
-    section = readme[readme.index("### `inalab decide`") :]
+def test_the_docs_show_what_decide_prints() -> None:
+    page = (TOPOLOGIES.parent / "docs" / "dynamiccl.md").read_text()
+    section = page[page.index("## `inalab decide`") :]
     shown = re.search(r"```\n(# allreduce of 64M .*?)```", section, re.DOTALL)
     assert shown is not None
     assert _ok(_decide("--size", "64M", "--workers", "4")) == shown.group(1)

@@ -229,16 +229,16 @@ def test_the_first_failing_rank_ends_the_run_with_its_status(tmp_path: Path, cle
     assert (tmp_path / "run" / "rank-2.log").read_text() == "up 2\nfailing\n"
 
 
-def test_the_readmes_example_runs_as_written(tmp_path: Path, clean: None) -> None:
-    text = (REPO / "README.md").read_text()
+def test_the_docs_example_runs_as_written(tmp_path: Path, clean: None) -> None:
+    text = (REPO / "docs" / "emulation.md").read_text()
     block = re.search(r"<!-- example: emulate-run .*?-->\n```bash\n(.*?)```", text, re.DOTALL)
-    assert block is not None, "README.md lost its emulate-run example"
+    assert block is not None, "docs/emulation.md lost its emulate-run example"
     assert "sudo .venv/bin/inalab emulate" in block.group(1)  # sudo resets PATH
-    # The README's paths are the repository's, its .venv the set-up's: this environment.
+    # The example's paths are the repository's, its .venv the set-up's: this environment.
     for name in ("topologies", "examples"):
         (tmp_path / name).symlink_to(REPO / name)
     (tmp_path / ".venv").symlink_to(Path(sys.prefix))
-    assert shutil.which("sudo"), "sudo runs the README's root lines (.ci/run installs it)"
+    assert shutil.which("sudo"), "sudo runs the docs' root lines (.ci/run installs it)"
     proc = subprocess.run(
         ["bash", "-euo", "pipefail", "-c", block.group(1)],
         cwd=tmp_path, capture_output=True, text=True, timeout=300, check=False,

@@ -1,4 +1,5 @@
-"""The README's marked examples run as written (each in a fresh directory)."""
+"""The marked examples of README.md and docs/*.md run as written (each in a fresh
+directory)."""
 
 from __future__ import annotations
 
@@ -9,20 +10,32 @@ from pathlib import Path
 
 import pytest
 
-README = Path(__file__).parents[2] / "README.md"
+REPO = Path(__file__).parents[2]
+DOCS = [REPO / "README.md", *sorted((REPO / "docs").glob("*.md"))]
 _EXAMPLE = re.compile(r"<!-- example: (\S+).*?-->\n```bash\n(.*?)```", re.DOTALL)
 
 
+def _found() -> list[tuple[str, str]]:
+    """Every marked example's (name, script), from README.md and each docs page."""
+    return [found for doc in DOCS for found in _EXAMPLE.findall(doc.read_text())]
+
+
 def examples() -> dict[str, str]:
-    return dict(_EXAMPLE.findall(README.read_text()))
+    """The marked examples by name, wherever in README.md and docs/*.md they are."""
+    return dict(_found())
 
 
-def test_readme_has_examples() -> None:
-    assert {"pcap", "ctl", "tls", "tofino"} <= set(examples())
+def test_the_docs_have_examples() -> None:
+    assert {"pcap", "ctl", "tls", "tofino", "emulate-run"} <= set(examples())
+
+
+def test_no_two_examples_share_a_name() -> None:
+    names = [name for name, _ in _found()]
+    assert len(names) == len(set(names)), names
 
 
 def run_example(name: str, cwd: Path, timeout: float) -> str:
-    """Run README example ``name`` as bash (-euo pipefail) in ``cwd``; its stdout."""
+    """Run the docs' example ``name`` as bash (-euo pipefail) in ``cwd``; its stdout."""
     proc = subprocess.run(
         ["bash", "-euo", "pipefail", "-c", examples()[name]],
         cwd=cwd,
@@ -67,7 +80,7 @@ def test_tofino_example_configures_the_tofino_programs_names(tmp_path: Path) -> 
 @pytest.mark.timeout(120)
 @pytest.mark.skipif(shutil.which("openssl") is None, reason="needs openssl")
 def test_tls_example_installs_a_job_and_refuses_plain_text(tmp_path: Path) -> None:
-    (tmp_path / "examples").symlink_to(README.parent / "examples")  # run as from the repo
+    (tmp_path / "examples").symlink_to(REPO / "examples")  # run as from the repo
     out = run_example("tls", tmp_path, 100)
     assert "job 1: 2 workers, slots 0+16" in out
     assert re.search(r"P4Runtime: 127\.0\.0\.1:\d+ connected as ctl", out), out

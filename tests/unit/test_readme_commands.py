@@ -1,10 +1,11 @@
-"""Every ``inalab`` command line in the README's code blocks, and every command an
-``inalab ... --help`` text shows, is one the installed command accepts, as written after
-the README's set-up: its flags parse, its files exist, root lines use the virtual
-environment's ``inalab`` (``sudo`` resets ``PATH``).
+"""Every ``inalab`` command line in the code blocks of README.md and docs/*.md, and every
+command an ``inalab ... --help`` text shows, is one the installed command accepts, as
+written after the README's set-up: its flags parse, its files exist, root lines use the
+virtual environment's ``inalab`` (``sudo`` resets ``PATH``).
 
 Running them is other tests' job (the marked examples, the CLI tests); this keeps the
-README and the help texts from drifting when a flag is renamed or a topology moves.
+README, the docs and the help texts from drifting when a flag is renamed or a topology
+moves.
 """
 
 from __future__ import annotations
@@ -22,13 +23,17 @@ import pytest
 from emulation.cli import build_parser
 
 REPO = Path(__file__).resolve().parents[2]
-README = REPO / "README.md"
+DOCS = [REPO / "README.md", *sorted((REPO / "docs").glob("*.md"))]
+"""The README and every docs page: the text a user copies commands from."""
+
+DOCS_TEXT = "\n".join(doc.read_text() for doc in DOCS)
+"""All of them, for what one page's command needs from another (``cat > SCRIPT``)."""
 
 
-def _command_lines() -> list[str]:
-    """The lines of fenced code blocks that run inalab (continuations joined)."""
+def _command_lines(doc: Path) -> list[str]:
+    """The lines of ``doc``'s fenced code blocks that run inalab (continuations joined)."""
     lines, inside = [], False
-    text = README.read_text().replace("\\\n", " ")
+    text = doc.read_text().replace("\\\n", " ")
     for line in text.splitlines():
         if line.startswith("```"):
             inside = not inside
@@ -39,7 +44,11 @@ def _command_lines() -> list[str]:
     return lines
 
 
-COMMANDS = _command_lines()
+COMMANDS = [
+    pytest.param(line, str(doc.relative_to(REPO)), id=f"{doc.relative_to(REPO)}: {line}")
+    for doc in DOCS
+    for line in _command_lines(doc)
+]
 
 _INALAB = r"(sudo )?(\S*/)?inalab "
 
@@ -67,7 +76,8 @@ def _help_commands() -> list[tuple[str, str]]:
         flat = " ".join(text.split())
         for match in re.finditer(r"`([^`]+)`|\"([^\"]+)\"", flat):
             span = match.group(1) or match.group(2)
-            if re.match(_INALAB, span):
+            # "inalab ...: error: ..." shows what inalab prints, not a command line.
+            if re.match(_INALAB, span) and ": error:" not in span:
                 found.append((command, span))
     return found
 
@@ -75,8 +85,9 @@ def _help_commands() -> list[tuple[str, str]]:
 HELP_COMMANDS = _help_commands()
 
 
-def test_the_readme_has_command_lines() -> None:
+def test_the_readme_and_docs_have_command_lines() -> None:
     assert len(COMMANDS) >= 20
+    assert _command_lines(REPO / "README.md"), "README.md shows no inalab command"
 
 
 def test_the_help_texts_show_commands() -> None:
@@ -94,7 +105,7 @@ def test_no_help_text_runs_a_bare_inalab_under_sudo(command: str) -> None:
 
 @pytest.fixture(scope="module")
 def readme_certs(tmp_path_factory: pytest.TempPathFactory) -> Path | None:
-    """A directory holding ``certs/`` as the README makes them (``examples/make-certs.sh
+    """A directory holding ``certs/`` as the docs make them (``examples/make-certs.sh
     certs ...``), where its TLS lines' files then exist; None without openssl."""
     if shutil.which("openssl") is None:
         return None
@@ -105,15 +116,15 @@ def readme_certs(tmp_path_factory: pytest.TempPathFactory) -> Path | None:
     return where
 
 
-@pytest.mark.parametrize("line", COMMANDS)
-def test_a_readme_command_parses_as_written(
-    line: str, readme_certs: Path | None, monkeypatch: pytest.MonkeyPatch
+@pytest.mark.parametrize(("line", "where"), COMMANDS)
+def test_a_docs_command_parses_as_written(
+    line: str, where: str, readme_certs: Path | None, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    if "certs/" in line:  # the files the README's make-certs.sh line makes
+    if "certs/" in line:  # the files the docs' make-certs.sh line makes
         if readme_certs is None:
-            pytest.skip("needs openssl to make the README's certificates")
+            pytest.skip("needs openssl to make the docs' certificates")
         monkeypatch.chdir(readme_certs)
-    _check_command(line, README.read_text())
+    _check_command(line, DOCS_TEXT, where=where)
 
 
 @pytest.mark.parametrize(("command", "line"), HELP_COMMANDS)
@@ -121,10 +132,10 @@ def test_a_help_texts_command_parses_as_written(command: str, line: str) -> None
     _check_command(line, "", where=f"{command} --help")
 
 
-def _check_command(line: str, readme: str, where: str = "README") -> None:
+def _check_command(line: str, docs_text: str, where: str = "README.md") -> None:
     """``line`` runs as written: sudo only with the virtual environment's inalab, root
     actions only under sudo, its flags parse, its topology files and scripts exist (a
-    script may be one the README's own ``cat > SCRIPT`` makes)."""
+    script may be one the docs' own ``cat > SCRIPT`` makes)."""
     shown = f"{where}: {line}"
     words = shlex.split(line, comments=True)
     if words[-1] == "&":  # started in the background
@@ -150,5 +161,5 @@ def _check_command(line: str, readme: str, where: str = "README") -> None:
     if program:
         scripts = [w for w in program if w.endswith(".py")]
         for script in scripts:
-            made_by_readme = f"cat > {script}" in readme
-            assert made_by_readme or (REPO / script).exists(), f"{shown}: no {script}"
+            made_by_docs = f"cat > {script}" in docs_text
+            assert made_by_docs or (REPO / script).exists(), f"{shown}: no {script}"

@@ -1,4 +1,4 @@
-"""``examples/train_mixed.py``'s command lines: every one the READMEs show parses, and
+"""``examples/train_mixed.py``'s command lines: every one the docs show parses, and
 bad ones are refused before any rank starts (running it is test_emulate_run's job)."""
 
 from __future__ import annotations
@@ -20,16 +20,16 @@ def _example() -> ModuleType:
 
 
 def _shown() -> list[list[str]]:
-    """The arguments after ``examples/train_mixed.py`` in the READMEs' code lines."""
+    """The arguments after ``examples/train_mixed.py`` in the docs' code lines."""
     out = []
-    for readme in (REPO / "README.md", REPO / "examples" / "README.md"):
-        text = readme.read_text().replace("\\\n", " ")
+    for doc in (REPO / "docs" / "pytorch.md", REPO / "examples" / "README.md"):
+        text = doc.read_text().replace("\\\n", " ")
         for m in re.finditer(r"examples/train_mixed\.py([^\n`]*)", text):
             out.append(shlex.split(m.group(1)))
     return out
 
 
-def test_the_readmes_show_it_and_their_lines_parse() -> None:
+def test_the_docs_show_it_and_their_lines_parse() -> None:
     shown = _shown()
     assert len(shown) >= 2
     example = _example()
