@@ -124,13 +124,14 @@ from hostlib.p2p import PeerSpec
 from hostlib.protocol import DEFAULT_SLOTS_PER_JOB
 from hostlib.ring import RingAllreduce
 from hostlib.session import InaSession, StripedInaSession, part_bounds
-from hostlib.transport.udp import UdpTransport, route_source
+from hostlib.transport.udp import UdpTransport, interface_for, route_source
 
 if TYPE_CHECKING:
     from controller.tls import TlsFiles
 
 __all__ = [
     "BACKEND_NAME",
+    "DEFAULT_DEADLINE",
     "ENV_AGENT_FROZEN",
     "ENV_AGENT_SAVE",
     "ENV_AGENT_STATE",
@@ -152,7 +153,6 @@ __all__ = [
     "ENV_SWITCH",
     "ENV_SWITCH_RANK",
     "ENV_WORKERS",
-    "DEFAULT_DEADLINE",
     "GLOO_COLLECTIVES",
     "Aggregator",
     "AlwaysIna",
@@ -171,8 +171,8 @@ __all__ = [
     "connect_collnet",
     "connect_peers",
     "connect_session",
-    "gloo_address",
     "gloo_group",
+    "gloo_interface",
     "host_key",
     "host_layout",
     "ina_action",
@@ -255,9 +255,10 @@ timeout where that is shorter). A dead switch answers nothing, and neither does 
 one while a rank has not entered the call: raise it where ranks can enter a collective
 further apart than this (one rank saving a checkpoint while the others wait)."""
 ENV_GLOO_IFNAME = "GLOO_SOCKET_IFNAME"
-"""torch's own variable: the interfaces Gloo's side of the group binds. Unset, the group
-binds the address this host's routes use toward ``MASTER_ADDR`` (:func:`gloo_address`),
-not the address the hostname resolves to, which Debian and others map to loopback."""
+"""torch's own variable: the interfaces Gloo binds. Unset, the ``"ina"`` group sets it,
+for its process, to the interface this host's routes use toward ``MASTER_ADDR``
+(:func:`gloo_group`), not leaving Gloo the address the hostname resolves to, which
+Debian and others map to loopback."""
 
 INA_DTYPES = (torch.float32, torch.int32)
 DEFAULT_COLLNET_BYTES = 16 * 2**20
@@ -617,14 +618,11 @@ class GroupExchange:
         return str(box[0])
 
 
-def gloo_address(environ: Mapping[str, str] | None = None) -> str | None:
-    """The address Gloo's side of the group binds: the one this host's routes use toward
-    ``MASTER_ADDR`` (where torchrun's and ``env://``'s rendezvous is), so ranks on other
-    machines can reach it; ``None`` (torch's own choice) where :data:`ENV_GLOO_IFNAME`
-    names interfaces or no ``MASTER_ADDR`` is set. Torch's own choice is the address the
-    hostname resolves to, and where that is loopback (Debian's ``/etc/hosts`` maps the
-    hostname to 127.0.1.1) peers on other machines are told to connect to their own
-    loopback and the group never forms.
+def gloo_interface(environ: Mapping[str, str] | None = None) -> str | None:
+    """The interface Gloo should bind for ranks on other machines to reach it: the one
+    holding the address this host's routes use toward ``MASTER_ADDR`` (torchrun's and
+    ``env://``'s rendezvous); ``None`` where :data:`ENV_GLOO_IFNAME` is set already, no
+    ``MASTER_ADDR`` is, or no interface has that address as its primary one.
 
     Raises:
         InaSetupError: ``MASTER_ADDR`` does not resolve, or no route leads to it.
@@ -634,31 +632,33 @@ def gloo_address(environ: Mapping[str, str] | None = None) -> str | None:
     if env.get(ENV_GLOO_IFNAME) or not master:
         return None
     try:
-        ip = socket.getaddrinfo(master, None, socket.AF_INET)[0][4][0]
-        return route_source(str(ip))
+        ip = str(socket.getaddrinfo(master, None, socket.AF_INET)[0][4][0])
+        source = route_source(ip)
     except OSError as exc:
         raise InaSetupError(
-            f"MASTER_ADDR {master!r}: no address to bind Gloo's side of the ina group "
-            f"toward it ({exc}); set {ENV_GLOO_IFNAME} to the interface to use"
+            f"MASTER_ADDR {master!r}: no route from this host ({exc}); set "
+            f"{ENV_GLOO_IFNAME} to the interface Gloo should use"
         ) from None
+    return interface_for(source)
 
 
 def gloo_group(store: dist.Store, rank: int, world_size: int, timeout: timedelta) -> Any:
-    """The Gloo process group the ``"ina"`` group delegates to, bound to
-    :func:`gloo_address` (torch's choice where that is ``None``).
+    """The Gloo process group the ``"ina"`` group delegates to. Where
+    :data:`ENV_GLOO_IFNAME` is unset, it is set first, for this process, to
+    :func:`gloo_interface`: Gloo's own default binds the address the hostname resolves
+    to, which Debian's ``/etc/hosts`` maps to 127.0.1.1, and peers on other machines are
+    then told to connect to their own loopback. Setting the variable, not only this
+    group's device, lets the training script's own Gloo groups (a ``"gloo"`` baseline,
+    ``new_group(backend="gloo")``) reach the other machines too.
 
     Raises:
-        InaSetupError: as :func:`gloo_address`.
+        InaSetupError: as :func:`gloo_interface`.
     """
-    address = gloo_address()
-    if address is None:
-        return dist.ProcessGroupGloo(store, rank, world_size, timeout)
-    log.info("ina group: Gloo binds %s (the route toward MASTER_ADDR)", address)
-    opts = dist.ProcessGroupGloo._Options()  # type: ignore[attr-defined]  # not in the stubs
-    opts._devices = [dist.ProcessGroupGloo.create_device(hostname=address)]
-    opts._timeout = timeout
-    opts._threads = 2  # torch's own: two per device
-    return dist.ProcessGroupGloo(store, rank, world_size, opts)
+    interface = gloo_interface()
+    if interface is not None:
+        os.environ[ENV_GLOO_IFNAME] = interface
+        log.info("ina group: %s=%s (the route toward MASTER_ADDR)", ENV_GLOO_IFNAME, interface)
+    return dist.ProcessGroupGloo(store, rank, world_size, timeout)
 
 
 def connect_session(

@@ -13,6 +13,8 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import shutil
+import socket
 import subprocess
 import sys
 import time
@@ -65,16 +67,22 @@ class Cluster:
         rates: name -> link rate in Mbit/s (HTB on both ends of its veth); absent:
             unshaped.
         mtu: every interface's MTU (9000: jumbo frames, for 2048-lane INA packets).
+        loopback_hostname: inside every machine, this host's name resolves to
+            127.0.1.1, as Debian's ``/etc/hosts`` makes it (``ip netns exec`` mounts
+            ``/etc/netns/NETNS/hosts`` over ``/etc/hosts``): programs that bind the
+            address their hostname resolves to (Gloo's default) get loopback.
     """
 
     machines: dict[str, int]
     net: int = 77
     rates: dict[str, float] = field(default_factory=dict)
     mtu: int = 1500
+    loopback_hostname: bool = True
     tag: str = field(default_factory=lambda: f"c{os.getpid() % 100000}")
     made: dict[str, Machine] = field(default_factory=dict, init=False)
     _bridge: str | None = field(default=None, init=False)
     _veths: list[str] = field(default_factory=list, init=False)
+    _etc: list[Path] = field(default_factory=list, init=False)
 
     @property
     def bridge_ip(self) -> str:
@@ -114,6 +122,8 @@ class Cluster:
             _ip("addr", "add", f"{machine.ip}/24", "dev", "eth0", netns=netns)
             _ip("link", "set", "eth0", "mtu", str(self.mtu), "up", netns=netns)
             _ip("link", "set", "lo", "up", netns=netns)
+            if self.loopback_hostname:
+                self._hosts_file(netns)
             rate = self.rates.get(name)
             if rate is not None:  # both ways: out of the machine, and out of the bridge
                 for dev, ns in (("eth0", netns), (outside, None)):
@@ -123,6 +133,15 @@ class Cluster:
                         "rate", f"{rate}mbit", "burst", "64k", "cburst", "64k",
                         netns=ns)  # fmt: skip
 
+    def _hosts_file(self, netns: str) -> None:
+        """``/etc/netns/NETNS/hosts``: this host's name at 127.0.1.1 (recorded for
+        :meth:`close`)."""
+        etc = Path("/etc/netns", netns)
+        etc.mkdir(parents=True)
+        self._etc.append(etc)
+        name = socket.gethostname()
+        (etc / "hosts").write_text(f"127.0.0.1\tlocalhost\n127.0.1.1\t{name}\n")
+
     def close(self) -> None:
         """Remove the namespaces, veths and bridge this cluster made; idempotent."""
         for machine in self.made.values():
@@ -131,6 +150,9 @@ class Cluster:
         for dev in self._veths:  # gone with their namespace's end, normally
             subprocess.run(["ip", "link", "del", dev], capture_output=True, timeout=30)
         self._veths.clear()
+        for etc in self._etc:
+            shutil.rmtree(etc, ignore_errors=True)
+        self._etc.clear()
         if self._bridge is not None:
             subprocess.run(["ip", "link", "del", self._bridge], capture_output=True, timeout=30)
             self._bridge = None

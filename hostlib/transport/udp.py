@@ -2,13 +2,15 @@
 
 from __future__ import annotations
 
+import fcntl
 import os
 import select
 import socket
+import struct
 
 from hostlib.transport.base import Addr, TransportError
 
-__all__ = ["UdpTransport", "socket_drops"]
+__all__ = ["UdpTransport", "interface_for", "route_source", "socket_drops"]
 
 _BUFFER_BYTES = 8 << 20  # the kernel caps it at net.core.{r,w}mem_max; large windows burst
 
@@ -128,6 +130,24 @@ def route_source(ip: str) -> str:
     with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as probe:
         probe.connect((ip, 9))  # a UDP connect only chooses the route and source
         return str(probe.getsockname()[0])
+
+
+_SIOCGIFADDR = 0x8915  # linux/sockios.h: an interface's (primary) IPv4 address
+
+
+def interface_for(ip: str) -> str | None:
+    """The name of the interface in this network namespace whose IPv4 address is
+    ``ip``, or ``None`` where none has it as its primary address."""
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as sock:
+        for _, name in socket.if_nameindex():
+            request = struct.pack("256s", name.encode()[:15])
+            try:
+                answer = fcntl.ioctl(sock.fileno(), _SIOCGIFADDR, request)
+            except OSError:  # no IPv4 address on it
+                continue
+            if socket.inet_ntoa(answer[20:24]) == ip:
+                return name
+    return None
 
 
 def socket_drops(sock: socket.socket) -> int | None:

@@ -25,10 +25,12 @@ import torch.multiprocessing as mp  # noqa: E402
 
 from dynamiccl.ddp import InaHookState, ina_allreduce_hook  # noqa: E402
 from dynamiccl.torch_backend import (  # noqa: E402
+    DEFAULT_DEADLINE,
     Aggregator,
     InaOptions,
     InaProcessGroup,
     InaSetupError,
+    gloo_interface,
 )
 from emulation.softswitch.process import SoftSwitchProcess  # noqa: E402
 from hostlib.quantize import error_bound  # noqa: E402
@@ -349,6 +351,31 @@ def test_options_from_the_environment() -> None:
         InaOptions.from_env(env | {"INALAB_SWITCH": "10.0.0.1"})
     with pytest.raises(InaSetupError, match="bad INALAB"):
         InaOptions.from_env(env | {"INALAB_JOB": "70000"})
+
+
+def test_the_no_progress_deadline_is_seconds_not_the_groups_30_minutes() -> None:
+    env = {"INALAB_SWITCH": "10.0.0.1:9999", "INALAB_P4RUNTIME": "10.0.0.1:50051",
+           "INALAB_JOB": "3"}  # fmt: skip
+    default = InaOptions.from_env(env)
+    assert default.deadline is None
+    assert default.no_progress_deadline(dist.default_pg_timeout) == DEFAULT_DEADLINE == 10.0
+    assert default.no_progress_deadline(timedelta(seconds=4)) == 4.0  # a shorter group's
+    longer = InaOptions.from_env(env | {"INALAB_DEADLINE": "120"})
+    assert longer.no_progress_deadline(dist.default_pg_timeout) == 120.0
+    with pytest.raises(InaSetupError, match=r"bad INALAB.*deadline"):
+        InaOptions.from_env(env | {"INALAB_DEADLINE": "0"})
+    with pytest.raises(InaSetupError, match="bad INALAB"):
+        InaOptions.from_env(env | {"INALAB_DEADLINE": "soon"})
+
+
+def test_gloo_binds_the_interface_toward_the_master() -> None:
+    """Issue #38: not the address the hostname resolves to (loopback on Debian)."""
+    assert gloo_interface({"MASTER_ADDR": "127.0.0.1"}) == "lo"
+    assert gloo_interface({"MASTER_ADDR": "localhost"}) == "lo"
+    assert gloo_interface({"MASTER_ADDR": "127.0.0.1", "GLOO_SOCKET_IFNAME": "eth9"}) is None
+    assert gloo_interface({}) is None  # no env:// rendezvous: torch's own choice
+    with pytest.raises(InaSetupError, match=r"MASTER_ADDR .no\.such\.host\.invalid."):
+        gloo_interface({"MASTER_ADDR": "no.such.host.invalid"})
 
 
 def test_options_of_a_job_installed_already_from_the_environment() -> None:
