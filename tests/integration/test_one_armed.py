@@ -496,7 +496,6 @@ def test_torchrun_ranks_on_the_machines_train_ddp_through_the_servers(
         **os.environ,
         "PYTHONPATH": str(REPO),
         "OMP_NUM_THREADS": "1",
-        "GLOO_SOCKET_IFNAME": "eth0",
         "INALAB_SWITCH": ",".join("{}:{}".format(*s["data"]) for s in servers),
         "INALAB_P4RUNTIME": ",".join(s["p4runtime"] for s in servers),
         "INALAB_P4RUNTIME_TLS": str(pki["ctl"]),
