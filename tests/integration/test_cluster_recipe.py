@@ -129,6 +129,7 @@ def _train(cluster: Cluster, workdir: Path, env: dict[str, str]) -> list[dict[st
         procs.append(subprocess.Popen(
             cluster[f"w{r}"].command(["bash", "-euo", "pipefail", "-c", mine]), cwd=workdir,
             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env,
+            start_new_session=True,
         ))  # fmt: skip
     reports = []
     try:
@@ -138,7 +139,19 @@ def _train(cluster: Cluster, workdir: Path, env: dict[str, str]) -> list[dict[st
             reports += [json.loads(line) for line in stdout.splitlines() if line.startswith("{")]
     finally:
         for proc in procs:
-            if proc.poll() is None:
-                proc.kill()
-                proc.wait()
+            _stop_session(proc)
     return reports
+
+
+def _stop_session(proc: subprocess.Popen[str]) -> None:
+    """End a worker machine's shell and torchrun (its session) if still running:
+    SIGTERM, which torchrun hands on to the ranks it started in sessions of their own,
+    then SIGKILL."""
+    if proc.poll() is not None:
+        return
+    os.killpg(proc.pid, signal.SIGTERM)
+    try:
+        proc.wait(timeout=30)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait()
