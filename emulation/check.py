@@ -3,7 +3,7 @@
 Emulation layer, the part of ``inalab emulate`` that needs neither root nor Mininet. It
 reads the topology as a run does (:func:`~emulation.topology.load_topology`, then the
 ``--bw``/``--delay``/``--jitter``/``--link-loss`` overrides of
-:func:`~emulation.emulate.apply_overrides`) and makes the decisions a run makes before it
+:func:`~emulation.overrides.apply_overrides`) and makes the decisions a run makes before it
 touches the kernel: who emulates the links' delay and loss and each soft switch's data
 plane (:func:`~emulation.datapaths.plan_links`), what bmv2 refuses
 (:func:`~emulation.bmv2.check_bmv2_switch`), each job's ranks and aggregation tree
@@ -92,7 +92,7 @@ def check_report(args: argparse.Namespace, machine: Machine) -> str:
             ``--job``, a link that cannot be emulated here, a data plane that cannot be,
             a bmv2 switch that ``p4/`` cannot be.
     """
-    from emulation.emulate import apply_overrides, default_lanes
+    from emulation.overrides import apply_overrides, default_lanes
     from emulation.topology import load_topology
 
     topo = load_topology(args.topology)
@@ -212,7 +212,7 @@ def _datapath(choice: DatapathChoice, wanted: str, machine: Machine) -> str:
 
 def _links(topo: Topology, plan: LinkPlan) -> list[str]:
     """Every link as it would be applied (overrides included), and who applies what."""
-    from emulation.emulate import describe_links
+    from emulation.overrides import describe_links
 
     lines = [f"links ({len(topo.links)}): {describe_links(topo, plan.netem)}"]
     for link in topo.links:

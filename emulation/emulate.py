@@ -41,6 +41,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from emulation.argtypes import delay, int_in, positive_float, probability, rates
+from emulation.overrides import apply_overrides, default_lanes, describe_links
 
 if TYPE_CHECKING:
     from emulation.bench.config import BenchConfig
@@ -203,48 +204,6 @@ whether the eBPF data plane loads is decided at run time), links as they would b
 with their aggregation trees and what dynamiccl is told of each. Exit status 0 if the
 topology can be emulated with these options, 1 with a one-line error if not. E.g.
 `inalab emulate topologies/leaf_spine_hier.yaml --bw 100 --delay 1ms check`."""
-
-
-def apply_overrides(
-    topo: Topology,
-    bw: float | None = None,
-    delay: float | None = None,
-    loss: float | None = None,
-    lanes: int | None = None,
-    jitter: float | None = None,
-    dup: float | None = None,
-    reorder: float | None = None,
-) -> Topology:
-    """``topo`` with every link's bw/delay/loss/jitter/dup/reorder and every soft switch's
-    lanes replaced where given (a pure function: the topology object stays data)."""
-    changes: dict[str, Any] = {}
-    if dup is not None:
-        changes["dup"] = dup
-    if reorder is not None:
-        changes["reorder"] = reorder
-    if jitter is not None:
-        changes["jitter"] = jitter
-    if bw is not None:
-        changes["bw"] = bw
-    if delay is not None:
-        changes["delay"] = delay
-    if loss is not None:
-        changes["loss"] = loss
-    links = tuple(dataclasses.replace(link, **changes) for link in topo.links)
-    switches = tuple(
-        dataclasses.replace(s, lanes=lanes) if lanes is not None and s.kind == "soft" else s
-        for s in topo.switches
-    )
-    return dataclasses.replace(topo, links=links, switches=switches, _index={})
-
-
-def default_lanes(topo: Topology) -> int:
-    """The INA packet width a bench on ``topo`` takes unless told: bmv2's fixed width
-    when the topology has a bmv2 switch (soft switches follow it), else the bench's."""
-    from emulation.bench.config import DEFAULT_BENCH_LANES
-    from emulation.bmv2 import BMV2_LANES
-
-    return BMV2_LANES if any(s.kind == "bmv2" for s in topo.switches) else DEFAULT_BENCH_LANES
 
 
 def run(args: argparse.Namespace) -> int:
@@ -748,33 +707,6 @@ def _report_links(em: Emulation, run_dir: Path) -> None:
     files = sorted(run_dir.glob("*.links.json"))
     if files:
         print(f"# link emulation statistics: {', '.join(str(f) for f in files)}")
-
-
-def describe_links(topo: Topology, netem: bool | None) -> str:
-    """The links as applied (after ``--bw``/``--delay``/``--link-loss``/``--link-dup``/
-    ``--link-reorder``), for a table's header and a plot's title: ``4 links: 100 Mbit/s,
-    1 ms, loss 0.01; ...`` (dup and reorder where set), and who emulates them
-    (``netem``: True netem, False the soft switches' ports, None unknown)."""
-    groups: dict[tuple[float | None, float, float, float, float, float], int] = {}
-    for link in topo.links:
-        key = (link.bw, link.delay, link.loss, link.jitter, link.dup, link.reorder)
-        groups[key] = groups.get(key, 0) + 1
-    parts = []
-    for (bw, delay_ms, loss, jitter, dup, reorder), count in groups.items():
-        rate = "unshaped" if bw is None else f"{bw:g} Mbit/s"
-        spread = f" +/- {jitter:g} ms" if jitter else ""
-        which = "every link" if count == len(topo.links) else f"{count} links"
-        faults = f"loss {loss:g}" + (f", dup {dup:g}" if dup else "")
-        faults += f", reorder {reorder:g}" if reorder else ""
-        parts.append(f"{which} {rate}, {delay_ms:g} ms{spread} one way, {faults} each way")
-    text = "; ".join(parts) or "none"
-    if any(link.bw is not None for link in topo.links):
-        text += "; rate by HTB"
-    if any(link.delay or link.loss or link.jitter for link in topo.links) and netem is not None:
-        text += ", delay and loss by " + ("netem" if netem else "the soft switches' ports")
-    if any(link.dup or link.reorder for link in topo.links):
-        text += ", duplication and reordering by the eBPF switches' ports"
-    return text
 
 
 class EmulatedFabric:
