@@ -15,9 +15,10 @@ from collections.abc import Iterable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 from emulation.bench.cpu import BOUND_FRACTION
+from emulation.bench.rows import BUS_FORMULA  # re-exported: the table's words for it
 
 if TYPE_CHECKING:
-    from emulation.bench.report import Row
+    from emulation.bench.rows import Row
 
 __all__ = [
     "BUS_FORMULA",
@@ -39,9 +40,6 @@ __all__ = [
 
 WIDTH = 100
 """Longest legend line: one screen's width beside the tables' 90-odd columns."""
-
-BUS_FORMULA = {"allreduce": "2(n-1)/n", "reduce_scatter": "(n-1)/n", "all_gather": "(n-1)/n"}
-"""nccl-tests' bus-bandwidth factor per collective, as the table's words spell it."""
 
 INA_ALGOS = ("ina", "collnet")
 """The algorithms whose hosts send the size once, through the switch."""
