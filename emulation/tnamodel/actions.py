@@ -13,7 +13,7 @@ from emulation.tnamodel.packet import ina_or_zero
 from emulation.tnamodel.stateful import RegisterActionFn, Salu, SaluOut, TofinoLimitError
 
 if TYPE_CHECKING:
-    from emulation.tnamodel.model import Phv
+    from emulation.tnamodel.phv import Phv
 
 __all__ = [
     "advance",

@@ -67,7 +67,7 @@ class Salu:
 
 RegisterActionFn = Callable[[Salu, int, Any], SaluOut]
 """A RegisterAction's body: (the ALU, the stored value, the packet's PHV) -> what it
-computes. The PHV is the model's (``model.Phv``); typed loosely to keep this module
+computes. The PHV is the model's (``phv.Phv``); typed loosely to keep this module
 free of the packet's layout."""
 
 

@@ -1,0 +1,78 @@
+"""A packet in a pass of the TNA program: its headers and metadata, as RegisterActions read them.
+
+Part of the executable TNA model (:mod:`emulation.tnamodel`), below both ``actions.py``
+(the RegisterActions, which read a :class:`Phv`) and ``model.py`` (which makes one per
+pass and re-exports these): :class:`Meta` (the program's ingress and egress metadata),
+:class:`Upstream` (set_upstream's parameters, which the metadata carries once matched)
+and :class:`Phv`.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import NamedTuple
+
+from emulation.tnamodel.packet import Headers
+
+__all__ = ["Meta", "Phv", "Upstream"]
+
+
+@dataclass
+class Meta:
+    """tna_ingress_metadata_t (and the egress metadata's fields), zeroed per pass as
+    @pa_auto_init_metadata does."""
+
+    second_pass: int = 0
+    version_ok: int = 0
+    is_data: int = 0
+    is_result: int = 0
+    lanes_ok: int = 0
+    length_ok: int = 0
+    job_hit: int = 0
+    num_workers: int = 0
+    mgid: int = 0
+    abs_slot: int = 0
+    slot_count: int = 0
+    slot: int = 0
+    slot_diff: int = 0
+    worker_hit: int = 0
+    rank_ok: int = 0
+    not_bit: int = 0
+    others: int = 0
+    has_upstream: int = 0
+    upstream: Upstream | None = None
+    upstream_ip_diff: int = 0
+    upstream_port_diff: int = 0
+    draw: int = 0
+    sim_drop: int = 0
+    seq_diff: int = 0
+    drop_reason: int = 0
+    mode: int = 0
+    missing: int = 0
+    lane_op: int = 0
+    stat: int = 0
+    complete: int = 0
+    answer: int = 0
+    resubmit: int = 0
+    take_result: int = 0
+    was_final: int = 0
+    index: int = 0
+    no_replica: int = 0
+
+
+class Upstream(NamedTuple):
+    """set_upstream's parameters (addresses as the P4 fields' integers)."""
+
+    rank: int
+    dst_ip: int
+    dst_port: int
+    dst_mac: int
+    egress_port: int
+
+
+@dataclass
+class Phv:
+    """A packet in a pass: its headers and metadata (what a RegisterAction reads)."""
+
+    hdr: Headers
+    meta: Meta
