@@ -1,0 +1,393 @@
+"""The ``"ina"`` torch backend's options (layer: dynamiccl; served by
+:mod:`dynamiccl.torch_backend`).
+
+Owns how a rank is configured: the ``INALAB_*`` variables (the ``ENV_*`` names) and their
+defaults (``DEFAULT_*``), :class:`InaOptions` with the further aggregators of a striped
+job (:class:`Aggregator`), their reading from the environment
+(:meth:`InaOptions.from_env`, :func:`chooser_from_env`, :func:`parse_addr`), and
+:class:`InaSetupError`, the error a job that cannot be set up raises.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from datetime import timedelta
+from typing import TYPE_CHECKING
+
+from dynamiccl.learning import AgreedLearner
+from dynamiccl.torchbackend.choosers import AlwaysIna, Chooser
+from hostlib.ina import Addr, RetryPolicy
+from hostlib.protocol import DEFAULT_SLOTS_PER_JOB
+from hostlib.transport.udp import route_source
+
+if TYPE_CHECKING:
+    from controller.tls import TlsFiles
+
+__all__ = [
+    "DEFAULT_COLLNET_BYTES",
+    "DEFAULT_DEADLINE",
+    "ENV_AGENT_FROZEN",
+    "ENV_AGENT_SAVE",
+    "ENV_AGENT_STATE",
+    "ENV_AGENT_SYNC_EVERY",
+    "ENV_BIND",
+    "ENV_CHOOSER",
+    "ENV_COLLNET",
+    "ENV_COLLNET_BYTES",
+    "ENV_DEADLINE",
+    "ENV_DEVICE_ID",
+    "ENV_GLOO_IFNAME",
+    "ENV_HOST",
+    "ENV_JOB",
+    "ENV_LANES",
+    "ENV_P4RUNTIME",
+    "ENV_PORT",
+    "ENV_PROFILE",
+    "ENV_SLOTS",
+    "ENV_SWITCH",
+    "ENV_SWITCH_RANK",
+    "ENV_WORKERS",
+    "Aggregator",
+    "InaOptions",
+    "InaSetupError",
+    "chooser_from_env",
+    "parse_addr",
+]
+
+
+ENV_SWITCH = "INALAB_SWITCH"
+"""``host:port``: the switch's UDP data address (required): where this rank sends. A
+comma list names several aggregators the job is striped across
+(:class:`~hostlib.session.StripedInaSession`), each with its P4Runtime server at the same
+place in :data:`ENV_P4RUNTIME`."""
+ENV_P4RUNTIME = "INALAB_P4RUNTIME"
+"""``host:port``: the switch's P4Runtime server, where rank 0 installs the job (a comma
+list: one per aggregator of :data:`ENV_SWITCH`); absent or empty: the job is installed
+already (then :data:`ENV_LANES` is required, and one aggregator)."""
+ENV_JOB = "INALAB_JOB"
+"""The job id, 0..65535 (required): unused on the switch, or the installed job's."""
+ENV_BIND = "INALAB_BIND"
+"""The address this rank's UDP socket binds (default 127.0.0.1)."""
+ENV_PORT = "INALAB_PORT"
+"""The UDP port this rank's socket binds (default 0: any free one); a job installed
+already needs the port it was installed for."""
+ENV_SWITCH_RANK = "INALAB_SWITCH_RANK"
+"""A job installed already: the rank this rank's packets carry at its switch (default:
+its rank in the group); under hierarchical aggregation, its rank at its leaf."""
+ENV_WORKERS = "INALAB_WORKERS"
+"""A job installed already: the contributions the job sums in all, which float32
+quantization leaves headroom for (default: the group's size)."""
+ENV_LANES = "INALAB_LANES"
+"""int32 lanes per packet, the switch's: required when the job is installed already
+(otherwise rank 0 reads them from the switch)."""
+ENV_SLOTS = "INALAB_SLOTS"
+"""Slots per set the job gets (default hostlib's DEFAULT_SLOTS_PER_JOB)."""
+ENV_DEVICE_ID = "INALAB_DEVICE_ID"
+"""The switch's P4Runtime device id (default 0)."""
+ENV_CHOOSER = "INALAB_CHOOSER"
+"""``ina`` (default: every supported allreduce through the switch), ``dynamiccl``
+(dynamiccl's policy per size) or ``agent`` (the online agent, learning inside the job:
+:data:`ENV_AGENT_STATE`, :data:`ENV_AGENT_FROZEN`, :data:`ENV_AGENT_SAVE`); the last two
+need ``WORLD_SIZE``, as torchrun sets it."""
+ENV_PROFILE = "INALAB_PROFILE"
+"""``dynamiccl`` chooser: the profile JSON (``inalab calibrate``; default: built-in)."""
+ENV_AGENT_STATE = "INALAB_AGENT_STATE"
+"""``agent`` chooser: an online agent's saved state (``inalab replay --agent-state``) to
+continue learning from inside the job (``dynamiccl.learning``: every rank learns the
+times the ranks agree on, so all choose alike); unset: learn from scratch."""
+ENV_AGENT_FROZEN = "INALAB_AGENT_FROZEN"
+"""``1``: use :data:`ENV_AGENT_STATE` frozen (:meth:`dynamiccl.agent.Agent.frozen`): it
+decides by what it learnt and learns nothing more."""
+ENV_AGENT_SAVE = "INALAB_AGENT_SAVE"
+"""``agent`` chooser: where rank 0 saves the agent's state when the group shuts down."""
+ENV_AGENT_SYNC_EVERY = "INALAB_AGENT_SYNC_EVERY"
+"""``agent`` chooser: calls between the ranks' agreements on times (default 16)."""
+ENV_HOST = "INALAB_HOST"
+"""The name of this rank's machine (default :func:`host_key`: hostname, boot id and
+network namespace). Ranks that give the same name must share ``/dev/shm``: where rank 0
+installs the job and the ranks sit on several machines, some with several ranks, each
+machine's first rank alone is the switch's worker and its other ranks add into it
+through shared memory (CollNet, :mod:`hostlib.collnet`), as NCCL's CollNet does."""
+ENV_COLLNET = "INALAB_COLLNET"
+"""``0``: every rank is a worker of the switch, whatever machine it is on (default
+``1``: CollNet where :data:`ENV_HOST` says machines have several ranks)."""
+ENV_COLLNET_BYTES = "INALAB_COLLNET_BYTES"
+"""CollNet: the largest piece of a call the ranks of a machine reduce through shared
+memory at once, in bytes (default 16 MiB); each machine maps ``(ranks + 1)`` times it."""
+
+ENV_DEADLINE = "INALAB_DEADLINE"
+"""Seconds an INA, ring or tree call may go without progress (no new result from the
+switch, no packet from a peer) while it has packets outstanding before it fails with an
+error naming the switch or peer (default :data:`DEFAULT_DEADLINE`, or the process group's
+timeout where that is shorter). A dead switch answers nothing, and neither does a live
+one while a rank has not entered the call: raise it where ranks can enter a collective
+further apart than this (one rank saving a checkpoint while the others wait)."""
+ENV_GLOO_IFNAME = "GLOO_SOCKET_IFNAME"
+"""torch's own variable: the interfaces Gloo binds. Unset, the ``"ina"`` group sets it,
+for its process, to the interface this host's routes use toward ``MASTER_ADDR``
+(:func:`gloo_group`), not leaving Gloo the address the hostname resolves to, which
+Debian and others map to loopback."""
+
+
+DEFAULT_COLLNET_BYTES = 16 * 2**20
+DEFAULT_DEADLINE: float = RetryPolicy.deadline
+"""The no-progress deadline of :data:`ENV_DEADLINE`, hostlib's own
+(:attr:`hostlib.ina.RetryPolicy.deadline`): seconds, not ``init_process_group``'s 30
+minutes, so a dead switch ends every rank's call within it."""
+
+
+class InaSetupError(RuntimeError):
+    """The INA job could not be set up (bad configuration, or the switch refused it)."""
+
+
+@dataclass(frozen=True)
+class Aggregator:
+    """One more aggregator of a striped job: its UDP data address and P4Runtime server."""
+
+    switch: Addr
+    p4runtime: str
+
+
+@dataclass(frozen=True)
+class InaOptions:
+    """Where the INA job runs and how this rank joins it.
+
+    Attributes:
+        switch: the switch's UDP data address (where this rank sends).
+        p4runtime: ``host:port`` of its P4Runtime server (rank 0 installs the job there);
+            ``None``: the job is installed already, for this rank at ``bind_ip:bind_port``.
+        stripes: further aggregators (each a server's ``inalab switch --one-armed``) the
+            job is striped across, after ``switch``: rank 0 installs the job on each, and
+            every call is cut into one stripe per aggregator
+            (:class:`~hostlib.session.StripedInaSession`); only where rank 0 installs.
+        job_id: the job's id on the switch, 0..65535.
+        device_id: the switch's P4Runtime device id.
+        bind_ip: the address this rank's UDP sockets bind; ``None``: the address this
+            host's routes send from toward the switch (:attr:`local_ip`), so ranks on
+            any machine are reachable from it (``INALAB_BIND``).
+        bind_port: the port it binds (0: any free one).
+        slots: slots per set the job gets (its window of packets in flight); a job
+            installed already: at most the slots it was installed with.
+        deadline: seconds without progress before a call fails (:data:`ENV_DEADLINE`);
+            ``None``: :data:`DEFAULT_DEADLINE`, or the process group's timeout where that
+            is shorter (:meth:`no_progress_deadline`).
+        chooser: what runs each call, per collective and size (:func:`resolve_action`).
+        remove_on_shutdown: rank 0 removes the job when the group shuts down (only a job
+            it installed).
+        switch_rank: a job installed already: the rank this rank has at its switch
+            (``None``: its rank in the group). Where rank 0 installs, the group's rank.
+        num_workers: a job installed already: the contributions it sums in all, for the
+            float32 quantization's headroom (``None``: the group's size). Where rank 0
+            installs, the group's size.
+        lanes: int32 lanes per packet; required for a job installed already (rank 0
+            otherwise reads the switch's).
+        p4runtime_tls: mutual TLS files for ``p4runtime`` (``INALAB_P4RUNTIME_TLS``:
+            ``CERT,KEY,CA``); required when it is not a loopback address.
+        host: this rank's machine (:data:`ENV_HOST`); ``None``: :func:`host_key`.
+        collnet: CollNet across machines with several ranks (:data:`ENV_COLLNET`);
+            only where rank 0 installs the job.
+        collnet_bytes: CollNet's shared-memory piece (:data:`ENV_COLLNET_BYTES`).
+
+    Raises:
+        ValueError: a field out of range, or a job installed already without ``lanes``.
+    """
+
+    switch: Addr
+    p4runtime: str | None
+    job_id: int
+    device_id: int = 0
+    bind_ip: str | None = None
+    slots: int = DEFAULT_SLOTS_PER_JOB
+    deadline: float | None = None
+    chooser: Chooser = field(default_factory=AlwaysIna)
+    remove_on_shutdown: bool = True
+    bind_port: int = 0
+    switch_rank: int | None = None
+    num_workers: int | None = None
+    lanes: int | None = None
+    p4runtime_tls: TlsFiles | None = None
+    stripes: tuple[Aggregator, ...] = ()
+    host: str | None = None
+    collnet: bool = True
+    collnet_bytes: int = DEFAULT_COLLNET_BYTES
+
+    def __post_init__(self) -> None:
+        if not 0 <= self.job_id <= 0xFFFF:
+            raise ValueError(f"job id {self.job_id} outside 0..65535")
+        if self.slots < 1:
+            raise ValueError(f"slots {self.slots} must be positive")
+        if self.deadline is not None and self.deadline <= 0:
+            raise ValueError(f"deadline {self.deadline} must be positive")
+        if not 0 <= self.bind_port <= 0xFFFF:
+            raise ValueError(f"bind port {self.bind_port} outside 0..65535")
+        if self.collnet_bytes < 64:
+            raise ValueError(f"collnet bytes {self.collnet_bytes} below 64")
+        if self.p4runtime is None and self.lanes is None:
+            raise ValueError("a job installed already (no p4runtime) needs lanes")
+        if self.p4runtime is None and self.stripes:
+            raise ValueError(
+                "a job installed already runs on one aggregator: several need p4runtime "
+                "servers (rank 0 installs the job on each)"
+            )
+        # JobSpec checks the rest (rank below num_workers, lanes in range) at setup.
+
+    @property
+    def local_ip(self) -> str:
+        """The address this rank binds: :attr:`bind_ip`, else the route's source toward
+        the switch (127.0.0.1 for a switch on loopback).
+
+        Raises:
+            OSError: no route to the switch.
+        """
+        return self.local_ip_for(self.switch)
+
+    @property
+    def aggregators(self) -> list[tuple[Addr, str | None]]:
+        """Every aggregator's ``(data address, P4Runtime server)``, ``switch`` first."""
+        return [(self.switch, self.p4runtime)] + [(a.switch, a.p4runtime) for a in self.stripes]
+
+    def local_ip_for(self, switch: Addr) -> str:
+        """The address this rank binds toward ``switch``: :attr:`bind_ip`, else the
+        route's source toward it.
+
+        Raises:
+            OSError: no route to ``switch``.
+        """
+        return self.bind_ip or route_source(switch[0])
+
+    def no_progress_deadline(self, timeout: timedelta) -> float:
+        """Seconds a call may go without progress: :attr:`deadline`, else
+        :data:`DEFAULT_DEADLINE` or ``timeout`` (the process group's) if shorter."""
+        if self.deadline is not None:
+            return self.deadline
+        return min(DEFAULT_DEADLINE, timeout.total_seconds())
+
+    @property
+    def installed(self) -> bool:
+        """Whether the job is installed already (by a launcher), not by rank 0."""
+        return self.p4runtime is None
+
+    @classmethod
+    def from_env(cls, environ: Mapping[str, str] | None = None) -> InaOptions:
+        """Options from ``INALAB_*`` variables (see the module's ``ENV_*`` names).
+
+        Raises:
+            InaSetupError: a required variable is missing or a value does not parse.
+        """
+        from controller.tls import TlsFiles  # grpc: only where a switch is dialled
+
+        env = os.environ if environ is None else environ
+        missing = [k for k in (ENV_SWITCH, ENV_JOB) if not env.get(k)]
+        if not env.get(ENV_P4RUNTIME) and not env.get(ENV_LANES):
+            # Neither mode is complete: name what each one lacks.
+            missing.append(f"{ENV_P4RUNTIME} (rank 0 installs the job) or {ENV_LANES} "
+                           "(the job is installed already)")  # fmt: skip
+        if missing:
+            raise InaSetupError(f"the ina backend needs {', '.join(missing)} (or pg_options)")
+
+        def number(name: str) -> int | None:
+            return int(env[name]) if env.get(name) else None
+
+        def seconds(name: str) -> float | None:
+            return float(env[name]) if env.get(name) else None
+
+        try:
+            switches = [parse_addr(a.strip()) for a in env[ENV_SWITCH].split(",")]
+            servers = [a.strip() for a in env.get(ENV_P4RUNTIME, "").split(",") if a.strip()]
+            if servers and len(servers) != len(switches):
+                raise ValueError(
+                    f"{ENV_SWITCH} names {len(switches)} aggregator(s), {ENV_P4RUNTIME} "
+                    f"{len(servers)}: give one P4Runtime server per aggregator, in order"
+                )
+            if len(switches) > 1 and not servers:
+                raise ValueError(f"{len(switches)} aggregators in {ENV_SWITCH} need "
+                                 f"{ENV_P4RUNTIME} (rank 0 installs the job on each)")  # fmt: skip
+            return cls(
+                switch=switches[0],
+                p4runtime=servers[0] if servers else None,
+                stripes=tuple(map(Aggregator, switches[1:], servers[1:])),
+                job_id=int(env[ENV_JOB]),
+                device_id=int(env.get(ENV_DEVICE_ID, "0")),
+                bind_ip=env.get(ENV_BIND) or None,
+                bind_port=number(ENV_PORT) or 0,
+                slots=int(env.get(ENV_SLOTS, str(DEFAULT_SLOTS_PER_JOB))),
+                deadline=seconds(ENV_DEADLINE),
+                chooser=chooser_from_env(env),
+                switch_rank=number(ENV_SWITCH_RANK),
+                num_workers=number(ENV_WORKERS),
+                lanes=number(ENV_LANES),
+                p4runtime_tls=TlsFiles.from_env(env),
+                host=env.get(ENV_HOST) or None,
+                collnet=_flag(env, ENV_COLLNET, default=True),
+                collnet_bytes=number(ENV_COLLNET_BYTES) or DEFAULT_COLLNET_BYTES,
+            )
+        except ValueError as exc:  # ProfileError is a ValueError
+            raise InaSetupError(f"bad INALAB_* setting: {exc}") from None
+
+
+def _flag(env: Mapping[str, str], name: str, default: bool) -> bool:
+    """A ``0``/``1`` variable (absent or empty: ``default``).
+
+    Raises:
+        ValueError: another value.
+    """
+    value = env.get(name, "")
+    if value not in ("", "0", "1"):
+        raise ValueError(f"{name}={value!r}: give 0 or 1")
+    return default if value == "" else value == "1"
+
+
+def chooser_from_env(env: Mapping[str, str]) -> Chooser:
+    """The chooser ``INALAB_CHOOSER`` names (see :data:`ENV_CHOOSER`).
+
+    Raises:
+        ValueError: an unknown chooser, a missing or bad ``WORLD_SIZE``, or a profile
+            that cannot be read.
+    """
+    name = env.get(ENV_CHOOSER, "ina").strip().lower()
+    if name == "ina":
+        return AlwaysIna()
+    if name not in ("dynamiccl", "agent"):
+        raise ValueError(f"{ENV_CHOOSER}={name!r}: expected ina, dynamiccl or agent")
+    from dynamiccl.model import DEFAULT_PROFILE, Profile
+    from dynamiccl.policy import Policy
+
+    if "WORLD_SIZE" not in env:
+        raise ValueError(f"{ENV_CHOOSER}={name} needs WORLD_SIZE (the job's ranks)")
+    workers = int(env["WORLD_SIZE"])
+    path = env.get(ENV_PROFILE)
+    profile = Profile.load(path) if path else DEFAULT_PROFILE
+    if name == "agent":
+        from dynamiccl.agent import Agent
+        from dynamiccl.learning import DEFAULT_SYNC_EVERY
+
+        state = env.get(ENV_AGENT_STATE) or None
+        if env.get(ENV_AGENT_FROZEN, "").strip().lower() in ("1", "true", "yes"):
+            if not state:
+                raise ValueError(f"{ENV_AGENT_FROZEN} needs {ENV_AGENT_STATE} (a saved agent)")
+            # Every rank decides by the same saved means: no learning, no agreement.
+            return Agent.load(state, profile, workers=workers).frozen()
+        # Learning inside the job: times agreed across ranks (dynamiccl.learning).
+        return AgreedLearner(
+            profile, workers, state=state, save_to=env.get(ENV_AGENT_SAVE) or None,
+            sync_every=int(env.get(ENV_AGENT_SYNC_EVERY) or DEFAULT_SYNC_EVERY),
+        )  # fmt: skip
+    # No exploration: every rank must choose the same way for the same size.
+    return Policy(profile, workers, epsilon=0.0)
+
+
+def parse_addr(text: str) -> Addr:
+    """``"host:port"`` as ``(host, port)``.
+
+    Raises:
+        ValueError: no port, or a port outside 1..65535.
+    """
+    host, sep, port = text.rpartition(":")
+    if not sep or not host:
+        raise ValueError(f"{text!r} is not host:port")
+    number = int(port)
+    if not 1 <= number <= 0xFFFF:
+        raise ValueError(f"port {number} outside 1..65535")
+    return host, number
