@@ -1,14 +1,16 @@
 """Value parsers for argparse ``type=``, shared by the ``inalab`` subcommands.
 
 Each raises :class:`argparse.ArgumentTypeError`, which argparse turns into a one-line
-usage error (exit 2, no traceback).
+usage error (exit 2, no traceback). Those the soft switch needs too (:func:`int_in`,
+:func:`probability`, :func:`parse_delay_ms`) live in :mod:`emulation.softswitch.argtypes`,
+so the switch target needs nothing of the emulation, and are re-exported here.
 """
 
 from __future__ import annotations
 
 import argparse
-import re
-from collections.abc import Callable
+
+from emulation.softswitch.argtypes import int_in, parse_delay_ms, probability
 
 __all__ = [
     "delay",
@@ -20,22 +22,6 @@ __all__ = [
     "size",
 ]
 
-_DELAY = re.compile(r"^\s*([0-9]*\.?[0-9]+(?:[eE][-+]?[0-9]+)?)\s*(us|ms|s)?\s*$")
-_DELAY_MS = {"us": 1e-3, "ms": 1.0, "s": 1e3, None: 1.0}  # a bare number is ms
-
-
-def parse_delay_ms(text: str) -> float:
-    """A delay in ms from ``250us``, ``2ms``, ``0.1s`` or a bare number (ms): the units of
-    a topology file's ``delay``, ``inalab switch --link`` and ``inalab emulate --delay``.
-
-    Raises:
-        ValueError: not a non-negative number with an optional us/ms/s unit.
-    """
-    m = _DELAY.match(text)
-    if not m:
-        raise ValueError(f"delay {text!r} is not a number with us, ms or s (e.g. 2ms)")
-    return float(m.group(1)) * _DELAY_MS[m.group(2)]
-
 
 def delay(text: str) -> float:
     """:func:`parse_delay_ms` for argparse."""
@@ -43,38 +29,6 @@ def delay(text: str) -> float:
         return parse_delay_ms(text)
     except ValueError as exc:
         raise argparse.ArgumentTypeError(str(exc)) from None
-
-
-def int_in(lo: int, hi: int | None = None) -> Callable[[str], int]:
-    """A parser of integers in ``lo..hi`` (no upper bound when ``hi`` is None)."""
-
-    def parse(text: str) -> int:
-        try:
-            value = int(text)
-        except ValueError:
-            raise argparse.ArgumentTypeError(f"invalid integer {text!r}") from None
-        if value < lo or (hi is not None and value > hi):
-            bounds = f"{lo}..{hi}" if hi is not None else f">= {lo}"
-            raise argparse.ArgumentTypeError(f"{value} outside {bounds}")
-        return value
-
-    return parse
-
-
-def probability(allow_one: bool = True) -> Callable[[str], float]:
-    """A parser of probabilities in ``[0, 1]``, or ``[0, 1)`` without ``allow_one``."""
-
-    def parse(text: str) -> float:
-        try:
-            value = float(text)
-        except ValueError:
-            raise argparse.ArgumentTypeError(f"invalid probability {text!r}") from None
-        if not (0.0 <= value <= 1.0 and (allow_one or value < 1.0)):
-            bounds = "[0, 1]" if allow_one else "[0, 1)"
-            raise argparse.ArgumentTypeError(f"probability {value} outside {bounds}")
-        return value
-
-    return parse
 
 
 def positive_float(text: str) -> float:

@@ -24,7 +24,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from controller.tls import TlsRequiredError, require_tls, tls_argument
-from emulation.argtypes import int_in, probability
+from emulation.softswitch.argtypes import int_in, probability
 from emulation.softswitch.frames import FrameSwitchServer
 from emulation.softswitch.links import ONLY_EBPF, parse_link
 from emulation.softswitch.p4runtime import ARBITRATIONS

@@ -32,7 +32,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TypeVar
 
-from emulation.argtypes import parse_delay_ms
+from emulation.softswitch.argtypes import parse_delay_ms
 
 __all__ = [
     "DEFAULT_QUEUE",
