@@ -42,6 +42,7 @@ from typing import Any
 import grpc
 from p4.v1 import p4runtime_pb2, p4runtime_pb2_grpc
 
+from controller.p4c import compile_command
 from controller.p4info import DEFAULT_P4INFO_PATH, P4Info
 from controller.switch import SwitchController
 from emulation.softswitch.process import RecordedProcess, SwitchStartError
@@ -171,19 +172,6 @@ def _missing_tool_message(tool: str, purpose: str, path: str | None, origin: str
 
 
 # --------------------------------------------------------------------- compiling
-
-
-def compile_command(
-    compiler: Path, p4_path: Path, json_out: Path, p4info_out: Path, *, werror: bool = False
-) -> list[str]:
-    """The p4c-bm2-ss command writing ``p4_path``'s bmv2 JSON and its P4Info (text format:
-    p4c picks the format by the ``.txt`` extension); ``werror`` makes warnings errors
-    (``p4/compile.py``: the repository's own compile, not a user's p4c version)."""
-    return [
-        str(compiler), "--std", "p4-16", "--target", "bmv2", "--arch", "v1model",
-        *(["--Werror"] if werror else []),
-        "--p4runtime-files", str(p4info_out), "-o", str(json_out), str(p4_path),
-    ]  # fmt: skip
 
 
 def compile_program(

@@ -14,7 +14,7 @@ Usage::
     python p4/compile.py --write    # compile, then write p4c's P4Info over it
 
 Warnings are errors (``--Werror``). It runs in the venv where inalab is installed (it takes
-p4c's command line from ``emulation.bmv2``). The compiler is ``p4c-bm2-ss`` on PATH (``--p4c``
+p4c's command line from ``controller.p4c``). The compiler is ``p4c-bm2-ss`` on PATH (``--p4c``
 to name another); outputs go to ``p4/build/`` (not committed): ``ina.json``, the bmv2
 program, and ``ina.p4info.txtpb``.
 """
@@ -29,7 +29,7 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 
-from emulation.bmv2 import compile_command
+from controller.p4c import compile_command
 
 __all__ = ["COMMITTED_P4INFO", "HERE", "CompileFailed", "Compiled", "compile_p4", "p4info_diff"]
 
