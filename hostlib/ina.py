@@ -43,6 +43,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from hostlib.errors import InaError, InaTimeoutError
 from hostlib.protocol import (
     DEFAULT_SLOTS_PER_JOB,
     EXPONENT_MIN,
@@ -95,14 +96,6 @@ _WIRE_HEADER = np.dtype(
         ("seq", ">u4"),
     ]
 )
-
-
-class InaError(RuntimeError):
-    """An INA collective could not complete."""
-
-
-class InaTimeoutError(InaError):
-    """The switch or a peer stopped answering for longer than the deadline."""
 
 
 @dataclass(frozen=True)

@@ -7,7 +7,9 @@ drives either engine and a differential test holds the native one to the Python 
 same packets for the same events, bit-identical results. :meth:`NativeInaAllreduce.run`
 is the production path: the whole call on the session's connected UDP socket in C, the
 GIL released, batched ``recvmmsg``/``sendmmsg``, results written into the output as they
-arrive.
+arrive. :class:`NativeP2pEndpoint` and :class:`NativeCollectiveCall` bind the p2p core
+(``hostlib/_p2pcore.c``) the same way, against the wire of ``hostlib.p2pwire`` and not
+``hostlib.p2p`` (the Python engine), so ``hostlib.peers`` picks either p2p engine.
 
 Which engine a session uses: ``INALAB_HOST_ENGINE=native|python``; unset, the native one
 when it was built (``pip install`` compiles it with the system's C compiler; a failed
@@ -25,6 +27,7 @@ from typing import Any
 import numpy as np
 
 from hostlib import protocol
+from hostlib.errors import P2pError, P2pTimeoutError
 from hostlib.ina import (
     SEQ_MODULUS,
     InaError,
@@ -38,6 +41,15 @@ from hostlib.ina import (
     commit_uses,
     out_buffer,
     timeout_message,
+)
+from hostlib.p2pwire import (
+    FLAG_DUPLICATE,
+    FLAG_EARLY,
+    P2P_ACK,
+    P2P_DATA,
+    P2P_HEADER,
+    call_knobs,
+    stall_message,
 )
 
 __all__ = [
@@ -298,8 +310,6 @@ class NativeInaAllreduce:
 
 # ----------------------------------------------------------------- the p2p core
 def _load_p2p() -> tuple[Any, str | None]:
-    from hostlib.p2p import FLAG_DUPLICATE, FLAG_EARLY, P2P_ACK, P2P_DATA, P2P_HEADER, P2pError
-
     try:
         from hostlib import _p2pcore
     except ImportError as exc:
@@ -323,8 +333,8 @@ _p2p_loaded: tuple[Any, str | None] | None = None
 
 
 def _p2p_core() -> tuple[Any, str | None]:
-    """The p2p core and why not, loaded at first use (hostlib.p2p imports this module
-    through hostlib.session, so it cannot be read while this module loads)."""
+    """The p2p core and why not, loaded at first use (a worker that runs no p2p session
+    never loads it)."""
     global _p2p_loaded
     if _p2p_loaded is None:
         _p2p_loaded = _load_p2p()
@@ -474,8 +484,6 @@ class NativeCollectiveCall:
         tree: bool = False,
         out: np.ndarray | None = None,
     ) -> None:
-        from hostlib.p2p import call_knobs
-
         check_call_data(data)
         if phase not in _RING_KINDS:
             raise ValueError(f"unknown ring phase {phase!r} (known: {', '.join(_RING_KINDS)})")
@@ -555,8 +563,6 @@ class NativeCollectiveCall:
             self.endpoint._sync()
 
     def _timeout(self, seconds: float, remaining: int) -> Exception:
-        from hostlib.p2p import P2pTimeoutError, stall_message
-
         return P2pTimeoutError(stall_message(self.endpoint, seconds, remaining))
 
     def result(self) -> np.ndarray:
@@ -566,8 +572,6 @@ class NativeCollectiveCall:
         Raises:
             P2pError: the call has not completed.
         """
-        from hostlib.p2p import P2pError
-
         if not self.done:
             raise P2pError("allreduce has not completed")
         if self.phase != "reduce_scatter":

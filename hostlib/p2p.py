@@ -4,8 +4,6 @@ Layer: hostlib, beside ``hostlib.ina``. Ring and tree allreduce (``hostlib.ring`
 ``hostlib.tree``) run over the same :class:`~hostlib.transport.base.Transport` and the
 same packet size as INA, so the three compare on equal terms. This module owns:
 
-* :class:`PeerSpec`: a worker's rank, every rank's address, and the default packet width
-  and window (a call may set its own: :class:`CollectiveCall`'s ``lanes`` and ``window``);
 * :class:`P2pEndpoint`: the sans-I/O reliable channels of one worker's session (per-peer
   sequence numbers, selective + cumulative acks, a send window, retransmission with the
   adaptive timeout of :class:`~hostlib.ina.RetryPolicy`, duplicate suppression);
@@ -15,28 +13,10 @@ same packet size as INA, so the three compare on equal terms. This module owns:
   runs it in virtual time with loss, duplication and reordering;
 * :class:`PeerCollective`: the session driver over a real transport.
 
-Wire header (16 bytes, big-endian fields; the payload is little-endian int32 or float32,
-since only hosts read it)::
-
-    0      vt:8       0xA1 DATA, 0xA2 ACK. The high nibble P2P_VERSION (0xA) is where
-                      INA has its protocol version (1): an INA parser rejects these as an
-                      unknown version, and INA datagrams never reach a peer's port.
-    1      flags:8    FLAG_RESEND on a retransmitted DATA, echoed on its ACK (so the
-                      sender knows which copy an ack answers: "Spurious timeouts");
-                      FLAG_DUPLICATE on the ACK of a DATA that had arrived before
-                      (RFC 2883's D-SACK; statistics and pcaps only); FLAG_EARLY on
-                      the ACK of a DATA of the receiver's next call (kept until that
-                      call starts: "Peers entering a call")
-    2      src:8      sender's rank
-    3      dst:8      receiver's rank: the driver (or a router on the fake network)
-                      sends to the address of this rank
-    4..7   seq:32     DATA: packet number on the src->dst channel, from 1, continuing
-                      across the calls of a session. ACK: the number acknowledged
-    8..11  aux:32     DATA: tag, the message's place in the call (the collective's step
-                      and chunk). ACK: cumulative, every number <= aux has arrived
-    12..13 call:16    the session's call number mod 2**16: a packet of another call is
-                      never taken for this one (ACK: echoes the DATA's)
-    14..15 count:16   DATA: 4-byte elements in the payload (<= lanes); ACK: 0
+The wire header, :class:`~hostlib.p2pwire.PeerSpec` (a worker's rank, every rank's
+address, and the default packet width and window a call may override with
+:class:`CollectiveCall`'s ``lanes`` and ``window``) and the helpers both engines share
+are in ``hostlib.p2pwire``; the errors in ``hostlib.errors``. This module re-exports them.
 
 A message's payload is copied when it is queued, so the sender may overwrite its buffer
 at once (the ring's all-gather does). Packets of the *next* call (a faster peer) are
@@ -105,7 +85,6 @@ import heapq
 import math
 import os
 import select
-import struct
 import threading
 import time
 from collections import deque
@@ -115,16 +94,8 @@ from typing import Any
 
 import numpy as np
 
-from hostlib.ina import (
-    Addr,
-    InaError,
-    InaTimeoutError,
-    RetryPolicy,
-    StallClock,
-    _Rtt,
-    check_call_data,
-    reorder_threshold,
-)
+from hostlib.errors import P2pError, P2pTimeoutError
+from hostlib.ina import RetryPolicy, StallClock, _Rtt, check_call_data, reorder_threshold
 from hostlib.native import (
     ENGINE_ENV,
     NativeCollectiveCall,
@@ -132,7 +103,18 @@ from hostlib.native import (
     engine_name,
     native_p2p_unavailable,
 )
-from hostlib.protocol import DEFAULT_SLOTS_PER_JOB, FLAG_RESEND, LANES_PER_PACKET, MAX_LANES
+from hostlib.p2pwire import (
+    FLAG_DUPLICATE,
+    FLAG_EARLY,
+    P2P_ACK,
+    P2P_DATA,
+    P2P_HEADER,
+    P2P_VERSION,
+    PeerSpec,
+    call_knobs,
+    stall_message,
+)
+from hostlib.protocol import FLAG_RESEND
 from hostlib.session import reduce_flat
 from hostlib.transport.base import Transport
 
@@ -155,97 +137,12 @@ __all__ = [
     "stall_message",
 ]
 
-P2P_VERSION = 0xA
-"""High nibble of byte 0 of every p2p datagram (INA's is ``PROTOCOL_VERSION`` = 1)."""
-P2P_DATA = (P2P_VERSION << 4) | 1
-P2P_ACK = (P2P_VERSION << 4) | 2
-FLAG_DUPLICATE = 0x02
-"""ACK flag: the acknowledged DATA had arrived before (D-SACK; statistics only)."""
-FLAG_EARLY = 0x04
-"""ACK flag: the acknowledged DATA belongs to the receiver's next call, which has not
-started there (the packet was kept for it): the sender's timers for that peer keep the
-initial timeout until it answers from inside the call."""
-P2P_HEADER = struct.Struct("!BBBBIIHH")
-"""vt, flags, src, dst, seq, aux (tag | cumulative ack), call, count: 16 bytes."""
-
 _HSIZE = P2P_HEADER.size
 _SEQ_MAX = 0xFFFFFFFF  # a channel carries at most 2**32-1 packets per session (no wrap)
-_MAX_RANKS = 256  # src/dst are 8-bit
-_MAX_WINDOW = 1 << 20  # a bound on memory, not on the protocol
 _RECV_BYTES = 65536
 
 Handler = Callable[[int, int, memoryview, float], None]
 """``handler(src_rank, tag, payload, now)``: one new message of the current call."""
-
-
-class P2pError(InaError):
-    """A point-to-point collective could not complete (or peers disagree on the call)."""
-
-
-class P2pTimeoutError(P2pError, InaTimeoutError):
-    """A peer stopped answering for longer than the policy's deadline."""
-
-
-@dataclass(frozen=True)
-class PeerSpec:
-    """This worker's place among its peers.
-
-    Args:
-        rank: this worker's rank.
-        addrs: every rank's transport address, in rank order.
-        lanes: 4-byte elements per packet (INA's ``lanes``, for an equal packet size).
-        window: unacknowledged packets in flight per peer.
-
-    Raises:
-        ValueError: a field out of range.
-    """
-
-    rank: int
-    addrs: tuple[Addr, ...]
-    lanes: int = LANES_PER_PACKET
-    window: int = DEFAULT_SLOTS_PER_JOB
-
-    def __post_init__(self) -> None:
-        object.__setattr__(self, "addrs", tuple(tuple(a) for a in self.addrs))
-        if not 1 <= len(self.addrs) <= _MAX_RANKS:
-            raise ValueError(f"{len(self.addrs)} ranks outside 1..{_MAX_RANKS}")
-        if len(set(self.addrs)) != len(self.addrs):
-            raise ValueError("two ranks share an address")
-        checks = (
-            ("rank", self.rank, 0, len(self.addrs) - 1),
-            ("lanes", self.lanes, 1, MAX_LANES),
-            ("window", self.window, 1, _MAX_WINDOW),
-        )
-        for name, value, lo, hi in checks:
-            if not lo <= value <= hi:
-                raise ValueError(f"{name}={value} outside {lo}..{hi}")
-
-    @property
-    def world_size(self) -> int:
-        return len(self.addrs)
-
-
-def call_knobs(spec: PeerSpec, lanes: int | None, window: int | None) -> tuple[int, int]:
-    """One call's packet width and window: the given ones, or the spec's (``None``).
-
-    Raises:
-        TypeError: a knob that is not an integer.
-        ValueError: lanes outside ``1..MAX_LANES`` or window outside ``1..2**20``.
-    """
-    out = []
-    for name, value, default, hi in (
-        ("lanes", lanes, spec.lanes, MAX_LANES),
-        ("window", window, spec.window, _MAX_WINDOW),
-    ):
-        if value is None:
-            out.append(default)
-            continue
-        if isinstance(value, bool) or not isinstance(value, int | np.integer):
-            raise TypeError(f"{name} {value!r} is not an integer")
-        if not 1 <= value <= hi:
-            raise ValueError(f"{name}={value} outside 1..{hi}")
-        out.append(int(value))
-    return out[0], out[1]
 
 
 @dataclass
@@ -734,19 +631,6 @@ class CollectiveCall:
         if not self._done:
             raise P2pError("allreduce has not completed")
         return self.out
-
-
-def stall_message(endpoint: Any, seconds: float, remaining: int) -> str:
-    """What :class:`P2pTimeoutError` says (either engine's endpoint): the call, how long
-    nothing moved, and what was still missing."""
-    ep = endpoint
-    return (
-        f"rank {ep.spec.rank} call {ep.call}: no progress for "
-        f"{seconds:.3f} s (deadline {ep.policy.deadline} s); "
-        f"{remaining} messages still expected, unacknowledged packets per peer "
-        f"{ep.waiting_for()}, {ep.stats.retransmitted} retransmissions: a peer is down, or "
-        "has not entered this call (RetryPolicy.deadline; the torch backend's INALAB_DEADLINE)"
-    )
 
 
 class _Responder:
