@@ -1,29 +1,53 @@
 """An in-memory network in virtual time, for deterministic tests of the host library.
 
-In the spirit of trio's FakeNet: workers' :class:`~hostlib.ina.InaAllreduce` engines and a
-switch (anything with ``process(data, src)``, e.g. the soft switch pipeline) exchange
-datagrams through a seeded network that loses, duplicates and reorders them. Time is
-virtual, so a retransmission timeout costs nothing and every run with one seed is
-identical. The engines are the same objects the UDP driver runs.
+In the spirit of trio's FakeNet: workers' engines and a switch (anything with
+``process(data, src)``, e.g. the soft switch pipeline) exchange datagrams through a
+seeded network that loses, duplicates and reorders them. Time is virtual, so a
+retransmission timeout costs nothing and every run with one seed is identical. The
+engines are the same objects the UDP driver runs.
+
+Layer: hostlib transports. The network drives any engine with the sans-I/O interface of
+:class:`EngineLike` (``hostlib.ina``'s and ``hostlib.native``'s INA calls, the p2p
+calls): it knows that interface and the error base :class:`~hostlib.errors.InaError`,
+not the engines, which stand a floor above.
 """
 
 from __future__ import annotations
 
 import heapq
 import random
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Protocol
 
-from hostlib.ina import InaAllreduce, InaError
+from hostlib.errors import InaError
 from hostlib.transport.base import Addr
 
-__all__ = ["FakeNetwork", "LinkModel", "SwitchLike"]
+__all__ = ["EngineLike", "FakeNetwork", "LinkModel", "SwitchLike"]
 
 
 class _Emit(Protocol):
     payload: memoryview
     dests: Sequence[Addr]
+
+
+_Packet = bytes | bytearray | memoryview
+
+
+class EngineLike(Protocol):
+    """What the fake network needs of a worker's engine: one call's sans-I/O state
+    machine (:class:`~hostlib.ina.InaAllreduce` has it, and every engine held to it)."""
+
+    @property
+    def done(self) -> bool: ...
+
+    def start(self, now: float) -> Iterable[_Packet]: ...
+
+    def on_datagram(self, data: memoryview, now: float) -> _Packet | None: ...
+
+    def next_wakeup(self) -> float: ...
+
+    def on_timer(self, now: float) -> Iterable[_Packet]: ...
 
 
 class SwitchLike(Protocol):
@@ -105,7 +129,7 @@ class FakeNetwork:
         heapq.heappush(self._stalls, (at, duration))
 
     def run(
-        self, engines: Mapping[Addr, InaAllreduce], max_time: float = 3600.0
+        self, engines: Mapping[Addr, EngineLike], max_time: float = 3600.0
     ) -> dict[Addr, InaError | None]:
         """Drive every engine to completion (or failure); return each worker's error.
 
@@ -124,8 +148,8 @@ class FakeNetwork:
         return errors
 
     def _step(
-        self, live: dict[Addr, InaAllreduce], errors: dict[Addr, InaError | None]
-    ) -> dict[Addr, InaAllreduce]:
+        self, live: dict[Addr, EngineLike], errors: dict[Addr, InaError | None]
+    ) -> dict[Addr, EngineLike]:
         wake = min(e.next_wakeup() for e in live.values())
         upcoming = min(wake, self._events[0].time) if self._events else wake
         if self._stalls and self._stalls[0][0] <= upcoming:
@@ -156,7 +180,7 @@ class FakeNetwork:
                 still[addr] = engine
         return still
 
-    def _deliver(self, event: _Event, live: Mapping[Addr, InaAllreduce]) -> None:
+    def _deliver(self, event: _Event, live: Mapping[Addr, EngineLike]) -> None:
         self.delivered += 1
         if event.dest == self.switch_addr:
             emit = self.switch.process(memoryview(event.data), event.src)
@@ -175,7 +199,7 @@ class FakeNetwork:
     def _alive(self, addr: Addr) -> bool:
         return self.now < self._dead.get(addr, float("inf"))
 
-    def _transmit(self, src: Addr, dest: Addr, data: bytes | memoryview) -> None:
+    def _transmit(self, src: Addr, dest: Addr, data: _Packet) -> None:
         if not self._alive(src):
             return
         link, rnd = self.link, self._random.random
