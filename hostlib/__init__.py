@@ -12,11 +12,11 @@ from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from hostlib.collnet import CollNetAllreduce, CollNetError, LocalGroup, ina_inter
-    from hostlib.ina import InaAllreduce, InaError, InaTimeoutError, JobSpec, RetryPolicy
-    from hostlib.p2p import P2pError, P2pTimeoutError, PeerSpec
-    from hostlib.ring import RingAllreduce
+    from hostlib.errors import InaError, InaTimeoutError, P2pError, P2pTimeoutError
+    from hostlib.ina import InaAllreduce, JobSpec, RetryPolicy
+    from hostlib.p2pwire import PeerSpec
+    from hostlib.peers import RingAllreduce, TreeAllreduce
     from hostlib.session import InaSession, StripedInaSession
-    from hostlib.tree import TreeAllreduce
 
 __all__ = [
     "CollNetAllreduce",
@@ -40,8 +40,11 @@ __all__ = [
 _HOME = (
     {name: "hostlib.ina" for name in __all__}
     | dict.fromkeys(("InaSession", "StripedInaSession"), "hostlib.session")
-    | dict.fromkeys(("P2pError", "P2pTimeoutError", "PeerSpec"), "hostlib.p2p")
-    | {"RingAllreduce": "hostlib.ring", "TreeAllreduce": "hostlib.tree"}
+    | dict.fromkeys(
+        ("InaError", "InaTimeoutError", "P2pError", "P2pTimeoutError"), "hostlib.errors"
+    )
+    | {"PeerSpec": "hostlib.p2pwire"}
+    | dict.fromkeys(("RingAllreduce", "TreeAllreduce"), "hostlib.peers")
     | dict.fromkeys(
         ("CollNetAllreduce", "CollNetError", "LocalGroup", "ina_inter"), "hostlib.collnet"
     )

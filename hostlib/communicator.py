@@ -1,6 +1,6 @@
 """One communicator per rank: every transport a rank holds, and any action on them.
 
-Layer: hostlib, above the sessions (``hostlib.session``, ``hostlib.p2p``,
+Layer: hostlib, above the sessions (``hostlib.session``, ``hostlib.peers``,
 ``hostlib.collnet``) and below whatever chooses the actions (the bench, the replay, the
 ``"ina"`` torch backend, dynamiccl). Like Gloo's ``gloo::Context`` or NCCL's
 ``ncclComm_t``, a :class:`Communicator` owns the rank's INA session, its point-to-point
@@ -21,8 +21,7 @@ import numpy as np
 
 from hostlib.actions import ActionError, algorithms_for
 from hostlib.collnet import CollNetAllreduce
-from hostlib.p2p import PeerCollective
-from hostlib.ring import RingAllreduce
+from hostlib.peers import PeerCollective, RingAllreduce
 from hostlib.session import (
     InaSession,
     StripedInaSession,

@@ -30,14 +30,14 @@ all-gather only copies.
 
 from __future__ import annotations
 
+import warnings
 from typing import Any
 
 import numpy as np
 
-from hostlib.p2p import CollectiveCall, P2pEndpoint, PeerCollective
-from hostlib.session import as_numpy
+from hostlib.p2p import CollectiveCall, P2pEndpoint
 
-__all__ = ["RING_PHASES", "RingAllreduce", "RingCall"]
+__all__ = ["RING_PHASES", "RingCall"]
 
 RING_PHASES = ("allreduce", "reduce_scatter", "all_gather")
 """What a :class:`RingCall` runs: both halves, or one."""
@@ -147,65 +147,12 @@ class RingCall(CollectiveCall):
         return out[int(self.bounds[r]) : int(self.bounds[r + 1])]
 
 
-class RingAllreduce(PeerCollective):
-    """Ring sessions: ``RingAllreduce(spec, transport, policy).allreduce(x)``, and
-    :meth:`reduce_scatter` and :meth:`all_gather`; each call may set its own packet width
-    and window (``allreduce(x, lanes=256, window=8)``).
+def __getattr__(name: str) -> Any:
+    """``RingAllreduce``, a session, moved up to ``hostlib.peers`` (issue #39): it still resolves
+    here, imported on first use, with a ``DeprecationWarning``."""
+    if name == "RingAllreduce":
+        from hostlib.peers import RingAllreduce
 
-    See :class:`~hostlib.p2p.PeerCollective` for the arguments, the session rules and
-    :meth:`close`.
-    """
-
-    _call_type = RingCall
-
-    def reduce_scatter(self, x: Any, *, lanes: int | None = None, window: int | None = None) -> Any:
-        """Sum ``x`` over all ranks and keep this rank's part: rank ``r`` of ``n`` gets
-        ``sum[r * size // n : (r + 1) * size // n]`` (uneven sizes allowed; with fewer
-        elements than ranks some parts are empty). ``n - 1`` ring steps.
-
-        Args:
-            x: the whole vector, the same size on every rank: a float32 or int32 numpy
-                array or torch CPU tensor, any shape (flattened).
-            lanes: elements per packet of this call (``None``: ``spec.lanes``); every
-                rank must pass the same.
-            window: packets in flight per peer in this call (``None``: ``spec.window``).
-
-        Returns:
-            This rank's part, 1-D, of ``x``'s type and dtype: int32 wrapping sums,
-            float32 within ``(n-1) * 2**-24 * sum|x|`` per element (first order).
-
-        Raises:
-            TypeError: unsupported type or dtype, a non-CPU tensor, a non-integer knob.
-            ValueError: lanes or window out of range.
-            P2pTimeoutError: a peer stopped answering for ``policy.deadline``.
-            P2pError: peers disagree on the call, or the session broke earlier.
-        """
-        return self._phase("reduce_scatter", x, lanes, window)
-
-    def all_gather(self, x: Any, *, lanes: int | None = None, window: int | None = None) -> Any:
-        """Every rank's ``x``, concatenated in rank order, on every rank (the same bytes).
-        ``n - 1`` ring steps.
-
-        Args:
-            x: this rank's part, the same number of elements ``k`` on every rank: a
-                float32 or int32 numpy array or torch CPU tensor, any shape (flattened).
-            lanes: as for :meth:`reduce_scatter`.
-            window: as for :meth:`reduce_scatter`.
-
-        Returns:
-            ``n * k`` elements, 1-D, of ``x``'s type and dtype.
-
-        Raises:
-            The errors of :meth:`reduce_scatter`; ranks passing different ``k`` fail
-            with :class:`~hostlib.p2p.P2pError` (or time out).
-        """
-        return self._phase("all_gather", x, lanes, window)
-
-    def _phase(self, phase: str, x: Any, lanes: int | None, window: int | None) -> Any:
-        self._check_usable()
-        array, wrap = as_numpy(x)
-        flat = np.ascontiguousarray(array).reshape(-1)
-        call = self.new_call(RingCall, flat, lanes, window, phase)
-        result = self._run_call(call)
-        # A reduce-scatter's part is a view of the whole vector: keep only the part.
-        return wrap(result.copy() if phase == "reduce_scatter" else result)
+        warnings.warn(f"{__name__}.{name} moved to hostlib.peers", DeprecationWarning, stacklevel=2)
+        return RingAllreduce
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

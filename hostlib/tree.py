@@ -16,11 +16,14 @@ the root's bytes. int32 wraps; float32 is added in float32:
 
 from __future__ import annotations
 
+import warnings
+from typing import Any
+
 import numpy as np
 
-from hostlib.p2p import CollectiveCall, PeerCollective
+from hostlib.p2p import CollectiveCall
 
-__all__ = ["TreeAllreduce", "TreeCall"]
+__all__ = ["TreeCall"]
 
 
 class TreeCall(CollectiveCall):
@@ -87,13 +90,12 @@ class TreeCall(CollectiveCall):
             raise self._bad_tag(src, tag)
 
 
-class TreeAllreduce(PeerCollective):
-    """Tree allreduce sessions: ``TreeAllreduce(spec, transport, policy).allreduce(x)``,
-    optionally with a per-call packet width and window (``allreduce(x, lanes=256,
-    window=8)``).
+def __getattr__(name: str) -> Any:
+    """``TreeAllreduce``, a session, moved up to ``hostlib.peers`` (issue #39): it still resolves
+    here, imported on first use, with a ``DeprecationWarning``."""
+    if name == "TreeAllreduce":
+        from hostlib.peers import TreeAllreduce
 
-    See :class:`~hostlib.p2p.PeerCollective` for the arguments, the session rules and
-    :meth:`close`.
-    """
-
-    _call_type = TreeCall
+        warnings.warn(f"{__name__}.{name} moved to hostlib.peers", DeprecationWarning, stacklevel=2)
+        return TreeAllreduce
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -32,7 +32,9 @@ import numpy as np
 
 from emulation.softswitch.pipeline import JobConfig, Pipeline
 from hostlib.ina import Addr, InaAllreduce, JobSpec, RetryPolicy
-from hostlib.p2p import P2pEndpoint, PeerCollective, PeerSpec
+from hostlib.p2p import P2pEndpoint
+from hostlib.p2pwire import PeerSpec
+from hostlib.peers import PeerCollective
 from hostlib.protocol import INA_UDP_PORT
 from hostlib.quantize import block_exponents, dequantize, error_bound, quantize_block
 from hostlib.session import InaSession

@@ -23,11 +23,10 @@ from typing import Any
 import numpy as np
 
 from hostlib import InaSession, JobSpec, RetryPolicy
-from hostlib.p2p import P2P_ACK, P2P_DATA, P2P_HEADER, PeerCollective, PeerSpec
-from hostlib.ring import RingAllreduce
+from hostlib.p2pwire import P2P_ACK, P2P_DATA, P2P_HEADER, PeerSpec
+from hostlib.peers import PeerCollective, RingAllreduce, TreeAllreduce
 from hostlib.transport.base import Addr
 from hostlib.transport.udp import UdpTransport
-from hostlib.tree import TreeAllreduce
 
 __all__ = ["Faults", "LossyUdpTransport", "RankReport", "run_ranks"]
 

@@ -13,7 +13,7 @@ import pytest
 from helpers import check_allreduce, peer_ranks, random_inputs, wrapping_sum
 
 from hostlib import RetryPolicy, RingAllreduce, TreeAllreduce
-from hostlib.p2p import PeerCollective
+from hostlib.peers import PeerCollective
 
 KINDS: dict[str, type[PeerCollective]] = {"ring": RingAllreduce, "tree": TreeAllreduce}
 POLICY = RetryPolicy(deadline=20.0)

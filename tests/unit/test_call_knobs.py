@@ -36,7 +36,8 @@ from emulation.softswitch.server import SwitchServer
 from hostlib import InaSession, JobSpec, RetryPolicy, RingAllreduce, TreeAllreduce
 from hostlib.collnet import CollNetAllreduce, LocalGroup, ina_inter
 from hostlib.ina import InaAllreduce
-from hostlib.p2p import CollectiveCall, PeerCollective
+from hostlib.p2p import CollectiveCall
+from hostlib.peers import PeerCollective
 from hostlib.protocol import MAX_LANES
 from hostlib.ring import RingCall
 from hostlib.transport.memory import FakeNetwork, LinkModel
