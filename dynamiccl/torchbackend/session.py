@@ -20,7 +20,7 @@ from dynamiccl.torchbackend.exchange import Exchange
 from dynamiccl.torchbackend.options import InaOptions, InaSetupError
 from hostlib.ina import JobSpec, RetryPolicy
 from hostlib.p2p import PeerSpec
-from hostlib.ring import RingAllreduce
+from hostlib.peers import RingAllreduce
 from hostlib.session import InaSession, StripedInaSession
 from hostlib.transport.udp import UdpTransport
 
