@@ -34,7 +34,8 @@ from helpers import (
 from emulation.softswitch.pipeline import Pipeline
 from emulation.softswitch.server import SwitchServer
 from hostlib import PeerSpec, RetryPolicy, RingAllreduce
-from hostlib.p2p import P2pEndpoint, P2pError
+from hostlib.errors import P2pError
+from hostlib.p2p import P2pEndpoint
 from hostlib.ring import RingCall
 from hostlib.session import part_bounds
 from hostlib.transport.memory import LinkModel

@@ -29,7 +29,8 @@ from hostlib.native import (
     native_p2p_unavailable,
     native_unavailable,
 )
-from hostlib.p2p import P2pEndpoint, PeerSpec
+from hostlib.p2p import P2pEndpoint
+from hostlib.p2pwire import PeerSpec
 from hostlib.protocol import HEADER
 from hostlib.ring import RingCall
 from hostlib.transport.base import Addr

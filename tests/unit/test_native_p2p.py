@@ -18,9 +18,11 @@ import numpy as np
 import pytest
 from helpers import ROUTER, Router, random_inputs
 
+from hostlib.errors import P2pError
 from hostlib.ina import RetryPolicy
 from hostlib.native import NativeCollectiveCall, NativeP2pEndpoint, native_p2p_unavailable
-from hostlib.p2p import P2pEndpoint, P2pError, PeerSpec
+from hostlib.p2p import P2pEndpoint
+from hostlib.p2pwire import PeerSpec
 from hostlib.ring import RingCall
 from hostlib.transport.memory import FakeNetwork, LinkModel
 from hostlib.tree import TreeCall

@@ -18,7 +18,8 @@ from helpers import ROUTER, Router, check_allreduce, random_inputs
 
 from hostlib.ina import RetryPolicy
 from hostlib.native import NativeCollectiveCall, NativeP2pEndpoint, native_p2p_unavailable
-from hostlib.p2p import FLAG_EARLY, P2P_ACK, P2P_HEADER, P2pEndpoint, PeerSpec
+from hostlib.p2p import P2pEndpoint
+from hostlib.p2pwire import FLAG_EARLY, P2P_ACK, P2P_HEADER, PeerSpec
 from hostlib.ring import RingCall
 from hostlib.transport.memory import FakeNetwork, LinkModel
 
@@ -43,7 +44,7 @@ P2P = [
 
 class Session:
     """One rank's session of back-to-back ring calls, driven by the fake network like
-    ``hostlib.p2p.PeerCollective``: between calls the endpoint answers as the responder
+    ``hostlib.peers.PeerCollective``: between calls the endpoint answers as the responder
     does for ``idle`` seconds, then nothing reads the socket for ``deaf`` seconds (the
     rank starting its call), then the next call starts and takes what arrived meanwhile."""
 

@@ -16,7 +16,9 @@ import numpy as np
 import pytest
 
 from hostlib.ina import RetryPolicy
-from hostlib.p2p import FLAG_DUPLICATE, FLAG_RESEND, P2P_HEADER, P2pEndpoint, PeerSpec
+from hostlib.p2p import P2pEndpoint
+from hostlib.p2pwire import FLAG_DUPLICATE, P2P_HEADER, PeerSpec
+from hostlib.protocol import FLAG_RESEND
 
 POLICY = RetryPolicy(timeout=0.002, min_timeout=0.0005, max_timeout=0.05, deadline=5.0)
 ADDRS = (("10.1.0.1", 7000), ("10.1.0.2", 7001))

@@ -15,17 +15,10 @@ import numpy as np
 import pytest
 from helpers import FakePeers, check_allreduce, random_inputs
 
+from hostlib.errors import P2pError, P2pTimeoutError
 from hostlib.ina import RetryPolicy
-from hostlib.p2p import (
-    P2P_ACK,
-    P2P_DATA,
-    P2P_HEADER,
-    CollectiveCall,
-    P2pEndpoint,
-    P2pError,
-    P2pTimeoutError,
-    PeerSpec,
-)
+from hostlib.p2p import CollectiveCall, P2pEndpoint
+from hostlib.p2pwire import P2P_ACK, P2P_DATA, P2P_HEADER, PeerSpec
 from hostlib.protocol import HEADER_SIZE, LANES_PER_PACKET, PROTOCOL_VERSION
 from hostlib.ring import RingCall
 from hostlib.transport.memory import LinkModel

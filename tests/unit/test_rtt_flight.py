@@ -16,7 +16,8 @@ import numpy as np
 import pytest
 
 from hostlib.ina import RetryPolicy, _Rtt
-from hostlib.p2p import P2pEndpoint, PeerSpec
+from hostlib.p2p import P2pEndpoint
+from hostlib.p2pwire import PeerSpec
 
 POLICY = RetryPolicy(timeout=0.02, min_timeout=0.001, max_timeout=1.0, deadline=5.0)
 WINDOW = 64
