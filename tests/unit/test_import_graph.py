@@ -28,8 +28,7 @@ HOSTLIB_LAYERS: tuple[tuple[str, ...], ...] = (
      "hostlib.scapy_layer", "hostlib.shmbarrier", "hostlib.p2pwire", "hostlib.errors"),
     ("hostlib.transport",),  # and its modules
     # engines: one call's per-packet state machines (Python and native)
-    ("hostlib.ina", "hostlib.native", "hostlib.p2p", "hostlib.ring", "hostlib.tree",
-     "hostlib.arrays"),
+    ("hostlib.ina", "hostlib.native", "hostlib.p2p", "hostlib.ring", "hostlib.tree"),
     # sessions: a job's or a peer group's calls over a transport
     ("hostlib.session", "hostlib.collnet", "hostlib.peers"),
     ("hostlib.communicator",),
