@@ -5,7 +5,7 @@
 Its SUM and AVG allreduce and reduce-scatter (``reduce_scatter_tensor``) and its
 all-gather (``all_gather_into_tensor``) of int32/float32 tensors (CPU; CUDA staged through
 host memory) run on hostlib: through the switch (:class:`~hostlib.session.InaSession`,
-UDP) or host to host (:class:`~hostlib.ring.RingAllreduce`, ring or tree, over a UDP
+UDP) or host to host (:class:`~hostlib.peers.RingAllreduce`, ring or tree, over a UDP
 socket of its own), as the :class:`Chooser` says; AVG is that SUM divided by the group's
 size here, as Gloo divides its sum (so an integer AVG fails as Gloo's does, after the
 sum). Every other call (MAX/MIN/PRODUCT, logged once per op; other dtypes; broadcast,

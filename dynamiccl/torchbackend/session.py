@@ -143,7 +143,7 @@ def connect_peers(
     options: InaOptions, exchange: Exchange, lanes: int, window: int, timeout: timedelta
 ) -> RingAllreduce:
     """This rank's host-to-host session (ring calls, and tree calls through
-    :meth:`~hostlib.p2p.PeerCollective.run`) on a UDP socket of its own at
+    :meth:`~hostlib.peers.PeerCollective.run`) on a UDP socket of its own at
     ``options.local_ip``; every rank's address goes round the exchange. Close it when done.
 
     Every rank of the group must call this.
