@@ -56,6 +56,7 @@ __all__ = [
     "EmulatedFabric",
     "add_arguments",
     "apply_overrides",
+    "convergence_footnote",
     "default_lanes",
     "describe_links",
     "describe_plan",
@@ -459,32 +460,27 @@ def _bench(args: argparse.Namespace, em: Emulation, job: TopologyJob, run_dir: P
     summary = summarize_topology(em.topology, job.job_id, slots=cfg.slots)
     try:
         if args.bw_sweep:
-            status = _bench_rates(args, cfg, em, fabric, meta, run_dir)
-        else:
-            status = run_bench(args, cfg, run_dir, fabric, meta, summary)
+            return _bench_rates(args, cfg, em, fabric, meta, run_dir)
+        notes = convergence_footnote(cfg, em.topology, args.topology, job)
+        return run_bench(args, cfg, run_dir, fabric, meta, summary, notes)
     except BenchError as exc:
         print(f"{PROG}: failed: {exc}", file=sys.stderr)
         return 1
-    _convergence_footnote(args, cfg, em.topology, job)
-    return status
 
 
-def _convergence_footnote(
-    args: argparse.Namespace, cfg: BenchConfig, topo: Topology, job: TopologyJob
-) -> None:
-    """After the bench's tables, where an algorithm that may use the switch ran: the links
-    where the job's INA traffic converged before a switch summed it
-    (:mod:`emulation.convergence`; the JSON has them as ``metadata.emulation.convergence``).
-    A rate sweep's rates are its last one's."""
+def convergence_footnote(
+    cfg: BenchConfig, topo: Topology, path: str | Path, job: TopologyJob
+) -> list[str]:
+    """The lines the bench prints after its summary where an algorithm that may use the
+    switch runs: the links where the job's INA traffic converges on ``topo`` (the file
+    at ``path``) before a switch sums it (:mod:`emulation.convergence`; the JSON has them
+    as ``metadata.emulation.convergence``)."""
     from emulation.bench.config import INA_ALGORITHMS
     from emulation.convergence import convergence_notes
 
     if not set(cfg.algos) & {*INA_ALGORITHMS, "auto"}:
-        return  # ring, tree and Gloo send host to host: no switch sums them
-    if args.bw_sweep:
-        topo = apply_overrides(topo, bw=args.bw_sweep[-1])
-    for line in convergence_notes(topo, args.topology, (job,)):
-        print(f"# {line}", flush=True)
+        return []  # ring, tree and Gloo send host to host: no switch sums them
+    return [f"# {line}" for line in convergence_notes(topo, path, (job,))]
 
 
 def _bench_rates(
@@ -524,8 +520,9 @@ def _bench_rates(
         one = argparse.Namespace(**{**vars(args), "json": out, "plot": None})
         at = {**meta, "emulation": {**meta["emulation"], **emulation_metadata(topo, job, run_dir)}}
         summary = summarize_topology(topo, job.job_id, slots=cfg.slots)
+        notes = convergence_footnote(cfg, topo, args.topology, job)
         try:
-            status = max(status, run_bench(one, cfg, run_dir, fabric, at, summary))
+            status = max(status, run_bench(one, cfg, run_dir, fabric, at, summary, notes))
         except KeyboardInterrupt as exc:  # run_bench wrote what finished; report it too
             stopped = exc
         if out.exists():

@@ -21,7 +21,7 @@ from emulation.convergence import (
     converging_links,
     hierarchical_sibling,
 )
-from emulation.emulate import _convergence_footnote, apply_overrides, emulation_metadata
+from emulation.emulate import apply_overrides, convergence_footnote, emulation_metadata
 from emulation.topology import Topology, load_topology
 
 TOPOLOGIES = Path(__file__).resolve().parents[2] / "topologies"
@@ -121,13 +121,12 @@ def _bench_args(name: str, *flags: str) -> argparse.Namespace:
     return build_parser().parse_args(["emulate", str(TOPOLOGIES / name), "bench", *flags])
 
 
-def test_the_emulated_bench_footnotes_and_records_convergence(
-    capsys: pytest.CaptureFixture[str], tmp_path: Path
-) -> None:
+def test_the_emulated_bench_footnotes_and_records_convergence(tmp_path: Path) -> None:
     args = _bench_args("fat_tree_k4.yaml", "--bw", "100,1000", "--algos", "ina,ring")
     topo = _load("fat_tree_k4.yaml")
-    _convergence_footnote(args, config_from_args(args, workers=16), topo, topo.jobs[0])
-    lines = capsys.readouterr().out.splitlines()
+    at_1000 = apply_overrides(topo, bw=1000)  # a sweep's footnote: its rate's links
+    cfg = config_from_args(args, workers=16)
+    lines = convergence_footnote(cfg, at_1000, args.topology, topo.jobs[0])
     assert len(lines) == 13
     assert lines[2] == (
         "# warning: job 1: link p1a1 - c1: fan-in 4 (h1, h2, h3, h4) unsummed toward c1, each"
@@ -144,10 +143,8 @@ def test_the_emulated_bench_footnotes_and_records_convergence(
     ("name", "algos"),
     [("fat_tree_k4.yaml", "ring,gloo"), ("fat_tree_k4_hier.yaml", "ina,ring")],
 )
-def test_no_footnote_without_switch_traffic_or_convergence(
-    capsys: pytest.CaptureFixture[str], name: str, algos: str
-) -> None:
+def test_no_footnote_without_switch_traffic_or_convergence(name: str, algos: str) -> None:
     args = _bench_args(name, "--algos", algos)
     topo = _load(name)
-    _convergence_footnote(args, config_from_args(args, workers=16), topo, topo.jobs[0])
-    assert capsys.readouterr().out == ""
+    cfg = config_from_args(args, workers=16)
+    assert convergence_footnote(cfg, topo, args.topology, topo.jobs[0]) == []
