@@ -50,7 +50,12 @@ def gloo_interface(environ: Mapping[str, str] | None = None) -> str | None:
             f"MASTER_ADDR {master!r}: no route from this host ({exc}); set "
             f"{ENV_GLOO_IFNAME} to the interface Gloo should use"
         ) from None
-    return interface_for(source)
+    interface = interface_for(source)
+    if interface is None:  # a secondary address: Gloo keeps its own choice, said once
+        log.warning("ina group: no interface has %s (the route toward MASTER_ADDR %s) as "
+                    "its address; Gloo binds its default: set %s if peers cannot connect",
+                    source, master, ENV_GLOO_IFNAME)  # fmt: skip
+    return interface
 
 
 def gloo_group(store: dist.Store, rank: int, world_size: int, timeout: timedelta) -> Any:
