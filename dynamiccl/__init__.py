@@ -6,7 +6,7 @@ adds), ``dynamiccl.policy`` chooses (a pure function and an online learner),
 decisions as an NCCL tuner rule file and ``dynamiccl.cli`` is ``inalab decide``. The
 names below are the ones a training job needs; nothing here imports torch or numpy.
 Measurements and the network (a :class:`TopologySummary`) arrive as plain data: the
-emulation and the bench hand them over (``emulation.topology_summary`` reads topology
+emulation and the bench hand them over (``emulation.topology.summary`` reads topology
 files, ``emulation.bench.calibrate`` measures); nothing in dynamiccl imports them.
 """
 

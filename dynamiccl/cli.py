@@ -90,7 +90,7 @@ Summarize = Callable[[Path, int | None, int | None], tuple[TopologySummary, JobR
 """Reads ``--topology PATH`` for ``--job`` (None: the first) with ``--slots`` (None:
 unknown): the job's :class:`TopologySummary` and its :class:`JobRanks`. It may raise
 ValueError (an unreadable or invalid file) or KeyError (no such job), which decide
-reports as one line. ``inalab`` passes ``emulation.topology_summary.decide_summary``."""
+reports as one line. ``inalab`` passes ``emulation.topology.summary.decide_summary``."""
 
 
 def _size(text: str) -> int:
@@ -155,7 +155,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         type=Path,
         metavar="FILE",
         help="the job's network as TopologySummary JSON (written by "
-        "emulation.topology_summary.summary_json)",
+        "emulation.topology.summary.summary_json)",
     )
     parser.add_argument(
         "--job", type=_int_in(0, 0xFFFF), help="the topology's job (default: first)"

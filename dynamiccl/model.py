@@ -118,7 +118,7 @@ class MeasuredLinks:
 
     Their bandwidth, delay and loss are inside the profile's alpha and beta, so a
     decision with the profile already pays them. The bench records them from the
-    topology it emulated (``emulation.topology_summary.measured_links``).
+    topology it emulated (``emulation.topology.summary.measured_links``).
 
     Attributes:
         topology: the topology's name.
@@ -388,7 +388,7 @@ floor and INA's single step and ``S`` bytes win on slow links.
 @dataclass(frozen=True)
 class TopologySummary:
     """What the network adds to the model for one job: plain data, so dynamiccl decides
-    for a network it never loads (``emulation.topology_summary`` derives one from a
+    for a network it never loads (``emulation.topology.summary`` derives one from a
     topology file; :meth:`to_dict` and :meth:`load` are its JSON, ``inalab decide
     --summary``).
 
@@ -462,7 +462,7 @@ class TopologySummary:
     @classmethod
     def load(cls, path: str | Path) -> TopologySummary:
         """Read a summary written from :meth:`to_dict` (e.g. by
-        ``emulation.topology_summary.summary_json``).
+        ``emulation.topology.summary.summary_json``).
 
         Raises:
             SummaryError: the file cannot be read, is not JSON or not a valid summary.

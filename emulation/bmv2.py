@@ -17,7 +17,8 @@ soft switch's Mininet node; the data-plane vectors' bmv2 target uses it too.
   recommends: the first :meth:`Bmv2Process.controller` pushes the JSON with its P4Info
   (the one p4c derived in the same compile) by SetForwardingPipelineConfig, which resets
   every table, so later controllers only read the installed pipeline.
-- :func:`bmv2_switch_class` is the Mininet node (``kind: bmv2`` in a topology).
+- its Mininet node (``kind: bmv2`` in a topology) is
+  :func:`emulation.mininet.nodes.bmv2_switch_class`.
 
 What bmv2 cannot do that the soft switch does (p4/README.md): lanes are fixed at 64
 and the pool at :data:`~hostlib.protocol.SWITCH_SLOTS` per set (``configuration.p4``);
@@ -31,7 +32,6 @@ import hashlib
 import logging
 import os
 import shutil
-import signal
 import socket
 import subprocess
 import time
@@ -58,7 +58,6 @@ __all__ = [
     "Bmv2Tools",
     "Bmv2Unavailable",
     "CompileError",
-    "bmv2_switch_class",
     "check_bmv2_switch",
     "compile_command",
     "compile_program",
@@ -617,70 +616,17 @@ def check_bmv2_switch(lanes: int, slots: int, forward_only: bool) -> None:
         )
 
 
-def bmv2_switch_class(tools: Bmv2Tools | None = None) -> type:
-    """The Mininet node class running bmv2 on its interfaces (imports Mininet lazily).
+def __getattr__(name: str) -> Any:
+    """``bmv2_switch_class`` moved up to the Mininet layer (issue #39)."""
+    if name == "bmv2_switch_class":
+        import warnings
 
-    Args:
-        tools: the switch and compiler it runs; by default found on PATH.
+        from emulation.mininet import nodes
 
-    Raises:
-        Bmv2Unavailable: ``tools`` not given and simple_switch_grpc or p4c-bm2-ss is not
-            on PATH.
-    """
-    from mininet.node import Switch
-
-    tools = tools or find_bmv2()
-
-    class Bmv2MininetSwitch(Switch):
-        """Mininet switch running ``simple_switch_grpc`` with ``p4/ina.p4`` on its ports.
-
-        Takes the soft switch node's parameters (the emulation passes both the same) and
-        refuses what bmv2 cannot do (:func:`check_bmv2_switch`) before Mininet starts
-        anything. The device id is the switch's dpid; ``pcap`` writes bmv2's per-port
-        captures to ``run_dir/pcaps``; ``log`` turns on bmv2's packet log.
-
-        ``links`` (per-port delay and loss) must be empty: only the soft switch emulates
-        them. ``seed`` is accepted and unused: bmv2's ``random()`` cannot be seeded.
-        """
-
-        def __init__(
-            self,
-            name: str,
-            run_dir: Path,
-            lanes: int = BMV2_LANES,
-            slots: int = BMV2_SLOTS,
-            forward_only: bool = False,
-            pcap: bool = False,
-            log: bool = False,
-            links: dict[int, str] | None = None,
-            seed: int = 0,
-            **params: Any,
-        ) -> None:
-            check_bmv2_switch(lanes, slots, forward_only)
-            if links:
-                raise ValueError(
-                    f"bmv2 cannot delay or drop on its ports ({links}): put a soft switch "
-                    "at one end of those links"
-                )
-            super().__init__(name, **params)
-            self.run_dir, self.pcap, self.log = Path(run_dir), pcap, log
-            self.process: Bmv2Process | None = None
-
-        def start(self, controllers: list[Any]) -> None:
-            interfaces = {
-                self.ports[intf]: intf.name for intf in self.intfList() if intf.name != "lo"
-            }
-            self.process = Bmv2Process(
-                self.run_dir, name=self.name, interfaces=interfaces,
-                device_id=int(self.dpid, 16), pcap=self.pcap, log=self.log, tools=tools,
-            ).start()  # fmt: skip
-
-        def stop(self, deleteIntfs: bool = True) -> None:
-            if self.process is not None:
-                code = self.process.stop()
-                if code not in (0, None, -signal.SIGTERM):
-                    logger.warning("switch %s exited %s; log %s", self.name, code,
-                                   self.process.log_path)  # fmt: skip
-            super().stop(deleteIntfs)
-
-    return Bmv2MininetSwitch
+        warnings.warn(
+            "emulation.bmv2.bmv2_switch_class moved to emulation.mininet.nodes",
+            DeprecationWarning,
+            stacklevel=2,
+        )
+        return nodes.bmv2_switch_class
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

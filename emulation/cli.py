@@ -67,7 +67,7 @@ SUBCOMMANDS: dict[str, tuple[str, str]] = {
         "replay a training iteration's collectives under static, model, agent and oracle",
     ),
     "emulate": (
-        "emulation.emulate",
+        "emulation.mininet.emulate",
         "a topology in Mininet (root): bench INA, CollNet and Gloo in its hosts, or keep it up",
     ),
     "compare": (
@@ -189,7 +189,7 @@ def _injected(module: str) -> dict[str, Any]:
     """Keyword arguments of ``module``'s ``run`` that this layer supplies: dynamiccl
     imports no emulation, so ``inalab decide --topology`` gets its reader from here."""
     if module == "dynamiccl.cli":
-        from emulation.topology_summary import decide_summary
+        from emulation.topology.summary import decide_summary
 
         return {"summarize": decide_summary}
     return {}

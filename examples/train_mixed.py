@@ -38,7 +38,7 @@ The per-call **oracle** is computed as ``inalab replay``'s: per call, the static
 configuration fastest at it over the iterations before (and, apart, after) the change.
 
 ``--bw-after MBIT`` changes every host link's rate at ``--change-at`` (default half-way)
-through the emulator (``emulation.linkcontrol.set_link_rate``; needs the emulator's
+through the emulator (``emulation.mininet.linkcontrol.set_link_rate``; needs the emulator's
 ``--bw``). Rank 0 prints ``inalab replay``'s table (total, per iteration, regret over the
 oracle, gain over the best static configuration) and each strategy's loss at the first
 and last iteration, and writes ``--json`` and ``--plot`` (time per iteration).
@@ -73,7 +73,7 @@ from emulation.bench.replay_report import (
     summarize,
     write_plot,
 )
-from emulation.linkcontrol import set_link_rate
+from emulation.mininet.linkcontrol import set_link_rate
 from hostlib.actions import Action
 
 TIMEOUT = timedelta(minutes=5)

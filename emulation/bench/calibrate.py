@@ -21,7 +21,7 @@ it uses it. Every result is checked like a bench run: a wrong sum fails the cali
 
 This is the bench's side of calibration: it runs the sweeps and hands dynamiccl plain
 measurements (``dynamiccl.fit``) and the links they crossed
-(``emulation.topology_summary.measured_links``); dynamiccl imports nothing of it.
+(``emulation.topology.summary.measured_links``); dynamiccl imports nothing of it.
 """
 
 from __future__ import annotations
@@ -164,7 +164,7 @@ def calibrate(
     None on loopback): the profile records its links for the job ``args.job`` (None:
     the first, as ``inalab emulate`` picks it)."""
     from dynamiccl.fit import FitError
-    from emulation.topology_summary import measured_links
+    from emulation.topology.summary import measured_links
 
     for path in (args.output, args.json):
         if path is not None and not path.parent.is_dir():
@@ -258,8 +258,7 @@ def measure(configs: Sequence[BenchConfig], run_dir: Path, fabric: Any = None) -
                 f"{format_size(r.nbytes)} (logs: {where})"
             )
         points += [
-            Measurement(r.algo, r.nbytes, cfg.workers, r.time_us_max / 1e6)
-            for r in result.rows
+            Measurement(r.algo, r.nbytes, cfg.workers, r.time_us_max / 1e6) for r in result.rows
         ]
     return points
 

@@ -4,7 +4,7 @@ The sweep (``sweep.py``) is the same everywhere; a :class:`Fabric` says where ea
 runs (:class:`~emulation.bench.workers.Placement`: a network namespace, an address, a
 host) and provides the INA switch. :class:`LoopbackFabric` is ``inalab bench``'s: every
 rank on 127.0.0.1 and a soft switch process of its own, started per algorithm. The
-emulator's fabric (``emulation.emulate``) puts ranks into Mininet hosts and installs
+emulator's fabric (``emulation.mininet.emulate``) puts ranks into Mininet hosts and installs
 jobs on the topology's switches.
 """
 

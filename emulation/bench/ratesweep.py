@@ -1,7 +1,7 @@
 """The link-rate sweep of ``inalab emulate TOPOLOGY --bw 100,200,500,1000 bench``: one
 bench per link rate in one network, put together against the rate.
 
-Emulation layer (bench). ``emulation.emulate`` re-shapes the links between rates and
+Emulation layer (bench). ``emulation.mininet.emulate`` re-shapes the links between rates and
 runs the bench at each; this module owns what is made of the per-rate bench JSON
 documents (:mod:`emulation.bench.report`'s): one document with a row per (rate, size,
 algorithm), each row with its ``bw_mbit``; a table per size of each algorithm's time

@@ -20,7 +20,7 @@ import pytest
 
 from controller.forwarder import HostRoute
 from emulation.bmv2 import BMV2_LANES, BMV2_SLOTS, Bmv2Tools, Bmv2Unavailable, find_bmv2
-from emulation.network import WORKER_UDP_PORT, emulate
+from emulation.mininet.network import WORKER_UDP_PORT, emulate
 from emulation.topology import parse_topology
 
 pytestmark = [pytest.mark.bmv2, pytest.mark.root, pytest.mark.mininet, pytest.mark.slow]
@@ -55,7 +55,7 @@ def _ours() -> set[int]:
         except OSError:
             continue
         if Path(argv[0].decode(errors="replace")).name == "simple_switch_grpc" or (
-            b"emulation.hostrun" in argv
+            b"emulation.mininet.hostrun" in argv
         ):
             out.add(int(pid))
     return out
@@ -73,7 +73,7 @@ def test_a_bmv2_node_forwards_on_its_ports_and_leaves_nothing(tmp_path: Path, cl
     from mininet.net import Mininet
     from mininet.node import Host
 
-    from emulation.bmv2 import bmv2_switch_class
+    from emulation.mininet.nodes import bmv2_switch_class
 
     net = Mininet(topo=None, switch=None, host=Host, controller=None, build=False)
     h1 = net.addHost("h1", ip="10.0.0.1/24", mac="02:00:00:00:00:01")
@@ -113,7 +113,7 @@ def _hostrun(em: Any, workers: tuple[str, ...], ip: str) -> list[dict[str, Any]]
     procs = []
     for rank, name in enumerate(workers):
         host = em.topology.host(name)
-        argv = [sys.executable, "-m", "emulation.hostrun", "ina", "--rank", str(rank),
+        argv = [sys.executable, "-m", "emulation.mininet.hostrun", "ina", "--rank", str(rank),
                 "--workers", str(len(workers)), "--size", str(SIZE), "--seed", "7",
                 "--bind", host.address, "--port", str(WORKER_UDP_PORT), "--switch", ip,
                 "--lanes", str(BMV2_LANES), "--slots", "32"]  # fmt: skip

@@ -20,7 +20,7 @@ from helpers import save_latency_vs_bandwidth_profile
 
 from dynamiccl.tuner import parse_rules
 from emulation.topology import load_topology
-from emulation.topology_summary import summary_json
+from emulation.topology.summary import summary_json
 
 TOPOLOGIES = Path(__file__).resolve().parents[2] / "topologies"
 

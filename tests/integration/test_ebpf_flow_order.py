@@ -1,7 +1,7 @@
 """Emulated links keep each flow's order through the eBPF switch (root, Mininet, eBPF).
 
 A veth hands a frame to its peer on the CPU that sent it; without
-``emulation.network.IN_ORDER_FEATURES`` two cores could receive one flow's frames at
+``emulation.mininet.network.IN_ORDER_FEATURES`` two cores could receive one flow's frames at
 once and pass a later one first, and hostlib took the reordering for loss (fast
 retransmissions at zero loss). With ``in_order_links`` both ends of every link get the
 features; then numbered datagrams cross the switch, both ways and into one host from
@@ -20,7 +20,7 @@ from typing import Any
 
 import pytest
 
-from emulation.network import IN_ORDER_FEATURES, EmulationError, emulate
+from emulation.mininet.network import IN_ORDER_FEATURES, EmulationError, emulate
 from emulation.topology import parse_topology
 
 pytestmark = [pytest.mark.ebpf, pytest.mark.root, pytest.mark.mininet]

@@ -16,7 +16,7 @@ from typing import Any
 
 import pytest
 
-from emulation.network import emulate
+from emulation.mininet.network import emulate
 from emulation.topology import parse_topology
 
 pytestmark = [pytest.mark.ebpf, pytest.mark.root, pytest.mark.mininet, pytest.mark.slow]

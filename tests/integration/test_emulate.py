@@ -287,9 +287,7 @@ def test_hierarchical_leaf_spine_of_three_bmv2_switches(tmp_path: Path, clean: N
 
 @pytest.mark.bmv2
 @pytest.mark.parametrize("topology", ["star4.yaml", "star4_bmv2.yaml"])
-def test_switch_only_loads_the_topologys_switch(
-    topology: str, tmp_path: Path, clean: None
-) -> None:
+def test_switch_only_loads_the_topologys_switch(topology: str, tmp_path: Path, clean: None) -> None:
     # The same 64-lane packets from senders in the hosts, to the soft switch and to bmv2.
     out = tmp_path / "only.json"
     proc = _inalab("emulate", str(TOPOLOGIES / topology), "--run-dir", str(tmp_path / "run"),
@@ -302,7 +300,6 @@ def test_switch_only_loads_the_topologys_switch(
     assert numbers["worker_bad_results"] == 0
     assert numbers["switch_pps"] > 0 and numbers["switch_elements_per_s"] > 0
     assert "inproc_pps" not in numbers  # the Python pipeline alone says nothing of bmv2
-
 
 
 def test_the_header_states_the_links_loss_apart_from_the_switchs(
@@ -327,7 +324,7 @@ def test_the_header_states_the_links_loss_apart_from_the_switchs(
 
 
 def _has_netem() -> bool:
-    from emulation.datapaths import netem_available
+    from emulation.mininet.datapaths import netem_available
 
     return netem_available()
 

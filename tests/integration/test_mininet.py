@@ -17,7 +17,7 @@ from typing import Any
 
 import pytest
 
-from emulation.network import WORKER_UDP_PORT, EmulationError, emulate
+from emulation.mininet.network import WORKER_UDP_PORT, EmulationError, emulate
 from emulation.topology import load_topology, parse_topology
 
 pytestmark = [pytest.mark.root, pytest.mark.mininet, pytest.mark.slow]
@@ -42,7 +42,11 @@ def _our_processes(run_dir: Path) -> set[int]:
             cmd = Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ")
         except OSError:
             continue
-        if cmd.startswith(b"mnexec") or b"emulation.hostrun" in cmd or str(run_dir).encode() in cmd:
+        if (
+            cmd.startswith(b"mnexec")
+            or b"emulation.mininet.hostrun" in cmd
+            or str(run_dir).encode() in cmd
+        ):
             out.add(int(pid))
     return out
 
@@ -67,7 +71,7 @@ def _run(
     procs = []
     for rank, name in enumerate(workers):
         host = em.topology.host(name)
-        argv = [sys.executable, "-m", "emulation.hostrun", algo, "--rank", str(rank),
+        argv = [sys.executable, "-m", "emulation.mininet.hostrun", algo, "--rank", str(rank),
                 "--workers", str(len(workers)), "--size", str(size), "--seed", "7",
                 "--bind", host.address, "--port", str(WORKER_UDP_PORT), *extra(name)]  # fmt: skip
         procs.append(em.host(name).popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE,

@@ -16,7 +16,7 @@ import pytest
 from dynamiccl.fit import Measurement
 from dynamiccl.model import ALGORITHMS, DEFAULT_PROFILE, MeasuredLinks, Profile, estimate
 from emulation.bench import calibrate as calibrate_module
-from emulation.emulate import apply_overrides
+from emulation.mininet.emulate import apply_overrides
 from emulation.topology import load_topology
 
 TOPOLOGIES = Path(__file__).resolve().parents[2] / "topologies"

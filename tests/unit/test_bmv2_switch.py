@@ -35,7 +35,6 @@ from emulation.bmv2 import (
     Bmv2Tools,
     Bmv2Unavailable,
     CompileError,
-    bmv2_switch_class,
     check_bmv2_switch,
     compile_command,
     compile_program,
@@ -43,6 +42,7 @@ from emulation.bmv2 import (
     find_bmv2,
     free_tcp_ports,
 )
+from emulation.mininet.nodes import bmv2_switch_class
 from emulation.softswitch.process import SwitchStartError
 
 SWITCH = Bmv2Tools(Path("/opt/bmv2/bin/simple_switch_grpc"))

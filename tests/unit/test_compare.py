@@ -30,7 +30,7 @@ from emulation.bench.cpu import RowCpu
 from emulation.bench.ratesweep import merge_documents
 from emulation.bench.report import Row, make_document, write_json
 from emulation.cli import build_parser, main
-from emulation.emulate import apply_overrides, emulation_metadata
+from emulation.mininet.emulate import apply_overrides, emulation_metadata
 from emulation.topology import load_topology
 
 TOPOLOGIES = Path(__file__).resolve().parents[2] / "topologies"

@@ -1,4 +1,5 @@
-"""Links where a job's INA traffic converges before a switch sums it (emulation.convergence).
+"""Links where a job's INA traffic converges before a switch sums it
+(emulation.topology.convergence).
 
 Pure functions of the shipped topologies: which links several streams share on their way
 to the aggregating switch, the floor that sets, the advice worded for ``check`` and the
@@ -15,14 +16,14 @@ import pytest
 
 from emulation.bench.cli import config_from_args
 from emulation.cli import build_parser
-from emulation.convergence import (
+from emulation.mininet.emulate import apply_overrides, convergence_footnote, emulation_metadata
+from emulation.topology import Topology, load_topology
+from emulation.topology.convergence import (
     Convergence,
     convergence_notes,
     converging_links,
     hierarchical_sibling,
 )
-from emulation.emulate import apply_overrides, convergence_footnote, emulation_metadata
-from emulation.topology import Topology, load_topology
 
 TOPOLOGIES = Path(__file__).resolve().parents[2] / "topologies"
 

@@ -1,4 +1,4 @@
-"""emulation.datapaths: who emulates the links, which data plane each soft switch runs."""
+"""emulation.mininet.datapaths: who emulates the links, which data plane each soft switch runs."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ from typing import Any
 
 import pytest
 
-from emulation.datapaths import DatapathChoice, link_specs, netem_available, plan_links
+from emulation.mininet.datapaths import DatapathChoice, link_specs, netem_available, plan_links
 from emulation.topology import Topology, parse_topology
 
 NO_EBPF = "the eBPF data plane needs clang"
@@ -142,7 +142,10 @@ def test_reordering_needs_the_shaper_and_no_netem_in_its_class() -> None:
     lossy = _topo({"bw": 10, "reorder": 0.1, "loss": 0.01})
     with pytest.raises(ValueError, match="reordering and netem's delay, jitter or loss"):
         plan_links(lossy, netem=True, ebpf_reason=None)
-    assert plan_links(lossy, netem=False, ebpf_reason=None).specs["s1"][1].endswith(
-        ",reorder=0.1,ingress")
+    assert (
+        plan_links(lossy, netem=False, ebpf_reason=None)
+        .specs["s1"][1]
+        .endswith(",reorder=0.1,ingress")
+    )
     # Duplication alone needs neither.
     assert plan_links(_topo({"dup": 0.1, "loss": 0.01}), netem=True, ebpf_reason=None).specs

@@ -1,5 +1,5 @@
 """dynamiccl.model: the alpha-beta cost model, the profile file and the topology summary's
-JSON (emulation.topology_summary derives summaries: tests/unit/test_topology_summary.py)."""
+JSON (emulation.topology.summary derives summaries: tests/unit/test_topology_summary.py)."""
 
 from __future__ import annotations
 

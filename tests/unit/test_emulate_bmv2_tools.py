@@ -12,8 +12,8 @@ import pytest
 
 from emulation.bmv2 import INSTALL_HINT, Bmv2Tools, find_bmv2
 from emulation.cli import main
-from emulation.datapaths import plan_links
-from emulation.emulate import describe_plan
+from emulation.mininet.datapaths import plan_links
+from emulation.mininet.emulate import describe_plan
 from emulation.topology import load_topology
 
 TOPOLOGIES = Path(__file__).resolve().parents[2] / "topologies"

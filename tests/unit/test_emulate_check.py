@@ -16,8 +16,8 @@ from pathlib import Path
 
 import pytest
 
-from emulation.check import AT_RUN_TIME, CheckError, Machine, check_report
 from emulation.cli import build_parser
+from emulation.mininet.check import AT_RUN_TIME, CheckError, Machine, check_report
 from emulation.topology import TopologyError
 
 REPO = Path(__file__).resolve().parents[2]
@@ -219,8 +219,10 @@ def test_the_command_needs_no_mininet() -> None:
     )
     status, *modules = proc.stderr.split()
     assert status == "0"
-    assert "emulation.check" in modules
-    assert not [m for m in modules if m.split(".")[0] == "mininet" or m == "emulation.network"]
+    assert "emulation.mininet.check" in modules
+    assert not [
+        m for m in modules if m.split(".")[0] == "mininet" or m == "emulation.mininet.network"
+    ]
 
 
 @pytest.mark.parametrize(

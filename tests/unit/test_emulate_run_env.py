@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from emulation.cli import build_parser, main
-from emulation.run import RankSpec, exit_status, rank_environment, stream_lines
+from emulation.mininet.run import RankSpec, exit_status, rank_environment, stream_lines
 
 STAR4 = str(Path(__file__).resolve().parents[2] / "topologies" / "star4.yaml")
 

@@ -40,6 +40,17 @@ SWITCH_TARGETS = ("emulation.softswitch", "emulation.tnamodel")
 """Switch targets: they may import hostlib's wire format and the controller's P4Info
 reader, never the Mininet emulation or the bench."""
 
+EMULATION_LAYERS: tuple[tuple[str, ...], ...] = (
+    # the switch targets, and the value parsers their command lines share
+    ("emulation.softswitch", "emulation.tnamodel", "emulation.bmv2", "emulation.argtypes"),
+    ("emulation.topology",),  # topologies as data
+    ("emulation.bench",),
+    ("emulation.mininet",),  # the network, and ``inalab emulate`` (which runs benches)
+    ("emulation.cli",),
+)
+"""emulation's parts, bottom first, as for :data:`HOSTLIB_LAYERS`; ``emulation`` itself
+and its ``_moved`` finder (old module paths) stand apart."""
+
 
 def _modules(packages: Iterable[str] = PACKAGES) -> dict[str, Path]:
     """Module name -> source file, for every module of ``packages``."""
@@ -143,9 +154,19 @@ def _hostlib_floor(module: str) -> int:
     raise AssertionError(f"{module} has no floor in HOSTLIB_LAYERS: place it")
 
 
+def _emulation_floor(module: str) -> int:
+    """The floor of an emulation module (:data:`EMULATION_LAYERS`); the package: the top."""
+    for floor, members in enumerate(EMULATION_LAYERS):
+        if any(module == m or module.startswith(m + ".") for m in members):
+            return floor
+    if module in ("emulation", "emulation._moved"):
+        return len(EMULATION_LAYERS)
+    raise AssertionError(f"{module} has no floor in EMULATION_LAYERS: place it")
+
+
 def against_the_order(graph: Mapping[str, set[str]]) -> list[str]:
-    """Every import that goes up: between packages, between hostlib's floors, or from a
-    switch target into the rest of the emulation."""
+    """Every import that goes up: between packages, between hostlib's or emulation's
+    floors, or from a switch target into the rest of the emulation."""
     wrong = []
     for module, targets in sorted(graph.items()):
         top = module.split(".")[0]
@@ -155,6 +176,10 @@ def against_the_order(graph: Mapping[str, set[str]]) -> list[str]:
                 wrong.append(f"{module} -> {target}: {top} is below {there}")
             elif top == there == "hostlib" and _hostlib_floor(target) > _hostlib_floor(module):
                 wrong.append(f"{module} -> {target}: a floor up in hostlib")
+            elif top == there == "emulation" and (
+                _emulation_floor(target) > _emulation_floor(module)
+            ):
+                wrong.append(f"{module} -> {target}: a floor up in emulation")
             elif (
                 any(module.startswith(t) for t in SWITCH_TARGETS)
                 and there == "emulation"
@@ -179,6 +204,19 @@ def test_there_are_no_import_circles() -> None:
 
 def test_every_import_goes_down_the_layer_order() -> None:
     assert against_the_order(GRAPH) == []
+
+
+def test_the_emulation_folders_hold_its_parts() -> None:
+    """The topology data and the switch targets need nothing of Mininet: no module of
+    theirs imports ``mininet`` or ``emulation.mininet``."""
+    below = [m for m in GRAPH if m.startswith("emulation.") and _emulation_floor(m) <= 1]
+    assert "emulation.topology.load" in below and "emulation.softswitch.server" in below
+    for module in below:
+        imported = _imported(module, _modules(("emulation",))[module])
+        assert not [n for n in imported if n.split(".")[0] == "mininet"], module
+        assert not [n for n in GRAPH[module] if n.startswith("emulation.mininet")], module
+    loose = sorted(p.name for p in (REPO / "emulation").glob("*.py"))
+    assert loose == ["__init__.py", "_moved.py", "argtypes.py", "bmv2.py", "cli.py"]
 
 
 def test_p4_compile_needs_no_emulator_module() -> None:

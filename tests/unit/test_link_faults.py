@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from emulation.cli import build_parser
-from emulation.emulate import apply_overrides, describe_links
+from emulation.mininet.emulate import apply_overrides, describe_links
 from emulation.softswitch.ebpf import layout
 from emulation.softswitch.ebpf.lanes import LANE_HELD, LANE_IN_ORDER, lane_commands
 from emulation.topology import load_topology

@@ -1,4 +1,4 @@
-"""``emulation.linkcontrol``: a rank's link-rate request over a real Unix socket, served
+"""``emulation.mininet.linkcontrol``: a rank's link-rate request over a real Unix socket, served
 by the emulator's loop (here with a recording ``set_rate`` instead of ``tc``)."""
 
 from __future__ import annotations
@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from emulation.linkcontrol import ENV_LINK_CONTROL, LinkControlError, serve, set_link_rate
+from emulation.mininet.linkcontrol import ENV_LINK_CONTROL, LinkControlError, serve, set_link_rate
 
 
 def test_a_request_runs_set_rate_and_is_answered(tmp_path: Path) -> None:

@@ -1,4 +1,4 @@
-"""emulation.registry: a second run with a node name in common is refused in one line;
+"""emulation.mininet.registry: a second run with a node name in common is refused in one line;
 records of processes that are gone do not block anyone; each run removes its own."""
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from emulation.registry import EmulationBusy, existing_interfaces, live_runs, register
+from emulation.mininet.registry import EmulationBusy, existing_interfaces, live_runs, register
 
 
 def _net(tmp_path: Path, *interfaces: str) -> Path:

@@ -1,4 +1,4 @@
-"""emulation.topology_summary: a topology's job as dynamiccl's model sees it, the links a
+"""emulation.topology.summary: a topology's job as dynamiccl's model sees it, the links a
 calibration ran across, and the summary file ``inalab decide --summary`` reads."""
 
 from __future__ import annotations
@@ -10,9 +10,9 @@ from pathlib import Path
 import pytest
 
 from dynamiccl.model import DEFAULT_PROFILE, MeasuredLinks, TopologySummary, estimate
-from emulation.emulate import apply_overrides
+from emulation.mininet.emulate import apply_overrides
 from emulation.topology import TopologyError, load_topology, parse_topology
-from emulation.topology_summary import (
+from emulation.topology.summary import (
     decide_summary,
     measured_links,
     summarize_topology,

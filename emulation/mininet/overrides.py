@@ -1,7 +1,7 @@
 """The topology as a run applies it: the command line's overrides and what follows from them.
 
-Emulation layer, below both :mod:`emulation.emulate` (which builds the network) and
-:mod:`emulation.check` (which says what would be built): the ``--bw``/``--delay``/
+Emulation layer, below both :mod:`emulation.mininet.emulate` (which builds the network) and
+:mod:`emulation.mininet.check` (which says what would be built): the ``--bw``/``--delay``/
 ``--jitter``/``--link-loss``/``--link-dup``/``--link-reorder`` and ``--lanes`` overrides
 applied to a loaded topology (:func:`apply_overrides`, pure data in, data out), the INA
 packet width a run takes unless told (:func:`default_lanes`), and the one-line account of

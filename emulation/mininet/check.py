@@ -3,13 +3,13 @@
 Emulation layer, the part of ``inalab emulate`` that needs neither root nor Mininet. It
 reads the topology as a run does (:func:`~emulation.topology.load_topology`, then the
 ``--bw``/``--delay``/``--jitter``/``--link-loss`` overrides of
-:func:`~emulation.overrides.apply_overrides`) and makes the decisions a run makes before it
+:func:`~emulation.mininet.overrides.apply_overrides`) and makes the decisions a run makes before it
 touches the kernel: who emulates the links' delay and loss and each soft switch's data
-plane (:func:`~emulation.datapaths.plan_links`), what bmv2 refuses
+plane (:func:`~emulation.mininet.datapaths.plan_links`), what bmv2 refuses
 (:func:`~emulation.bmv2.check_bmv2_switch`), each job's ranks and aggregation tree
 (:func:`~emulation.topology.aggregation_tree`) and what dynamiccl is told of its network
-(:func:`~emulation.topology_summary.summarize_topology`), and warns of links where a job's
-INA traffic converges before a switch sums it (:mod:`emulation.convergence`).
+(:func:`~emulation.topology.summary.summarize_topology`), and warns of links where a job's
+INA traffic converges before a switch sums it (:mod:`emulation.topology.convergence`).
 
 What only root can find out, whether the eBPF data plane loads here, is reported as
 decided at run time, with what it depends on. The machine's tools (Mininet's ``mnexec``,
@@ -25,7 +25,7 @@ import sys
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from emulation.datapaths import DatapathChoice, LinkPlan, netem_available, plan_links
+from emulation.mininet.datapaths import DatapathChoice, LinkPlan, netem_available, plan_links
 from emulation.topology import Link, Topology, TopologyError, TopologyJob, aggregation_tree
 
 if TYPE_CHECKING:
@@ -50,7 +50,7 @@ class Machine:
 
     Attributes:
         root: the check runs as root (then the eBPF data plane's fate is known here).
-        netem: the kernel has netem (:func:`~emulation.datapaths.netem_available`).
+        netem: the kernel has netem (:func:`~emulation.mininet.datapaths.netem_available`).
         ebpf_reason: as root, why the eBPF data plane cannot run here (None: it can).
     """
 
@@ -92,7 +92,7 @@ def check_report(args: argparse.Namespace, machine: Machine) -> str:
             ``--job``, a link that cannot be emulated here, a data plane that cannot be,
             a bmv2 switch that ``p4/`` cannot be.
     """
-    from emulation.overrides import apply_overrides, default_lanes
+    from emulation.mininet.overrides import apply_overrides, default_lanes
     from emulation.topology import load_topology
 
     topo = load_topology(args.topology)
@@ -212,7 +212,7 @@ def _datapath(choice: DatapathChoice, wanted: str, machine: Machine) -> str:
 
 def _links(topo: Topology, plan: LinkPlan) -> list[str]:
     """Every link as it would be applied (overrides included), and who applies what."""
-    from emulation.overrides import describe_links
+    from emulation.mininet.overrides import describe_links
 
     lines = [f"links ({len(topo.links)}): {describe_links(topo, plan.netem)}"]
     for link in topo.links:
@@ -247,7 +247,7 @@ def _values(link: Link) -> str:
 
 
 def _jobs(topo: Topology, jobs: tuple[TopologyJob, ...], job_id: int | None) -> list[str]:
-    from emulation.topology_summary import summarize_topology
+    from emulation.topology.summary import summarize_topology
 
     if not jobs:
         return [
@@ -282,8 +282,8 @@ def _jobs(topo: Topology, jobs: tuple[TopologyJob, ...], job_id: int | None) -> 
 
 def _convergence(topo: Topology, path: str) -> list[str]:
     """A warning per link where a job's INA streams converge before a switch sums them
-    (:func:`~emulation.convergence.convergence_notes`): the run goes ahead, slower."""
-    from emulation.convergence import convergence_notes
+    (:func:`~emulation.topology.convergence.convergence_notes`): the run goes ahead, slower."""
+    from emulation.topology.convergence import convergence_notes
 
     notes = convergence_notes(topo, path)
     if not notes:

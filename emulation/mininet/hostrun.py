@@ -1,4 +1,4 @@
-"""One rank of an allreduce, run inside an emulated host: ``python -m emulation.hostrun``.
+"""One rank of an allreduce, run inside an emulated host: ``python -m emulation.mininet.hostrun``.
 
 The emulator starts one of these per worker in each Mininet host (its own network
 namespace), reads the JSON line it prints, and compares ranks. Inputs are int32 from a
@@ -68,7 +68,7 @@ def _gloo(args: argparse.Namespace, x: np.ndarray) -> np.ndarray:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m emulation.hostrun", description=__doc__)
+    p = argparse.ArgumentParser(prog="python -m emulation.mininet.hostrun", description=__doc__)
     p.add_argument("algo", choices=("ina", "gloo"))
     p.add_argument("--rank", type=int, required=True)
     p.add_argument("--workers", type=int, required=True)

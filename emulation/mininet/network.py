@@ -16,7 +16,7 @@ Once started, :meth:`Emulation.configure` drives every switch through the contro
 
 Links: ``bw`` is HTB (Mininet's TCLink) and ``queue`` a pfifo under HTB's class;
 ``delay``, ``jitter`` and ``loss`` are netem's where the kernel has it, else the soft
-switches' ports apply delay and loss (:mod:`emulation.datapaths` decides, and picks
+switches' ports apply delay and loss (:mod:`emulation.mininet.datapaths` decides, and picks
 each soft switch's data plane: the eBPF program on its ports or the Python pipeline);
 ``dup`` and ``reorder`` are the eBPF program's, the latter in two lanes of the switch
 end's HTB class made here.
@@ -43,15 +43,9 @@ from typing import Any
 
 from controller.forwarder import HostRoute
 from controller.switch import SwitchController, WorkerAddress
-from emulation.bmv2 import (
-    Bmv2Tools,
-    Bmv2Unavailable,
-    bmv2_switch_class,
-    check_bmv2_switch,
-    find_bmv2,
-)
-from emulation.datapaths import LinkPlan, netem_available, plan_links
-from emulation.softswitch.process import SoftSwitchProcess
+from emulation.bmv2 import Bmv2Tools, Bmv2Unavailable, check_bmv2_switch, find_bmv2
+from emulation.mininet.datapaths import LinkPlan, netem_available, plan_links
+from emulation.mininet.nodes import SWITCH_CLASSES, bmv2_switch_class
 from emulation.topology import (
     AggregationTree,
     Link,
@@ -97,67 +91,6 @@ Addr = tuple[str, int]
 
 class EmulationError(RuntimeError):
     """The topology cannot be emulated here (a missing tool, an unsupported link)."""
-
-
-def _soft_switch_class() -> type:
-    from mininet.node import Switch
-
-    class SoftMininetSwitch(Switch):
-        """Mininet switch running inalab's soft switch on its interfaces."""
-
-        def __init__(
-            self,
-            name: str,
-            run_dir: Path,
-            lanes: int = 64,
-            slots: int = 1024,
-            forward_only: bool = False,
-            links: dict[int, str] | None = None,
-            pcap: bool = False,
-            seed: int = 0,
-            datapath: str = "python",
-            **params: Any,
-        ) -> None:
-            super().__init__(name, **params)
-            self.run_dir, self.lanes, self.slots = Path(run_dir), lanes, slots
-            self.forward_only, self.links, self.pcap, self.seed = forward_only, links, pcap, seed
-            self.datapath = datapath
-            self.process: SoftSwitchProcess | None = None
-
-        def _args(self) -> tuple[str, ...]:
-            args: list[str] = ["--datapath", self.datapath]
-            if self.forward_only:
-                args.append("--forward-only")
-            for port, spec in sorted((self.links or {}).items()):
-                args += ["--link", f"{port}:{spec}"]
-            if self.links:
-                args += ["--link-stats", str(self.run_dir / f"{self.name}.links.json")]
-            if self.pcap:
-                args += ["--pcap", str(self.run_dir / f"{self.name}.pcap")]
-            return tuple(args)
-
-        def start(self, controllers: list[Any]) -> None:
-            interfaces = {
-                self.ports[intf]: intf.name for intf in self.intfList() if intf.name != "lo"
-            }
-            self.process = SoftSwitchProcess(
-                self.run_dir, name=self.name, lanes=self.lanes, slots=self.slots,
-                seed=self.seed, interfaces=interfaces, extra_args=self._args(),
-            ).start()  # fmt: skip
-
-        def stop(self, deleteIntfs: bool = True) -> None:
-            if self.process is not None:
-                code = self.process.stop()
-                if code not in (0, None):
-                    log.warning("switch %s exited %s; log %s", self.name, code,
-                                self.process.log_path)  # fmt: skip
-            super().stop(deleteIntfs)
-
-    return SoftMininetSwitch
-
-
-SWITCH_CLASSES = {"soft": _soft_switch_class, "bmv2": bmv2_switch_class}
-"""Switch kind -> a function returning its Mininet class (imports Mininet lazily)."""
 
 
 @dataclass
@@ -477,7 +410,7 @@ def _check_supported(topo: Topology, slots: int, bmv2: Bmv2Tools | None) -> Bmv2
 
 
 def _plan(topo: Topology, datapath: str | None, pcap: bool, netem: bool | None) -> LinkPlan:
-    """The link plan of ``topo`` on this machine (:func:`emulation.datapaths.plan_links`).
+    """The link plan of ``topo`` on this machine (:func:`emulation.mininet.datapaths.plan_links`).
 
     Raises:
         EmulationError: the topology or ``datapath`` asks for what cannot be here.
@@ -658,7 +591,7 @@ def emulate(
         seed: seeds the switches' loss emulation (switch i uses ``seed + i``).
         slot_count: slots each job takes on each switch (its window).
         datapath: every soft switch's data plane (``auto``/``python``/``ebpf``); None
-            keeps each switch's own (:mod:`emulation.datapaths`).
+            keeps each switch's own (:mod:`emulation.mininet.datapaths`).
         netem: whether links use netem; None probes the kernel.
         bmv2_tools: what ``kind: bmv2`` switches run; None finds them on PATH.
         in_order_links: every veth keeps each flow's order (:data:`IN_ORDER_FEATURES`;

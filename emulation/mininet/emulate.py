@@ -18,7 +18,7 @@ and configures them through the controller, and writes ``RUN_DIR/manifest.json``
   controller (``inalab ctl --manifest RUN_DIR/manifest.json --name s1``) and workers;
 - ``--cli``: Mininet's CLI once the network is up (after the bench, if one runs);
 - ``check``: none of the above: validate the topology and print what would be built
-  (:mod:`emulation.check`; no root, no Mininet).
+  (:mod:`emulation.mininet.check`; no root, no Mininet).
 
 Needs root (network namespaces) and Mininet's ``mnexec`` (``apt-get install mininet``).
 Everything this run created is removed on exit, whatever the exit.
@@ -41,15 +41,15 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from emulation.argtypes import delay, int_in, positive_float, probability, rates
-from emulation.overrides import apply_overrides, default_lanes, describe_links
+from emulation.mininet.overrides import apply_overrides, default_lanes, describe_links
 
 if TYPE_CHECKING:
     from emulation.bench.config import BenchConfig
     from emulation.bench.fabric import Addr, InaSwitch
     from emulation.bench.workers import Placement
     from emulation.bmv2 import Bmv2Tools
-    from emulation.datapaths import LinkPlan
-    from emulation.network import Emulation
+    from emulation.mininet.datapaths import LinkPlan
+    from emulation.mininet.network import Emulation
     from emulation.topology import Topology, TopologyJob
 
 __all__ = [
@@ -96,7 +96,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     add("--in-order-links", action="store_true",
         help="every link keeps each flow's order, as a cable does (eBPF switches only; "
         "veths without TCP segmentation offload and with GRO, which costs TCP CPU: "
-        "emulation.network.IN_ORDER_FEATURES); by default a veth may pass a flow's frame "
+        "emulation.mininet.network.IN_ORDER_FEATURES); by default a veth may pass a flow's frame "
         "ahead of an earlier one that the other core received")  # fmt: skip
     add("--switch-slots", type=int_in(1, 1 << 15), default=1024,
         help="each switch's slot pool per set (default 1024)")  # fmt: skip
@@ -133,8 +133,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     only.add_argument("--seconds", type=positive_float, default=5.0,
                       help="measured interval (default 5)")  # fmt: skip
-    only.add_argument("--window", type=int_in(1, 4096), default=64,
-                      help="slots outstanding per sender: the job's slots (default 64)")
+    only.add_argument(
+        "--window",
+        type=int_in(1, 4096),
+        default=64,
+        help="slots outstanding per sender: the job's slots (default 64)",
+    )
     only.add_argument("--lanes", type=int_in(1, 2048), default=64,
                       help="int32 lanes per packet (default 64: p4/'s width)")  # fmt: skip
     only.add_argument("--json", type=Path, metavar="PATH", help="write the numbers as JSON")
@@ -161,7 +165,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                        help="the datagram is an INA packet of this many lanes (default: the"
                        " bench's)")  # fmt: skip
     floor.add_argument("--json", type=Path, metavar="PATH", help="write the numbers as JSON")
-    from emulation.run import add_arguments as run_arguments
+    from emulation.mininet.run import add_arguments as run_arguments
 
     program = sub.add_parser("run", help="run COMMAND once per rank of the job, in its host")
     run_arguments(program)
@@ -210,17 +214,17 @@ topology can be emulated with these options, 1 with a one-line error if not. E.g
 def run(args: argparse.Namespace) -> int:
     """Bring the network up, run the action, tear it down; 0 on success, 1 if a run
     failed or gave wrong results, 2 on bad arguments or a machine that cannot emulate
-    (``check``: 0 or 1, :func:`emulation.check.run_check`)."""
+    (``check``: 0 or 1, :func:`emulation.mininet.check.run_check`)."""
     try:
         _check_rates(args)
     except _Refused as exc:
         print(f"{PROG}: error: {exc}", file=sys.stderr)
         return 2
     if args.action == "check":  # no root, no Mininet: nothing below is needed
-        from emulation.check import run_check
+        from emulation.mininet.check import run_check
 
         return run_check(args)
-    from emulation.network import EmulationError
+    from emulation.mininet.network import EmulationError
     from emulation.softswitch.process import SwitchStartError
     from emulation.topology import TopologyError, load_topology
 
@@ -244,7 +248,7 @@ def run(args: argparse.Namespace) -> int:
     except (TopologyError, _Refused) as exc:
         print(f"{PROG}: error: {exc}", file=sys.stderr)
         return 2
-    from emulation.registry import EmulationBusy, register
+    from emulation.mininet.registry import EmulationBusy, register
 
     made = args.run_dir is None
     run_dir = args.run_dir or Path(tempfile.mkdtemp(prefix="inalab-emulate-"))
@@ -389,7 +393,7 @@ def _run(
     run_dir: Path,
     tools: Bmv2Tools | None = None,
 ) -> int:
-    from emulation.network import emulate
+    from emulation.mininet.network import emulate
 
     bench = args.action in _JOB_ACTIONS
     slots = getattr(args, "slots", None) or getattr(args, "window", None) or 256
@@ -417,7 +421,7 @@ def _run(
             assert job is not None
             status = _wire_floor(args, em, job, run_dir)
         elif args.action == "run":
-            from emulation.run import run_command
+            from emulation.mininet.run import run_command
 
             assert job is not None
             status = run_command(args, em, job, run_dir)
@@ -455,7 +459,7 @@ def _bench(args: argparse.Namespace, em: Emulation, job: TopologyJob, run_dir: P
         },
         "loss_applies_to": "switch drop simulator (INA only); link loss in emulation.links",
     }
-    from emulation.topology_summary import summarize_topology
+    from emulation.topology.summary import summarize_topology
 
     summary = summarize_topology(em.topology, job.job_id, slots=cfg.slots)
     try:
@@ -473,10 +477,10 @@ def convergence_footnote(
 ) -> list[str]:
     """The lines the bench prints after its summary where an algorithm that may use the
     switch runs: the links where the job's INA traffic converges on ``topo`` (the file
-    at ``path``) before a switch sums it (:mod:`emulation.convergence`; the JSON has them
-    as ``metadata.emulation.convergence``)."""
+    at ``path``) before a switch sums it (:mod:`emulation.topology.convergence`; the JSON has them
+    as ``metadata.emulation.topology.convergence``)."""
     from emulation.bench.config import INA_ALGORITHMS
-    from emulation.convergence import convergence_notes
+    from emulation.topology.convergence import convergence_notes
 
     if not set(cfg.algos) & {*INA_ALGORITHMS, "auto"}:
         return []  # ring, tree and Gloo send host to host: no switch sums them
@@ -505,7 +509,7 @@ def _bench_rates(
 
     from emulation.bench.cli import run_bench
     from emulation.bench.ratesweep import merge_documents
-    from emulation.topology_summary import summarize_topology
+    from emulation.topology.summary import summarize_topology
 
     job = fabric.job
     netem = None if em.plan is None else em.plan.netem
@@ -559,7 +563,7 @@ def emulation_metadata(topo: Topology, job: TopologyJob, run_dir: Path) -> dict[
     """The ``emulation`` section of a bench's or replay's JSON metadata: the network the
     ranks ran across, links as applied (``inalab compare`` tells configurations apart by
     it), and the links where its INA traffic converges before a switch sums it."""
-    from emulation.convergence import converging_links
+    from emulation.topology.convergence import converging_links
 
     return {
         "topology": topo.name,
@@ -583,7 +587,7 @@ def _replay(args: argparse.Namespace, em: Emulation, job: TopologyJob, run_dir: 
     from emulation.bench.replay import run_replay
     from emulation.bench.replay_setup import prepare
     from emulation.bench.sweep import BenchError
-    from emulation.topology_summary import summarize_topology
+    from emulation.topology.summary import summarize_topology
 
     fabric = EmulatedFabric(em, job)
     setup = prepare(args, fabric.workers, emulated=True)  # refused before the network if bad

@@ -4,7 +4,7 @@ the emulated hosts.
 The emulator installs the topology's job itself (it knows each worker's host, MAC and
 switch port; the hosts' namespaces cannot reach a switch's P4Runtime server on the root
 namespace's loopback): rank r of the job, on host h with local rank k, is installed at
-``h``'s address and UDP port :data:`~emulation.network.WORKER_UDP_PORT` + k, and told
+``h``'s address and UDP port :data:`~emulation.mininet.network.WORKER_UDP_PORT` + k, and told
 where its packets go (its aggregating switch: under hierarchical aggregation, its leaf)
 and which rank they carry there. Then COMMAND starts once per rank inside that rank's
 host (``mnexec`` into its network namespace, in a session of its own), with:
@@ -18,7 +18,7 @@ host (``mnexec`` into its network namespace, in a session of its own), with:
   ``INALAB_SWITCH_RANK``, ``INALAB_WORKERS``, ``INALAB_LANES``, ``INALAB_SLOTS``, and no
   ``INALAB_P4RUNTIME``;
 - ``INALAB_LINK_CONTROL``: where a rank asks for every host link's rate to change
-  mid-run (``emulation.linkcontrol.set_link_rate(mbit)``; needs ``--bw``);
+  mid-run (``emulation.mininet.linkcontrol.set_link_rate(mbit)``; needs ``--bw``);
 - ``INALAB_RUN_DIR`` (the run directory) and ``PYTHONUNBUFFERED=1`` unless set (so
   output streams as it is printed), ``OMP_NUM_THREADS=1`` unless set (torchrun's
   default: the ranks share the machine's cores); ``PATH`` led by the directory of the Python that
@@ -50,11 +50,11 @@ from typing import IO, TYPE_CHECKING, Any, TextIO
 
 from emulation.argtypes import int_in, positive_float
 from emulation.bench.config import DEFAULT_EMULATED_SLOTS
-from emulation.linkcontrol import ENV_LINK_CONTROL
-from emulation.linkcontrol import serve as serve_link_control
+from emulation.mininet.linkcontrol import ENV_LINK_CONTROL
+from emulation.mininet.linkcontrol import serve as serve_link_control
 
 if TYPE_CHECKING:
-    from emulation.network import Emulation
+    from emulation.mininet.network import Emulation
     from emulation.topology import TopologyJob
 
 __all__ = [
@@ -271,8 +271,8 @@ def _remove(em: Emulation, job_id: int) -> None:
 
 def _install(em: Emulation, job: TopologyJob) -> list[RankSpec]:
     """Install ``job`` with rank k of each host at WORKER_UDP_PORT + k, as
-    :meth:`~emulation.network.Emulation.configure` does; each rank's :class:`RankSpec`."""
-    from emulation.network import WORKER_UDP_PORT
+    :meth:`~emulation.mininet.network.Emulation.configure` does; each rank's :class:`RankSpec`."""
+    from emulation.mininet.network import WORKER_UDP_PORT
     from emulation.topology import aggregation_tree
 
     topo = em.topology
