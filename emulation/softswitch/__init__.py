@@ -1,9 +1,10 @@
 """The software INA switch: pipeline semantics, UDP server, P4Runtime server, process.
 
 ``pipeline`` is the data plane (what ``p4/`` implements on bmv2); ``server`` puts it on a
-UDP socket; ``p4runtime`` is its P4Runtime server (the control interface bmv2 has too);
-``process`` runs it as a subprocess and proves readiness; ``cli`` is ``inalab switch``;
-``loadgen`` benchmarks it; ``argtypes`` parses its options.
+UDP socket; ``p4runtime`` is its P4Runtime server (the control interface bmv2 has too;
+its parts are the ``p4rt_*`` modules, its names import from ``p4runtime``); ``process``
+runs it as a subprocess and proves readiness; ``cli`` is ``inalab switch``; ``loadgen``
+benchmarks it; ``argtypes`` parses its options.
 
 Switch-target layer. The package imports its modules only when one of the names below is
 asked for (:func:`__getattr__`, PEP 562; no warning: the names live here): the emulation's
