@@ -56,6 +56,12 @@ __all__ = [
     "MAX_WORKERS",
     "POOL_SET_BIT",
     "PROTOCOL_VERSION",
+    "ROCE_BTH_SIZE",
+    "ROCE_ICRC_SIZE",
+    "ROCE_IMMDT_SIZE",
+    "ROCE_PMTUS",
+    "ROCE_RETH_SIZE",
+    "ROCE_UDP_PORT",
     "SLOT_MASK",
     "SWITCH_DROPS",
     "SWITCH_SLOTS",
@@ -65,6 +71,7 @@ __all__ = [
     "Header",
     "PacketType",
     "ProtocolError",
+    "RoceOpcode",
     "make_pool_index",
     "pack_header",
     "packet_size",
@@ -162,6 +169,44 @@ FLAG_RESEND = 0x01
 """flags bit the host sets on a retransmission. Informational only (host statistics,
 pcaps): the switch ignores flags and tells a retransmission by its bitmap and seq
 registers, since a packet it never saw must be aggregated however it is marked."""
+
+
+ROCE_UDP_PORT = 4791
+"""UDP destination port of RoCEv2 (IANA): INA over RDMA travels in RoCEv2 frames
+(docs/protocol.md, "INA over RoCEv2"; the codec is :mod:`hostlib.rocev2`)."""
+
+ROCE_BTH_SIZE = 12
+"""Base Transport Header: opcode, flags, P_Key, dest QP, PSN."""
+
+ROCE_RETH_SIZE = 16
+"""RDMA Extended Transport Header (first or only packet of a WRITE): VA, R_Key, length."""
+
+ROCE_IMMDT_SIZE = 4
+"""Immediate data (last or only packet of a WRITE with immediate)."""
+
+ROCE_ICRC_SIZE = 4
+"""Invariant CRC closing every RoCEv2 frame."""
+
+ROCE_PMTUS = (256, 512, 1024, 2048, 4096)
+"""RDMA path MTUs: the payload bytes of every packet of a message but its last. INA over
+RoCEv2 sends messages of whole packets, so lanes x 4 is one of these when a message has
+more than one packet; a one-packet message may carry any lanes up to the PMTU."""
+
+
+class RoceOpcode(enum.IntEnum):
+    """BTH opcodes of an Unreliable Connected (UC) RDMA WRITE: the only ones INA uses.
+
+    A message of one packet is ``*_ONLY``; of more, ``FIRST``, ``MIDDLE`` ..., ``LAST``.
+    The first or only packet carries a RETH, the last or only one of a WRITE with
+    immediate the immediate data.
+    """
+
+    UC_WRITE_FIRST = 0x26
+    UC_WRITE_MIDDLE = 0x27
+    UC_WRITE_LAST = 0x28
+    UC_WRITE_LAST_IMM = 0x29
+    UC_WRITE_ONLY = 0x2A
+    UC_WRITE_ONLY_IMM = 0x2B
 
 
 class PacketType(enum.IntEnum):
