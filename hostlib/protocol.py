@@ -143,9 +143,14 @@ SWITCH_DROPS = (
     "stale",
     "sim_ingress",
     "sim_egress",
+    "unknown_qp",
+    "bad_psn",
+    "bad_icrc",
 )
 """Why the switch drops a packet, in the index order of its P4 counters drops (DROP_* in
-configuration.p4). Egress counts sim_egress; ingress the others."""
+configuration.p4). Egress counts sim_egress; ingress the others. The last three are
+RoCEv2's (docs/protocol.md, "INA over RoCEv2"): a dest QP no table entry holds, a PSN
+out of sequence (UC), and a bad ICRC (software data planes only)."""
 
 DEFAULT_SLOTS_PER_JOB = 256
 """Slots a job gets unless configured otherwise: SwitchML's default outstanding window."""

@@ -121,7 +121,10 @@ const bit<32> DROP_BAD_LENGTH = 7;
 const bit<32> DROP_STALE = 8;
 const bit<32> DROP_SIM_INGRESS = 9;
 const bit<32> DROP_SIM_EGRESS = 10;
-const bit<32> NUM_DROP_REASONS = 11;
+const bit<32> DROP_UNKNOWN_QP = 11;   // RoCEv2: dest QP not in roce_requests
+const bit<32> DROP_BAD_PSN = 12;      // RoCEv2: PSN out of sequence (UC)
+const bit<32> DROP_BAD_ICRC = 13;     // RoCEv2: software data planes only (P4 cannot check)
+const bit<32> NUM_DROP_REASONS = 14;
 
 // meta.drop_reason of a packet nothing has dropped (not a counter index).
 const bit<32> NO_DROP = 0xFFFFFFFF;

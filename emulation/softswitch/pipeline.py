@@ -120,6 +120,9 @@ class DropReason(enum.StrEnum):
     STALE = "stale"  # older than the slot's current use (a delayed retransmission)
     SIM_INGRESS = "sim_ingress"  # drop simulator, switch ingress
     SIM_EGRESS = "sim_egress"  # drop simulator, per replica at egress
+    UNKNOWN_QP = "unknown_qp"  # RoCEv2: a dest QP the request table does not hold
+    BAD_PSN = "bad_psn"  # RoCEv2: out of sequence, or no open message (UC)
+    BAD_ICRC = "bad_icrc"  # RoCEv2: the ICRC disagrees (software data planes)
 
 
 class JobTableError(ValueError):

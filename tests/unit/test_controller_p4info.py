@@ -23,6 +23,7 @@ from controller import (
     register_entry,
     table_entry,
 )
+from hostlib.protocol import SWITCH_DROPS
 
 P4INFO = P4Info.load()
 JOB_PARAMS = {"num_workers": 4, "slot_base": 256, "slot_count": 128, "mgid": 7}
@@ -62,7 +63,7 @@ def test_match_fields_and_params_by_name_and_id() -> None:
 
 
 def test_counters_and_registers() -> None:
-    assert P4INFO.counter("Egress.drops").size == 11
+    assert P4INFO.counter("Egress.drops").size == len(SWITCH_DROPS) == 14
     assert P4INFO.counter(0x12010001).unit == "PACKETS"
     assert P4INFO.register("Ingress.exponents.exponent").bitwidth == 8
     assert P4INFO.register(0x1607003F).name == "Ingress.values.lane_63"
@@ -225,7 +226,7 @@ def test_register_and_counter_entries() -> None:
     with pytest.raises(P4InfoError, match="index 1 is out of range"):
         register_entry(P4INFO, "Ingress.drop_simulator.probability", 1)
     with pytest.raises(P4InfoError, match="out of range"):
-        counter_entry(P4INFO, "Ingress.drops", 11)
+        counter_entry(P4INFO, "Ingress.drops", 14)
     with pytest.raises(EncodingError):
         register_entry(P4INFO, "Ingress.exponents.exponent", 0, 0x100)
 

@@ -229,7 +229,10 @@ def test_the_checks_run_in_the_soft_switchs_order() -> None:
     order = [r.name for r in DropReason]
     # The drop simulator first (as on bmv2), then every check in the soft switch's order;
     # stale is the default (an older seq), the egress simulator is egress's.
-    checks = [r for r in order if r not in ("STALE", "SIM_INGRESS", "SIM_EGRESS")]
+    # RoCEv2's reasons are counted by the soft switch so far; p4/tna/ gains them with its
+    # RoCE parser (issue #40).
+    roce = ("UNKNOWN_QP", "BAD_PSN", "BAD_ICRC")
+    checks = [r for r in order if r not in ("STALE", "SIM_INGRESS", "SIM_EGRESS", *roce)]
     assert seen == ["SIM_INGRESS", *checks]
 
 
