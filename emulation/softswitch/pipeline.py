@@ -307,6 +307,7 @@ class Pipeline:
         self.forward_default: tuple[str, int] = ("drop", 0)
         self._out = bytearray(self._size)
         self._out_view = memoryview(self._out)
+        self._framed = False  # in aggregate(): results unfiltered by the egress simulator
         self._out_values = np.frombuffer(self._out, dtype=">i4", offset=HEADER_SIZE)
         self.stats: dict[str, int] = {
             "received": 0,
@@ -685,6 +686,13 @@ class Pipeline:
     def counters(self) -> dict[str, int]:
         return dict(self.stats)
 
+    def worker_rank(self, job_id: int, addr: Addr) -> int | None:
+        """The rank of ``job_id`` bound to source ``addr`` in the workers table, if any."""
+        for rank, bound in self._workers.get(job_id, {}).items():
+            if addr in bound:
+                return rank
+        return None
+
     def set_counter(self, name: str, value: int) -> None:
         """Set statistic ``name`` (a key of :meth:`counters`) to ``value``, as a P4
         counter write does (a controller resetting a counter writes 0).
@@ -705,10 +713,30 @@ class Pipeline:
         Returns what to send, or ``None`` when the packet is consumed or dropped. Never
         raises on packet content: anything invalid is dropped and counted.
         """
-        stats = self.stats
-        stats["received"] += 1
+        self.stats["received"] += 1
         if self.drops.ingress and self.drops.drop_ingress():
             return self._drop(DropReason.SIM_INGRESS)
+        return self._process(data, src)
+
+    def aggregate(self, data: memoryview, src: Addr) -> Emit | None:
+        """An INA packet that arrived in another framing (RoCEv2: ``roce.py``), as the
+        framing's parser rebuilt it: the caller counted it received and ran the ingress
+        simulator. A result comes back for every replica, unfiltered and uncounted: the
+        caller builds a frame per replica, runs the egress simulator on each, and counts
+        ``results_sent`` and ``drop_sim_egress`` (:meth:`count`)."""
+        self._framed = True
+        try:
+            return self._process(data, src)
+        finally:
+            self._framed = False
+
+    def count(self, name: str, n: int = 1) -> None:
+        """Add ``n`` to statistic ``name`` (``drop_<reason>`` for a drop), for a framing
+        in front of the pipeline (:meth:`aggregate`)."""
+        self.stats[name] += n
+
+    def _process(self, data: memoryview, src: Addr) -> Emit | None:
+        stats = self.stats
         n = len(data)
         if n < HEADER_SIZE:
             return self._drop(DropReason.TRUNCATED)
@@ -853,6 +881,8 @@ class Pipeline:
         out[0] = _RESULT_VT
         out[5] = int(self.exponent[i]) & 0xFF
         self._out_values[:] = self.values[i]
+        if self._framed:
+            return Emit(self._out_view, dests, links)
         drops = self.drops
         if drops.egress:
             keep = [not drops.drop_egress() for _ in dests]
