@@ -1,5 +1,6 @@
-"""Transports: UDP sockets (``udp``) and a simulated network (``memory``). There is no
-RoCEv2 transport yet (issue #40)."""
+"""Transports: UDP sockets (``udp``), RDMA WRITEs (``rdma``) over an emulated RNIC
+(``rnic``: RoCEv2 frames on a UDP socket) or a verbs device, and a simulated network
+(``memory``)."""
 
 from hostlib.transport.base import Addr, Transport, TransportError
 

@@ -21,9 +21,10 @@ class Transport(Protocol):
     waits) lets a point-to-point session answer its peers between calls
     (``hostlib.p2p``); without one, only its calls and ``close`` answer them.
 
-    Implementations: :class:`hostlib.transport.udp.UdpTransport` (sockets), the only
-    one on a wire today (no RoCEv2 transport yet); ``hostlib.transport.memory`` runs
-    the same engine on a simulated network instead.
+    Implementations: :class:`hostlib.transport.udp.UdpTransport` (sockets),
+    :class:`hostlib.transport.rdma.RdmaTransport` (each packet an RDMA message, on an
+    emulated RNIC or a verbs device); ``hostlib.transport.memory`` runs the same engine
+    on a simulated network instead.
     """
 
     @property
