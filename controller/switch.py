@@ -43,6 +43,7 @@ from controller.multicast import MulticastGroups
 from controller.p4info import P4Info
 from controller.registers import Bmv2Registers, P4RuntimeRegisters, RegisterAccess
 from controller.replicas import ReplicaEntry, Replicas
+from controller.roce import Roce
 from controller.slots import SlotRead, Slots
 from controller.stats import Stats
 from controller.tls import TlsFiles
@@ -138,6 +139,9 @@ class SwitchController:
         self.drop_simulator = DropSimulator(self.registers)
         self.slots = Slots(self.registers, p4info)
         self.stats = Stats(client, p4info)
+        self.roce = Roce(client, p4info, self.registers)
+        """A job's RoCEv2 queue pairs (p4/roce.p4): install after :meth:`add_job`;
+        :meth:`remove_job` removes them."""
 
     @classmethod
     def connect(
@@ -313,6 +317,8 @@ class SwitchController:
             P4RuntimeError | ThriftError: the switch refused a write.
         """
         job = self.job(job_id)
+        if self.roce.remove(job_id):  # its RoCEv2 frames stop first
+            log.info("job %d: RoCEv2 entries removed", job_id)
         self.jobs.delete(job_id)
         if job.upstream is not None:
             self.upstream.delete(job_id)

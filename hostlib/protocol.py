@@ -60,6 +60,7 @@ __all__ = [
     "ROCE_ICRC_SIZE",
     "ROCE_IMMDT_SIZE",
     "ROCE_PMTUS",
+    "ROCE_QP_REGISTERS",
     "ROCE_RETH_SIZE",
     "ROCE_UDP_PORT",
     "SLOT_MASK",
@@ -196,6 +197,12 @@ ROCE_PMTUS = (256, 512, 1024, 2048, 4096)
 """RDMA path MTUs: the payload bytes of every packet of a message but its last. INA over
 RoCEv2 sends messages of whole packets, so lanes x 4 is one of these when a message has
 more than one packet; a one-packet message may carry any lanes up to the PMTU."""
+
+
+ROCE_QP_REGISTERS = 16384
+"""Queue pairs a switch keeps state for, per direction: the cells of each per-queue-pair
+register (the request side's UC responder state; the reply side's PSNs). 32 workers with
+a window of 512 messages, SwitchML's largest per worker."""
 
 
 class RoceOpcode(enum.IntEnum):

@@ -24,6 +24,22 @@ const bit<4> PTYPE_RESULT = 2;
 // UDP destination port that marks INA traffic: 0x4E41 = 20033, "NA", not registered.
 const bit<16> INA_UDP_PORT = 0x4E41;
 
+// INA over RoCEv2 (hostlib/protocol.py ROCE_*, RoceOpcode; docs/protocol.md).
+const bit<16> ROCE_UDP_PORT = 4791;
+const bit<8> ROCE_WRITE_FIRST = 0x26;
+const bit<8> ROCE_WRITE_MIDDLE = 0x27;
+const bit<8> ROCE_WRITE_LAST = 0x28;
+const bit<8> ROCE_WRITE_LAST_IMM = 0x29;
+const bit<8> ROCE_WRITE_ONLY = 0x2A;
+const bit<8> ROCE_WRITE_ONLY_IMM = 0x2B;
+const bit<32> ROCE_BTH_BYTES = 12;
+const bit<32> ROCE_RETH_BYTES = 16;
+const bit<32> ROCE_IMMDT_BYTES = 4;
+const bit<32> ROCE_ICRC_BYTES = 4;
+// Cells of each per-queue-pair register (emulation/softswitch/roce.py ROCE_QP_REGISTERS).
+const bit<32> ROCE_QP_REGISTERS = 16384;
+const bit<3> IPV4_FLAG_DF = 2;
+
 // Bytes of the INA header: the fields of headers.p4, lanes 4-byte aligned.
 const bit<32> HEADER_SIZE = 16;
 
@@ -37,6 +53,9 @@ const bit<32> LANE_BYTES = 4;
 
 // UDP payload of a valid DATA packet: header + lanes (hostlib.protocol.packet_size).
 const bit<32> INA_PAYLOAD_BYTES = HEADER_SIZE + LANES_PER_PACKET * LANE_BYTES;
+
+// A RoCEv2 packet's lanes: the path MTU of a message's packets (256 B for 64 lanes).
+const bit<32> ROCE_PAYLOAD_BYTES = LANES_PER_PACKET * LANE_BYTES;
 
 // UDP header bytes; the parser only takes IPv4 without options (ihl = 5), 20 bytes.
 const bit<32> UDP_HEADER_BYTES = 8;

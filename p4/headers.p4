@@ -1,6 +1,7 @@
 /* headers.p4: the headers the switch parses, and the struct that holds them.
  *
- * Ethernet / IPv4 / UDP / INA header (16 bytes) / 64 int32 lanes. The INA header
+ * Ethernet / IPv4 / UDP / INA header (16 bytes) / 64 int32 lanes, or, for INA over
+ * RoCEv2, Ethernet / IPv4 / UDP (4791) / BTH / [RETH] / [ImmDt] / 64 lanes / ICRC. The INA header
  * declares the fields of hostlib/protocol.py (struct "!BBHBbHHHI") bit for bit;
  * docs/protocol.md draws the layout.
  */
@@ -53,12 +54,47 @@ header ina_h {
     bit<32> seq;         // the use of the slot this packet belongs to
 }
 
+// RoCEv2 (roce.p4; hostlib/rocev2.py builds the same bytes): the Base Transport Header,
+// the RDMA Extended Transport Header of a message's first packet, the immediate of its
+// last, and the ICRC trailer after the lanes.
+header bth_h {
+    bit<8> opcode;         // ROCE_WRITE_*: UC RDMA WRITE
+    bit<1> solicited;
+    bit<1> mig_req;
+    bit<2> pad_count;      // 0: lanes are whole words
+    bit<4> transport_version;
+    bit<16> pkey;
+    bit<8> fecn_becn_resv; // FECN, BECN and 6 reserved bits (ones in the ICRC)
+    bit<24> dest_qp;       // the switch's queue pair (request) or the worker's (reply)
+    bit<1> ack_req;
+    bit<7> resv7;
+    bit<24> psn;
+}
+
+header reth_h {
+    bit<64> va;            // request: seq (63..32), exponent (31..24); reply: the address
+    bit<32> rkey;          // request: the pool_index (15..0); reply: the worker's R_Key
+    bit<32> dma_length;    // the message's bytes
+}
+
+header immdt_h {
+    bit<32> imm;           // seq's low 24 bits, then the exponent
+}
+
+header icrc_h {
+    bit<32> crc;
+}
+
 struct headers_t {
     ethernet_h ethernet;
     ipv4_h ipv4;
     udp_h udp;
     ina_h ina;
+    bth_h bth;
+    reth_h reth;
+    immdt_h immdt;
     ina_data_h ina_data;
+    icrc_h icrc;
 }
 
 #endif  // _INA_HEADERS_P4_

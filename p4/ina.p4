@@ -28,6 +28,8 @@
 #include "next_step.p4"
 #include "forwarder.p4"
 #include "replicas.p4"
+#include "roce.p4"
+#include "roce_replies.p4"
 
 control InaIngress(inout headers_t hdr,
                 inout metadata_t meta,
@@ -52,6 +54,7 @@ control InaIngress(inout headers_t hdr,
     register<bit<1>>(REGISTER_SIZE) final;
 
     IngressDropSimulator() drop_simulator;
+    RoceIngress() roce;
     Upstream() upstream;
     Jobs() jobs;
     Workers() workers;
@@ -70,6 +73,9 @@ control InaIngress(inout headers_t hdr,
         } else {
             ina_stats.count(STAT_RECEIVED);
             drop_simulator.apply(meta);
+            if (meta.drop_reason == NO_DROP && meta.is_roce == 1) {
+                roce.apply(hdr, meta);           // RoCEv2 -> the INA DATA packet (roce.p4)
+            }
 
             // Checks, in pipeline.Pipeline.process order.
             if (meta.drop_reason == NO_DROP) {
@@ -110,10 +116,10 @@ control InaIngress(inout headers_t hdr,
                     meta.drop_reason = DROP_BAD_SLOT;
                 } else if ((bit<32>)hdr.ina.num_lanes != LANES_PER_PACKET) {
                     meta.drop_reason = DROP_BAD_LANES;
-                } else if (!hdr.ina_data.isValid()
+                } else if (meta.is_roce == 0 && (!hdr.ina_data.isValid()
                            || (bit<32>)hdr.udp.length != UDP_HEADER_BYTES + INA_PAYLOAD_BYTES
                            || (bit<32>)hdr.ipv4.total_len
-                              != IPV4_HEADER_BYTES + UDP_HEADER_BYTES + INA_PAYLOAD_BYTES) {
+                              != IPV4_HEADER_BYTES + UDP_HEADER_BYTES + INA_PAYLOAD_BYTES)) {
                     meta.drop_reason = DROP_BAD_LENGTH;
                 }
             }
@@ -200,12 +206,16 @@ control InaEgress(inout headers_t hdr,
     counter(NUM_DROP_REASONS, CounterType.packets) drops;
 
     Replicas() replicas;
+    RoceEgress() roce;
     EgressDropSimulator() drop_simulator;
 
     apply {
         if (meta.result == 1 || meta.upward == 1) {
             if (meta.multicast == 1) {
                 replicas.apply(hdr, meta, standard_metadata);
+            }
+            if (meta.is_roce == 1 && meta.no_replica == 0) {
+                roce.apply(hdr, meta, standard_metadata);  // the WRITE, its PSN taken
             }
             if (meta.no_replica == 1) {
                 mark_to_drop(standard_metadata);

@@ -39,8 +39,83 @@ parser IngressParser(packet_in packet,
         packet.extract(hdr.udp);
         transition select(hdr.udp.dst_port) {
             INA_UDP_PORT: parse_ina;
+            ROCE_UDP_PORT: parse_bth;
             default: accept;
         }
+    }
+
+    // INA over RoCEv2 (roce.p4): the opcode says which headers follow.
+    state parse_bth {
+        meta.is_ina = 1;
+        meta.is_roce = 1;
+        packet.extract(hdr.bth);
+        transition select(hdr.bth.opcode) {
+            ROCE_WRITE_FIRST: roce_first;
+            ROCE_WRITE_ONLY: roce_only;
+            ROCE_WRITE_ONLY_IMM: roce_only_imm;
+            ROCE_WRITE_MIDDLE: roce_middle;
+            ROCE_WRITE_LAST: roce_last;
+            ROCE_WRITE_LAST_IMM: roce_last_imm;
+            default: accept;                    // DROP_MALFORMED (roce_opcode_ok 0)
+        }
+    }
+
+    state roce_first {
+        meta.roce_opcode_ok = 1;
+        meta.roce_first = 1;
+        transition parse_reth;
+    }
+
+    state roce_only {
+        meta.roce_opcode_ok = 1;
+        meta.roce_first = 1;
+        meta.roce_last = 1;
+        transition parse_reth;
+    }
+
+    state roce_only_imm {
+        meta.roce_opcode_ok = 1;
+        meta.roce_first = 1;
+        meta.roce_imm = 1;
+        meta.roce_last = 1;
+        transition parse_reth;
+    }
+
+    state roce_middle {
+        meta.roce_opcode_ok = 1;
+        transition parse_roce_data;
+    }
+
+    state roce_last {
+        meta.roce_opcode_ok = 1;
+        meta.roce_last = 1;
+        transition parse_roce_data;
+    }
+
+    state roce_last_imm {
+        meta.roce_opcode_ok = 1;
+        meta.roce_imm = 1;
+        meta.roce_last = 1;
+        transition parse_immdt;
+    }
+
+    state parse_reth {
+        packet.extract(hdr.reth);
+        transition select(meta.roce_imm) {
+            1: parse_immdt;
+            default: parse_roce_data;
+        }
+    }
+
+    state parse_immdt {
+        packet.extract(hdr.immdt);
+        transition parse_roce_data;
+    }
+
+    state parse_roce_data {
+        packet.extract(hdr.ina_data);
+        packet.extract(hdr.icrc);
+        transition accept;
     }
 
     state parse_ina {
@@ -62,7 +137,11 @@ control InaDeparser(packet_out packet, in headers_t hdr) {
         packet.emit(hdr.ipv4);
         packet.emit(hdr.udp);
         packet.emit(hdr.ina);
+        packet.emit(hdr.bth);
+        packet.emit(hdr.reth);
+        packet.emit(hdr.immdt);
         packet.emit(hdr.ina_data);
+        packet.emit(hdr.icrc);
     }
 }
 

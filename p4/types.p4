@@ -14,8 +14,23 @@ typedef bit<16> mcast_group_t;
 typedef bit<16> replica_id_t;
 
 struct metadata_t {
-    // Set by the parser: UDP destination port is INA_UDP_PORT.
+    // Set by the parser: UDP destination port is INA_UDP_PORT, or ROCE_UDP_PORT (is_roce
+    // too: roce.p4 makes the INA header from the RoCEv2 one).
     bit<1> is_ina;
+    bit<1> is_roce;
+    // Set by the parser from the BTH opcode: one INA sends (a UC WRITE), the first packet
+    // of a message (a RETH follows), one with immediate, the last packet of a message.
+    bit<1> roce_opcode_ok;
+    bit<1> roce_first;
+    bit<1> roce_imm;
+    bit<1> roce_last;
+    // From roce.p4's tables: the queue pair's job and rank, the job's messages of
+    // 2^roce_shift packets; in egress, the reply's rank and window position.
+    bit<16> roce_job;
+    bit<8> roce_rank;
+    bit<8> roce_shift;
+    bit<8> reply_rank;
+    bit<16> roce_position;
     // NO_DROP, or the drops counter index of why the packet is dropped.
     bit<32> drop_reason;
 

@@ -115,6 +115,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "CA that must have signed every controller's certificate (PEM files); required "
         "when --p4runtime is not a loopback address. A refused client is logged in one line",
     )
+    a(
+        "--roce",
+        action="store_true",
+        help="also aggregate INA over RoCEv2 (RDMA WRITEs from RNICs, or hostlib's emulated "
+        "one) on UDP port 4791 of --listen's address (docs/protocol.md, 'INA over RoCEv2'); "
+        "the UDP socket server only, for now",
+    )
     a("--device-id", type=int_in(0), default=0, help="P4Runtime device id (default 0)")
     a(
         "--arbitration",
@@ -358,6 +365,9 @@ def _ports_error(args: argparse.Namespace, ports: dict[int, str]) -> str | None:
     """What is wrong with the port options together (None: nothing)."""
     if len(ports) != len(args.interface):
         return "--interface: a port is given twice"
+    if args.roce and ports:
+        return ("--roce: RoCEv2 is served on the UDP socket (--listen) so far, not on "
+                "--interface ports or by the eBPF data plane (issue #40)")
     if args.datapath == "ebpf":
         if not ports:
             return "--datapath ebpf needs --interface (the program runs on the ports)"
@@ -411,7 +421,7 @@ def _make_server(
         )  # fmt: skip
     return SwitchServer(pipeline, args.listen, args.p4runtime, device_id=args.device_id, pcap=pcap,
                         arbitration=args.arbitration, tls=args.p4runtime_tls,
-                        p4info=args.p4info)  # fmt: skip
+                        p4info=args.p4info, roce=args.roce)  # fmt: skip
 
 
 def _make_ebpf_server(

@@ -30,6 +30,7 @@ from emulation.softswitch.p4rt_p4info import (
 from emulation.softswitch.p4rt_registers import _counter_names, _Registers
 from emulation.softswitch.p4rt_tables import _Hooks, _initial_default, _Key, _Table
 from emulation.softswitch.pipeline import JobTableError, Pipeline
+from emulation.softswitch.roce_tables import RoceTableError
 
 __all__ = ["_Entities", "_entity"]
 
@@ -69,7 +70,7 @@ class _Entities:
                 raise _fail(grpc.StatusCode.UNIMPLEMENTED, f"writing {which} is not supported")
         except _Failure as failure:
             return failure
-        except JobTableError as exc:
+        except (JobTableError, RoceTableError) as exc:
             return _fail(grpc.StatusCode.INVALID_ARGUMENT, str(exc))
         return None
 

@@ -138,6 +138,13 @@ _REGISTER_ARRAYS = {
     "Ingress.exponents.exponent": "exponent",
     "Ingress.bitmap.bitmap_set0": "bitmap_set0",
     "Ingress.bitmap.bitmap_set1": "bitmap_set1",
+    "Ingress.roce.open": "roce_open",
+    "Ingress.roce.expect_psn": "roce_expect_psn",
+    "Ingress.roce.base": "roce_base",
+    "Ingress.roce.seq": "roce_seq",
+    "Ingress.roce.exponent": "roce_exponent",
+    "Ingress.roce.place": "roce_place",
+    "Egress.roce.reply_psn": "roce_reply_psn",
 }
 """P4 register names -> the pipeline's register arrays (the lanes: ``values``)."""
 

@@ -21,6 +21,7 @@ from p4.v1 import p4runtime_pb2
 from controller.p4info import P4Info
 from emulation.softswitch.p4rt_p4info import _ipv4
 from emulation.softswitch.pipeline import Pipeline
+from emulation.softswitch.roce_tables import RoceReply, RoceRequest
 
 __all__ = ["_Hooks", "_Key", "_Table", "_initial_default"]
 
@@ -86,6 +87,33 @@ class _Hooks:
                 p.delete_forward(match["eth_dst"])
             else:
                 p.set_forward(match["eth_dst"], _forwarding(action, params))
+        elif table.startswith(("Ingress.roce.", "Egress.roce.")):
+            self._roce(table, kind == p4runtime_pb2.Update.DELETE, match, params)
+
+    def _roce(
+        self, table: str, delete: bool, match: dict[str, int], params: dict[str, int]
+    ) -> None:
+        """The RoCEv2 tables (p4/roce.p4, p4/roce_replies.p4): ``pipeline.roce``."""
+        tables = self.pipeline.roce
+        if table == "Ingress.roce.roce_requests":
+            qpn = match["dest_qp"]
+            if delete:
+                tables.delete_request(qpn)
+            else:
+                entry = RoceRequest(params["job_id"], params["rank"], params["qp_reg"])
+                tables.set_request(qpn, entry)
+        elif table == "Ingress.roce.roce_jobs":
+            if delete:
+                tables.delete_job(match["job_id"])
+            else:
+                tables.set_job(match["job_id"], 1 << params["msg_shift"])
+        elif table == "Egress.roce.roce_replies":
+            key = (match["job_id"], match["rank"], match["position"])
+            if delete:
+                tables.delete_reply(*key)
+            else:
+                reply = RoceReply(params["qpn"], params["rkey"], params["va"], params["psn_index"])
+                tables.set_reply(*key, reply)
 
     def default(self, table: str, action: str | None, params: dict[str, int]) -> None:
         """A table's default entry was modified (None: reset to the program's)."""

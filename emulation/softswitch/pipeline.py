@@ -68,6 +68,7 @@ from typing import NamedTuple, Protocol
 
 import numpy as np
 
+from emulation.softswitch.roce_tables import ROCE_ARRAYS, RoceTables
 from hostlib.protocol import (
     EXPONENT_MIN,
     HEADER,
@@ -235,12 +236,16 @@ class DropSimulator:
         return self.egress > 0.0 and self._random() < self.egress
 
 
-REGISTER_ARRAYS = ("seq", "remaining", "final", "exponent", "bitmap_set0", "bitmap_set1", "values")
+REGISTER_ARRAYS = (
+    "seq", "remaining", "final", "exponent", "bitmap_set0", "bitmap_set1", "values",
+    *ROCE_ARRAYS,
+)  # fmt: skip
 """The register arrays of the pipeline, by the last part of their P4 names
 (``Ingress.seq``, ``Ingress.bitmap.bitmap_set0``, ``Ingress.values.lane_NN``: ``values``
-with a lane). The bitmaps are indexed by slot, the others by set * slots + slot."""
+with a lane). The bitmaps are indexed by slot, the RoCEv2 ones (``roce_*``,
+``roce_tables.py``) by queue pair register, the others by set * slots + slot."""
 
-SIGNED_REGISTERS = frozenset(["exponent", "values"])
+SIGNED_REGISTERS = frozenset(["exponent", "values", "roce_exponent"])
 """Arrays whose cells hold signed numbers (int8 exponents, int32 lane sums); a P4Runtime
 write of their unsigned bits is taken as two's complement."""
 
@@ -295,6 +300,8 @@ class Pipeline:
         self.drops = drops or DropSimulator()
         self._size = HEADER_SIZE + lanes * LANE_BYTES
         self._alloc_registers(slots, lanes)
+        self.roce = RoceTables(lanes)
+        """The RoCEv2 tables and registers (p4/roce.p4), run by ``roce.RoceFront``."""
         self._jobs: dict[int, _Job] = {}
         self._upstream: dict[int, _Route] = {}  # the upstream table, by job id
         self._workers: dict[int, dict[int, set[Addr]]] = {}  # job id -> rank -> sources
@@ -378,6 +385,7 @@ class Pipeline:
         job = self._job(job_id)
         self.delete_job(job_id)
         self._upstream.pop(job_id, None)
+        self.roce.remove_job(job_id)
         for rank, addrs in list(job.sources.items()):
             for addr in sorted(addrs):
                 self.delete_worker(job_id, rank, addr)
@@ -586,6 +594,7 @@ class Pipeline:
             "exponent": self.exponent,
             "bitmap_set0": self.bitmap[0],
             "bitmap_set1": self.bitmap[1],
+            **self.roce.arrays(),
         }
         if cell.array == "values":
             if not 0 <= cell.lane < self.lanes:
@@ -614,6 +623,7 @@ class Pipeline:
         self._upstream.clear()
         self.forward.clear()
         self.forward_default = ("drop", 0)
+        self.roce.reset()
         self._clear(0, self.slots)
         for name in self.stats:
             self.stats[name] = 0

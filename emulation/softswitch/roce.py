@@ -28,9 +28,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-import numpy as np
-
-from emulation.softswitch.pipeline import Addr, DropReason, Emit, JobTableError, Pipeline
+from emulation.softswitch.pipeline import Addr, DropReason, Emit, Pipeline
+from emulation.softswitch.roce_tables import RoceRequest
 from hostlib import rocev2
 from hostlib.protocol import (
     HEADER,
@@ -38,23 +37,12 @@ from hostlib.protocol import (
     LANE_BYTES,
     POOL_SET_BIT,
     PROTOCOL_VERSION,
-    ROCE_PMTUS,
     ROCE_UDP_PORT,
     SLOT_MASK,
     PacketType,
 )
 
-__all__ = [
-    "ROCE_QP_REGISTERS",
-    "RoceFront",
-    "RoceReply",
-    "RoceRequest",
-    "RoceSend",
-]
-
-ROCE_QP_REGISTERS = 16384
-"""Cells of each per-queue-pair register array (request state; reply PSNs): 32 workers
-with a window of 512 messages, SwitchML's largest per worker."""
+__all__ = ["RoceFront", "RoceSend"]
 
 _DATA_VT = (PROTOCOL_VERSION << 4) | PacketType.DATA
 _FIRST = rocev2.RETH_OPCODES  # opcodes that open a message
@@ -69,25 +57,6 @@ _LAST = frozenset(
 
 
 @dataclass(frozen=True, slots=True)
-class RoceRequest:
-    """A ``roce_requests`` entry: who sends on one of the switch's queue pairs."""
-
-    job_id: int
-    rank: int
-    qp_reg: int
-
-
-@dataclass(frozen=True, slots=True)
-class RoceReply:
-    """A ``roce_replies`` entry: where replies for one worker's window position go."""
-
-    qpn: int
-    rkey: int
-    va: int
-    psn_reg: int
-
-
-@dataclass(frozen=True, slots=True)
 class RoceSend:
     """One frame to send: the UDP payload (BTH ... ICRC), to ``dest`` (ip, 4791), out of
     ``link`` (egress port, MAC) on a switch with ports, else None."""
@@ -98,78 +67,14 @@ class RoceSend:
 
 
 class RoceFront:
-    """RoCEv2 in front of ``pipeline``; replies come from ``address`` (the switch's IPv4,
-    which the ICRC covers).
-
-    Raises:
-        ValueError: the pipeline's lanes are not whole RoCEv2 packets (see
-            :meth:`set_roce_job`), never: checked per job.
-    """
+    """RoCEv2 in front of ``pipeline``, whose RoCEv2 tables (``pipeline.roce``) it runs;
+    replies come from ``address`` (the switch's IPv4, which the ICRC covers)."""
 
     def __init__(self, pipeline: Pipeline, address: str) -> None:
         self.pipeline = pipeline
+        self.tables = pipeline.roce
         self.address = address
-        self.jobs: dict[int, int] = {}  # roce_jobs: job id -> packets per message
-        self.requests: dict[int, RoceRequest] = {}  # roce_requests: dest QP -> entry
-        self.replies: dict[tuple[int, int, int], RoceReply] = {}  # roce_replies
-        n = ROCE_QP_REGISTERS
-        # The UC responder's state per request queue pair: PSN expected next, message
-        # open, its first pool index, seq, exponent, and the place of its next packet.
-        self.expect_psn = np.zeros(n, dtype=np.uint32)
-        self.open = np.zeros(n, dtype=np.uint8)
-        self.base = np.zeros(n, dtype=np.uint16)
-        self.seq = np.zeros(n, dtype=np.uint32)
-        self.exponent = np.zeros(n, dtype=np.int8)
-        self.place = np.zeros(n, dtype=np.uint16)
-        self.reply_psn = np.zeros(n, dtype=np.uint32)  # next PSN per reply queue pair
         self._ina = bytearray(HEADER_SIZE + pipeline.lanes * LANE_BYTES)
-
-    # ----------------------------------------------------------------- tables
-    def set_roce_job(self, job_id: int, msg_packets: int) -> None:
-        """``roce_jobs``: the job's messages have ``msg_packets`` packets.
-
-        Raises:
-            JobTableError: fewer than 1 packet, or more than one packet of lanes that
-                are not a path MTU (every packet but a message's last carries one).
-        """
-        payload = self.pipeline.lanes * LANE_BYTES
-        if msg_packets < 1 or (msg_packets > 1 and payload not in ROCE_PMTUS):
-            raise JobTableError(
-                f"job {job_id}: messages of {msg_packets} packets of {payload} B: a "
-                f"message of more than one packet needs packets of a path MTU {ROCE_PMTUS}"
-            )
-        self.jobs[job_id] = msg_packets
-
-    def set_request(self, qpn: int, entry: RoceRequest) -> None:
-        """``roce_requests``: the switch's queue pair ``qpn`` is ``entry``'s.
-
-        Raises:
-            JobTableError: qpn outside 24 bits or the register index outside the arrays.
-        """
-        _check_qpn(qpn)
-        _check_reg(entry.qp_reg)
-        self.requests[qpn] = entry
-        self.open[entry.qp_reg] = 0
-
-    def set_reply(self, job_id: int, rank: int, position: int, entry: RoceReply, psn: int) -> None:
-        """``roce_replies`` and the PSN register: replies for ``rank``'s window position
-        go to ``entry``, the first with PSN ``psn``.
-
-        Raises:
-            JobTableError: a field out of range.
-        """
-        _check_qpn(entry.qpn)
-        _check_reg(entry.psn_reg)
-        if not 0 <= psn <= rocev2.PSN_MASK:
-            raise JobTableError(f"PSN {psn} outside 24 bits")
-        self.replies[(job_id, rank, position)] = entry
-        self.reply_psn[entry.psn_reg] = psn
-
-    def remove_job(self, job_id: int) -> None:
-        """Every table entry of ``job_id`` (the pipeline's job is the caller's)."""
-        self.jobs.pop(job_id, None)
-        self.requests = {q: e for q, e in self.requests.items() if e.job_id != job_id}
-        self.replies = {k: e for k, e in self.replies.items() if k[0] != job_id}
 
     # ----------------------------------------------------------------- per frame
     def process(self, data: memoryview, src: Addr) -> list[RoceSend]:
@@ -188,10 +93,10 @@ class RoceFront:
             return self._drop(DropReason.TRUNCATED if truncated else DropReason.MALFORMED)
         if not rocev2.icrc_ok(src[0], self.address, src[1], data):
             return self._drop(DropReason.BAD_ICRC)
-        entry = self.requests.get(frame.dest_qp)
+        entry = self.tables.requests.get(frame.dest_qp)
         if entry is None:
             return self._drop(DropReason.UNKNOWN_QP)
-        packets = self.jobs.get(entry.job_id)
+        packets = self.tables.jobs.get(entry.job_id)
         if packets is None:
             return self._drop(DropReason.UNKNOWN_JOB)
         source = (src[0], ROCE_UDP_PORT)
@@ -206,9 +111,9 @@ class RoceFront:
     def _advance(self, frame: rocev2.RoceFrame, reg: int, packets: int) -> DropReason | None:
         """The UC responder's step on queue pair register ``reg``: open, continue or close
         the message; the reason to drop ``frame``, or None."""
-        payload = self.pipeline.lanes * LANE_BYTES
+        t, payload = self.tables, self.pipeline.lanes * LANE_BYTES
         if frame.opcode in _FIRST:
-            self.open[reg] = 0
+            t.open[reg] = 0
             if frame.rkey >> 16:
                 return DropReason.MALFORMED
             if frame.dma_length != packets * payload:
@@ -216,31 +121,31 @@ class RoceFront:
             if (frame.rkey & SLOT_MASK) % packets:
                 return DropReason.BAD_SLOT
             seq, exponent = rocev2.split_request_va(frame.va)
-            self.base[reg], self.seq[reg], self.exponent[reg] = frame.rkey, seq, exponent
-            self.place[reg] = 0
-        elif not self.open[reg] or frame.psn != self.expect_psn[reg]:
-            self.open[reg] = 0  # UC: the rest of the message is dropped too
+            t.base[reg], t.seq[reg], t.exponent[reg] = frame.rkey, seq, exponent
+            t.place[reg] = 0
+        elif not t.open[reg] or frame.psn != t.expect_psn[reg]:
+            t.open[reg] = 0  # UC: the rest of the message is dropped too
             return DropReason.BAD_PSN
-        if self.place[reg] >= packets:
-            self.open[reg] = 0
+        if t.place[reg] >= packets:
+            t.open[reg] = 0
             return DropReason.BAD_SLOT
-        self.expect_psn[reg] = rocev2.psn_add(frame.psn, 1)
-        self.open[reg] = frame.opcode not in _LAST
+        t.expect_psn[reg] = rocev2.psn_add(frame.psn, 1)
+        t.open[reg] = frame.opcode not in _LAST
         if len(frame.payload) != payload:
-            self.open[reg] = 0
+            t.open[reg] = 0
             return DropReason.BAD_LENGTH
         return None
 
     def _as_ina(self, frame: rocev2.RoceFrame, entry: RoceRequest) -> memoryview:
         """The INA DATA packet the frame stands for (its place taken, then advanced)."""
-        reg = entry.qp_reg
-        base = int(self.base[reg])
-        place = int(self.place[reg])
-        self.place[reg] = place + 1
+        t, reg = self.tables, entry.qp_reg
+        base = int(t.base[reg])
+        place = int(t.place[reg])
+        t.place[reg] = place + 1
         pidx = (base & POOL_SET_BIT) | ((base & SLOT_MASK) + place)
         lanes = self.pipeline.lanes
         HEADER.pack_into(self._ina, 0, _DATA_VT, 0, entry.job_id, entry.rank,
-                         int(self.exponent[reg]), lanes, pidx, 0, int(self.seq[reg]))  # fmt: skip
+                         int(t.exponent[reg]), lanes, pidx, 0, int(t.seq[reg]))  # fmt: skip
         self._ina[HEADER_SIZE:] = frame.payload
         return memoryview(self._ina)
 
@@ -257,11 +162,11 @@ class RoceFront:
         sends = []
         for n, dest in enumerate(emit.dests):
             rank = pipe.worker_rank(job_id, dest)
-            reply = None if rank is None else self.replies.get((job_id, rank, position))
+            reply = None if rank is None else self.tables.replies.get((job_id, rank, position))
             if reply is None:
                 continue  # no reply entry: nowhere to write (as a table miss drops)
-            psn = int(self.reply_psn[reply.psn_reg])
-            self.reply_psn[reply.psn_reg] = rocev2.psn_add(psn, 1)
+            psn = int(self.tables.reply_psn[reply.psn_reg])
+            self.tables.reply_psn[reply.psn_reg] = rocev2.psn_add(psn, 1)
             frame = rocev2.RoceFrame(opcode, reply.qpn, psn, lanes, reply.va, reply.rkey,
                                      packets * len(lanes), imm)  # fmt: skip
             if pipe.drops.egress and pipe.drops.drop_egress():
@@ -275,13 +180,3 @@ class RoceFront:
     def _drop(self, reason: DropReason) -> list[RoceSend]:
         self.pipeline.count("drop_" + reason.value)
         return []
-
-
-def _check_qpn(qpn: int) -> None:
-    if not 0 <= qpn <= rocev2.QPN_MASK:
-        raise JobTableError(f"queue pair {qpn} outside 24 bits")
-
-
-def _check_reg(reg: int) -> None:
-    if not 0 <= reg < ROCE_QP_REGISTERS:
-        raise JobTableError(f"register index {reg} outside 0..{ROCE_QP_REGISTERS - 1}")

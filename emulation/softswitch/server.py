@@ -35,8 +35,9 @@ from emulation.softswitch.p4runtime import (
 )
 from emulation.softswitch.pcap import PcapWriter
 from emulation.softswitch.pipeline import Addr, Pipeline
+from emulation.softswitch.roce import RoceFront
 from emulation.softswitch.tlsfront import SecureP4Runtime
-from hostlib.protocol import packet_size
+from hostlib.protocol import ROCE_UDP_PORT, packet_size
 
 __all__ = ["CONTROL_EVERY", "SOCKET_BUFFER_BYTES", "ControlQueue", "SwitchServer"]
 
@@ -143,9 +144,11 @@ class SwitchServer:
         tls: serve P4Runtime over mutual TLS with these files
             (:class:`~emulation.softswitch.tlsfront.SecureP4Runtime`); None: plain text,
             which only a loopback ``p4runtime_addr`` may use.
+        roce: also serve INA over RoCEv2 on ``data_addr``'s address, UDP port 4791
+            (:class:`~emulation.softswitch.roce.RoceFront`).
 
     Raises:
-        OSError: an address cannot be bound.
+        OSError: an address cannot be bound (RoCEv2's port: say who holds it).
         controller.tls.TlsRequiredError: plain text on a non-loopback address.
     """
 
@@ -160,8 +163,11 @@ class SwitchServer:
         pcap: PcapWriter | None = None,
         arbitration: str = "spec",
         tls: TlsFiles | None = None,
+        roce: bool = False,
     ) -> None:
         require_tls("{}:{}".format(*p4runtime_addr), tls, "--p4runtime-tls")
+        self._roce_wanted = roce
+        self._roce: tuple[socket.socket, RoceFront] | None = None  # set by _open_io
         self.pipeline = pipeline
         self.poll_interval = poll_interval
         self.device_id = device_id
@@ -201,9 +207,21 @@ class SwitchServer:
         self._own_addr = self.data_addr
 
     def _open_io(self, data_addr: Addr) -> list[socket.socket]:
-        """Open the data plane's sockets (here: the UDP socket)."""
+        """Open the data plane's sockets (here: the UDP socket, and RoCEv2's if asked)."""
         self._udp = _bind_udp(data_addr)
-        return [self._udp]
+        if not self._roce_wanted:
+            return [self._udp]
+        host = self._udp.getsockname()[0]
+        try:
+            roce = _bind_udp((host, ROCE_UDP_PORT))
+        except OSError as exc:
+            self._udp.close()
+            raise OSError(
+                exc.errno, f"RoCEv2's UDP {host}:{ROCE_UDP_PORT} is taken ({exc.strerror}): "
+                "another switch or RNIC on this address, or the kernel's rdma_rxe"
+            ) from None
+        self._roce = (roce, RoceFront(self.pipeline, host))
+        return [self._udp, roce]
 
     @property
     def data_addr(self) -> Addr:
@@ -298,6 +316,35 @@ class SwitchServer:
             sock.close()  # a second close of a port closed on failure does nothing
 
     def _drain(self) -> int:
+        """Process up to CONTROL_EVERY queued datagrams of each socket; return the most
+        one socket had (CONTROL_EVERY: more may wait)."""
+        done = self._drain_ina()
+        if self._roce is not None:
+            done = max(done, self._drain_roce(*self._roce))
+        return done
+
+    def _drain_roce(self, sock: socket.socket, front: RoceFront) -> int:
+        """The RoCEv2 socket's queued frames, through the RoCEv2 front."""
+        pcap, own = self.pcap, sock.getsockname()[:2]
+        for count in range(CONTROL_EVERY):
+            try:
+                n, src = sock.recvfrom_into(self._buf)
+            except BlockingIOError:
+                return count
+            data = self._view[:n]
+            if pcap is not None:
+                pcap.record(data, src, own)
+            for out in front.process(data, src):
+                try:
+                    sock.sendto(out.payload, out.dest)
+                except OSError as exc:
+                    self._send_error(exc, out.dest)
+                    continue
+                if pcap is not None:
+                    pcap.record(out.payload, own, out.dest)
+        return CONTROL_EVERY
+
+    def _drain_ina(self) -> int:
         """Process up to CONTROL_EVERY queued datagrams; return how many were processed."""
         recv = self._udp.recvfrom_into
         sendto = self._udp.sendto

@@ -18,7 +18,8 @@ import numpy as np
 import pytest
 
 from emulation.softswitch.pipeline import DropSimulator, JobConfig, Pipeline
-from emulation.softswitch.roce import RoceFront, RoceReply, RoceRequest
+from emulation.softswitch.roce import RoceFront
+from emulation.softswitch.roce_tables import RoceReply, RoceRequest
 from hostlib.ina import JobSpec, RetryPolicy
 from hostlib.protocol import ROCE_UDP_PORT
 from hostlib.session import InaSession
@@ -68,16 +69,17 @@ def roce_switch(drops: DropSimulator | None = None) -> Iterator[RoceFront]:
 def install(front: RoceFront, transports: list[RdmaTransport], window: int, m: int) -> None:
     """What the controller does for a RoCEv2 job: the job, then per worker its switch
     queue pairs (requests) and its reply endpoints (replies)."""
-    pipe = front.pipeline
+    pipe, tables = front.pipeline, front.tables
     pipe.add_job(JobConfig(JOB, tuple(t.local_addr for t in transports), window * m))
-    front.set_roce_job(JOB, m)
+    tables.set_job(JOB, m)
     for rank, t in enumerate(transports):
         qpns = []
         for u, ep in enumerate(t.endpoints()):
             reg = rank * window + u
             qpn = 0x800000 | rank << 12 | u
-            front.set_request(qpn, RoceRequest(JOB, rank, reg))
-            front.set_reply(JOB, rank, u, RoceReply(ep.qpn, ep.rkey, ep.va, reg), ep.psn)
+            tables.set_request(qpn, RoceRequest(JOB, rank, reg))
+            tables.set_reply(JOB, rank, u, RoceReply(ep.qpn, ep.rkey, ep.va, reg))
+            tables.set_reply_psn(reg, ep.psn)
             qpns.append(qpn)
         t.connect_switch(SWITCH_IP, qpns)
 

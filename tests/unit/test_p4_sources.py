@@ -31,11 +31,18 @@ from hostlib.protocol import (
     MAX_WORKERS,
     POOL_SET_BIT,
     PROTOCOL_VERSION,
+    ROCE_BTH_SIZE,
+    ROCE_ICRC_SIZE,
+    ROCE_IMMDT_SIZE,
+    ROCE_QP_REGISTERS,
+    ROCE_RETH_SIZE,
+    ROCE_UDP_PORT,
     SLOT_MASK,
     SWITCH_DROPS,
     SWITCH_SLOTS,
     SWITCH_STATS,
     PacketType,
+    RoceOpcode,
     packet_size,
 )
 
@@ -475,10 +482,16 @@ def test_p4info_action_params_match_the_sources(
 
 
 def _field_width(expr: str, sources: dict[str, str]) -> int:
-    """Width of a key expression: hdr.<header>.<field> or standard_metadata.<field>."""
+    """Width of a key expression: hdr.<header>.<field>, meta.<field> (a ``bit<N>`` of
+    types.p4's metadata_t) or standard_metadata.<field>."""
     parts = expr.split(".")
     if parts[0] == "standard_metadata":
         return STANDARD_METADATA_WIDTHS[parts[1]]
+    if parts[0] == "meta":
+        struct = _block(sources["types.p4"], sources["types.p4"].index("struct metadata_t"))
+        return dict((n, int(w)) for w, n in re.findall(r"bit<(\d+)>\s+(\w+)\s*;", struct))[
+            parts[1]
+        ]
     members = dict(
         (name, htype)
         for htype, name in re.findall(
@@ -579,6 +592,14 @@ def test_protocol_constants_match_hostlib(consts: dict[str, tuple[int, int]]) ->
         "REGISTER_SIZE": 2 * SWITCH_SLOTS,
         "BITMAP_SIZE": SWITCH_SLOTS,
         "SEQ_OLDER_BIT": 1 << 31,
+        "ROCE_UDP_PORT": ROCE_UDP_PORT,
+        "ROCE_QP_REGISTERS": ROCE_QP_REGISTERS,
+        "ROCE_BTH_BYTES": ROCE_BTH_SIZE,
+        "ROCE_RETH_BYTES": ROCE_RETH_SIZE,
+        "ROCE_IMMDT_BYTES": ROCE_IMMDT_SIZE,
+        "ROCE_ICRC_BYTES": ROCE_ICRC_SIZE,
+        "ROCE_PAYLOAD_BYTES": LANES_PER_PACKET * LANE_BYTES,
+        **{f"ROCE_WRITE_{op.name[len('UC_WRITE_'):]}": int(op) for op in RoceOpcode},
     }
     assert {name: const(consts, name) for name in expected} == expected
 
@@ -717,6 +738,8 @@ ID_GROUPS = {
     "forwarder.p4": 0x09,
     "replicas.p4": 0x0A,
     "upstream.p4": 0x0B,
+    "roce.p4": 0x0C,
+    "roce_replies.p4": 0x0D,
 }
 
 # Files that hold two controls (or a parser and a control) because they are a pair.

@@ -43,6 +43,7 @@ PINNED = {
         "ROCE_ICRC_SIZE",
         "ROCE_IMMDT_SIZE",
         "ROCE_PMTUS",
+        "ROCE_QP_REGISTERS",
         "ROCE_RETH_SIZE",
         "ROCE_UDP_PORT",
         "SLOT_MASK",

@@ -7,8 +7,9 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from emulation.softswitch.pipeline import DropSimulator, JobConfig, JobTableError, Pipeline
-from emulation.softswitch.roce import RoceFront, RoceReply, RoceRequest, RoceSend
+from emulation.softswitch.pipeline import DropSimulator, JobConfig, Pipeline
+from emulation.softswitch.roce import RoceFront, RoceSend
+from emulation.softswitch.roce_tables import RoceReply, RoceRequest, RoceTableError
 from hostlib import rocev2
 from hostlib.protocol import ROCE_UDP_PORT, RoceOpcode
 
@@ -57,15 +58,16 @@ class Worker:
 def front(drops: DropSimulator | None = None) -> RoceFront:
     pipe = Pipeline(lanes=LANES, slots=64, drops=drops)
     pipe.add_job(JobConfig(JOB, tuple((ip, ROCE_UDP_PORT) for ip in IPS), M * WINDOW))
-    f = RoceFront(pipe, SWITCH)
-    f.set_roce_job(JOB, M)
+    tables = pipe.roce
+    tables.set_job(JOB, M)
     for rank in range(len(IPS)):
         for p in range(WINDOW):
             reg = rank * WINDOW + p
-            f.set_request(switch_qpn(rank, p), RoceRequest(JOB, rank, reg))
+            tables.set_request(switch_qpn(rank, p), RoceRequest(JOB, rank, reg))
             reply = RoceReply(worker_qpn(rank, p), 0xABC0 + rank, 0x7F00_0000_0000 + p * 4096, reg)
-            f.set_reply(JOB, rank, p, reply, psn=50 * rank + p)
-    return f
+            tables.set_reply(JOB, rank, p, reply)
+            tables.set_reply_psn(reg, 50 * rank + p)
+    return RoceFront(pipe, SWITCH)
 
 
 def send(f: RoceFront, rank: int, frames: list[bytes]) -> list[RoceSend]:
@@ -178,18 +180,22 @@ def test_an_egress_drop_still_takes_its_psn() -> None:
     assert 0 < c["drop_sim_egress"] < 3 * M
     psns = sorted(rocev2.parse_frame(s.payload).psn for s in sends if s.dest[0] == IPS[0])
     assert len(psns) < M or psns == [1 + k for k in range(M)]
-    assert f.reply_psn[0] == M  # rank 0, position 0: every reply took one, sent or not
+    assert f.tables.reply_psn[0] == M  # rank 0, position 0: every reply took one, sent or not
 
 
-def test_multi_packet_messages_need_packets_of_a_path_mtu() -> None:
-    f = RoceFront(Pipeline(lanes=28, slots=64), SWITCH)
-    f.set_roce_job(1, 1)  # the Tofino program's 28 lanes: one packet per message
-    with pytest.raises(JobTableError, match="path MTU"):
-        f.set_roce_job(1, 2)
-    with pytest.raises(JobTableError, match="24 bits"):
-        f.set_request(1 << 24, RoceRequest(1, 0, 0))
-    with pytest.raises(JobTableError, match="register index"):
-        f.set_reply(1, 0, 0, RoceReply(1, 1, 1, 1 << 20), psn=0)
+def test_multi_packet_messages_need_packets_of_a_path_mtu_and_a_power_of_two() -> None:
+    tables = Pipeline(lanes=28, slots=64).roce
+    tables.set_job(1, 1)  # the Tofino program's 28 lanes: one packet per message
+    with pytest.raises(RoceTableError, match="path MTU"):
+        tables.set_job(1, 2)
+    with pytest.raises(RoceTableError, match="power of two"):
+        Pipeline(lanes=64, slots=64).roce.set_job(1, 3)
+    with pytest.raises(RoceTableError, match="24 bits"):
+        tables.set_request(1 << 24, RoceRequest(1, 0, 0))
+    with pytest.raises(RoceTableError, match="register index"):
+        tables.set_reply(1, 0, 0, RoceReply(1, 1, 1, 1 << 20))
+    with pytest.raises(RoceTableError, match="PSN"):
+        tables.set_reply_psn(0, 1 << 24)
 
 
 def test_every_opcode_of_a_reply_parses_in_scapy() -> None:
