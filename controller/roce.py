@@ -18,6 +18,7 @@ exchange. :meth:`Roce.remove` deletes them all.
 
 from __future__ import annotations
 
+import ipaddress
 import logging
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -50,12 +51,13 @@ PSN_REGISTER = "Egress.roce.reply_psn"
 @dataclass(frozen=True)
 class RoceRequestEntry:
     """A ``roce_requests`` entry: the switch's queue pair ``qpn`` is ``rank``'s of
-    ``job_id``, its registers at ``qp_reg``."""
+    ``job_id``, whose IPv4 address is ``ip``; its registers at ``qp_reg``."""
 
     qpn: int
     job_id: int
     rank: int
     qp_reg: int
+    ip: str
 
 
 @dataclass(frozen=True)
@@ -114,14 +116,20 @@ class Roce:
         self.registers = registers
 
     def install(
-        self, job_id: int, endpoints: Sequence[Sequence[RdmaEndpoint]], msg_packets: int
+        self,
+        job_id: int,
+        ips: Sequence[str],
+        endpoints: Sequence[Sequence[RdmaEndpoint]],
+        msg_packets: int,
     ) -> RoceInstalled:
-        """Write the job's RoCEv2 entries: rank ``r``'s window position ``u`` replies to
-        ``endpoints[r][u]``. If a write fails, what was written is removed first.
+        """Write the job's RoCEv2 entries: rank ``r`` sends from ``ips[r]``, and its window
+        position ``u`` replies to ``endpoints[r][u]``. If a write fails, what was written
+        is removed first.
 
         Raises:
             ValueError: ``msg_packets`` not a power of two up to 32, ranks with windows
-                of different lengths, or not enough free queue pair registers.
+                of different lengths (or not one address each), or not enough free queue
+                pair registers.
             P4RuntimeError | ThriftError: the switch refused a write.
         """
         shift = msg_packets.bit_length() - 1
@@ -130,8 +138,10 @@ class Roce:
         window = {len(e) for e in endpoints}
         if len(window) != 1 or 0 in window:
             raise ValueError(f"ranks' windows differ or are empty: {sorted(window)}")
+        if len(ips) != len(endpoints):
+            raise ValueError(f"{len(ips)} addresses for {len(endpoints)} ranks")
         regs = self._free_registers(len(endpoints) * window.pop())
-        requests, replies = _entries(job_id, endpoints, regs)
+        requests, replies = _entries(job_id, ips, endpoints, regs)
         undo: list[Callable[[], None]] = []
         try:
             self.jobs._insert({"job_id": job_id}, self.jobs.action, {"msg_shift": shift})
@@ -162,7 +172,13 @@ class Roce:
     def read_requests(self, job_id: int | None = None) -> list[RoceRequestEntry]:
         """Every ``roce_requests`` entry (of ``job_id`` if given), by register index."""
         found = [
-            RoceRequestEntry(m["dest_qp"], p["job_id"], p["rank"], p["qp_reg"])
+            RoceRequestEntry(
+                m["dest_qp"],
+                p["job_id"],
+                p["rank"],
+                p["qp_reg"],
+                str(ipaddress.IPv4Address(p["ipv4_src"])),
+            )
             for m, _, p in self.requests._read()
         ]
         return sorted((e for e in found if job_id in (None, e.job_id)), key=lambda e: e.qp_reg)
@@ -218,7 +234,7 @@ class Roce:
 
 
 def _entries(
-    job_id: int, endpoints: Sequence[Sequence[RdmaEndpoint]], regs: list[int]
+    job_id: int, ips: Sequence[str], endpoints: Sequence[Sequence[RdmaEndpoint]], regs: list[int]
 ) -> tuple[list[RoceRequestEntry], list[RoceReplyEntry]]:
     """Rank by rank, position by position: the request entry and the reply entry, both
     on one register index (its switch queue pair's state; the worker queue pair's PSN)."""
@@ -227,13 +243,15 @@ def _entries(
     for rank, mine in enumerate(endpoints):
         for position, ep in enumerate(mine):
             reg = next(slots)
-            requests.append(RoceRequestEntry(ROCE_QPN_BASE + reg, job_id, rank, reg))
+            requests.append(RoceRequestEntry(ROCE_QPN_BASE + reg, job_id, rank, reg, ips[rank]))
             replies.append(RoceReplyEntry(job_id, rank, position, ep.qpn, ep.rkey, ep.va, reg))
     return requests, replies
 
 
-def _request_write(e: RoceRequestEntry) -> tuple[dict[str, int], str, dict[str, int]]:
-    params = {"job_id": e.job_id, "rank": e.rank, "qp_reg": e.qp_reg}
+def _request_write(e: RoceRequestEntry) -> tuple[dict[str, int], str, dict[str, int | str]]:
+    params: dict[str, int | str] = {
+        "job_id": e.job_id, "rank": e.rank, "qp_reg": e.qp_reg, "ipv4_src": e.ip
+    }  # fmt: skip
     return {"dest_qp": e.qpn}, _RoceRequests.action, params
 
 

@@ -43,11 +43,14 @@ control RoceIngress(inout headers_t hdr, inout metadata_t meta) {
     bit<8> msg_exponent;
     bit<16> at;
 
+    ipv4_addr_t worker_ip;
+
     @id(0x010C0001) @name(".Ingress.roce.set_roce_qp")
-    action set_roce_qp(bit<16> job_id, bit<8> rank, bit<16> qp_reg) {
+    action set_roce_qp(bit<16> job_id, bit<8> rank, bit<16> qp_reg, ipv4_addr_t ipv4_src) {
         meta.roce_job = job_id;
         meta.roce_rank = rank;
         reg = (bit<32>)qp_reg;
+        worker_ip = ipv4_src;
     }
 
     @id(0x010C0002) @name(".Ingress.roce.roce_qp_miss")
@@ -95,6 +98,7 @@ control RoceIngress(inout headers_t hdr, inout metadata_t meta) {
         reg = 0;
         at = 0;
         first_pidx = 0;
+        worker_ip = 0;
         // Parse (parsers.p4 set the opcode's flags): a frame too short for its headers,
         // or an opcode INA does not send.
         if (!hdr.bth.isValid() || (bit<32>)hdr.udp.length
@@ -112,8 +116,12 @@ control RoceIngress(inout headers_t hdr, inout metadata_t meta) {
         if (meta.drop_reason == NO_DROP) {
             roce_jobs.apply();                  // DROP_UNKNOWN_JOB
         }
-        // The source: the workers table binds a RoCEv2 rank at (its address, 4791), since
-        // RoCEv2 source ports vary per queue pair; ina.p4's workers check reads these.
+        // Only the queue pair's worker may touch its state: before the UC step.
+        if (meta.drop_reason == NO_DROP && hdr.ipv4.src_addr != worker_ip) {
+            meta.drop_reason = DROP_BAD_SOURCE;
+        }
+        // The workers table (ina.p4) binds a RoCEv2 rank at (its address, 4791), since
+        // RoCEv2 source ports vary per queue pair.
         hdr.udp.src_port = ROCE_UDP_PORT;
 
         // The UC responder's step (RoceFront._advance).

@@ -119,8 +119,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--roce",
         action="store_true",
         help="also aggregate INA over RoCEv2 (RDMA WRITEs from RNICs, or hostlib's emulated "
-        "one) on UDP port 4791 of --listen's address (docs/protocol.md, 'INA over RoCEv2'); "
-        "the UDP socket server only, for now",
+        "one) on UDP port 4791: of --listen's address, or every such datagram on "
+        "--interface ports (docs/protocol.md, 'INA over RoCEv2'); not with --datapath ebpf "
+        "yet",
     )
     a("--device-id", type=int_in(0), default=0, help="P4Runtime device id (default 0)")
     a(
@@ -365,9 +366,9 @@ def _ports_error(args: argparse.Namespace, ports: dict[int, str]) -> str | None:
     """What is wrong with the port options together (None: nothing)."""
     if len(ports) != len(args.interface):
         return "--interface: a port is given twice"
-    if args.roce and ports:
-        return ("--roce: RoCEv2 is served on the UDP socket (--listen) so far, not on "
-                "--interface ports or by the eBPF data plane (issue #40)")
+    if args.roce and (args.datapath == "ebpf" or args.one_armed):
+        return ("--roce: the eBPF data plane does not aggregate RoCEv2 yet (issue #40); "
+                "use --datapath python")
     if args.datapath == "ebpf":
         if not ports:
             return "--datapath ebpf needs --interface (the program runs on the ports)"
@@ -417,7 +418,7 @@ def _make_server(
             pipeline, ports, args.p4runtime, device_id=args.device_id, pcap=pcap,
             forward_only=args.forward_only, links=dict(args.link), seed=args.seed,
             link_stats=args.link_stats, arbitration=args.arbitration, tls=args.p4runtime_tls,
-            p4info=args.p4info,
+            p4info=args.p4info, roce=args.roce,
         )  # fmt: skip
     return SwitchServer(pipeline, args.listen, args.p4runtime, device_id=args.device_id, pcap=pcap,
                         arbitration=args.arbitration, tls=args.p4runtime_tls,

@@ -43,8 +43,9 @@ from controller.tls import TlsFiles
 from emulation.softswitch.links import LINK_STATS_INTERVAL, LinkEmulator, LinkSpec, LinkStatsFile
 from emulation.softswitch.pcap import LINKTYPE_ETHERNET, PcapWriter
 from emulation.softswitch.pipeline import Addr, Emit, Pipeline
+from emulation.softswitch.roce import RoceFront
 from emulation.softswitch.server import CONTROL_EVERY, SwitchServer
-from hostlib.protocol import INA_UDP_PORT
+from hostlib.protocol import INA_UDP_PORT, ROCE_UDP_PORT
 
 __all__ = ["ETH_P_ALL", "LINK_STATS_INTERVAL", "FrameSwitchServer", "build_result_frame"]
 
@@ -57,6 +58,7 @@ _ETH = 14
 _IP = 20
 _UDP = 8
 _INA_PORT_BYTES = INA_UDP_PORT.to_bytes(2, "big")
+_ROCE_PORT_BYTES = ROCE_UDP_PORT.to_bytes(2, "big")
 _IPV4 = b"\x08\x00"
 
 
@@ -68,15 +70,22 @@ def _checksum(header: bytes) -> int:
 
 
 def build_result_frame(
-    dst_mac: bytes, src_mac: bytes, src_ip: bytes, dst_ip: bytes, dst_port: int, payload: bytes
+    dst_mac: bytes,
+    src_mac: bytes,
+    src_ip: bytes,
+    dst_ip: bytes,
+    dst_port: int,
+    payload: bytes,
+    src_port: int = INA_UDP_PORT,
 ) -> bytes:
-    """An Ethernet/IPv4/UDP frame from the switch's INA port (UDP checksum 0: none)."""
+    """An Ethernet/IPv4/UDP frame from the switch's INA port (or RoCEv2's), identification
+    0, Don't Fragment, UDP checksum 0 (none; RoCEv2's ICRC masks it anyway)."""
     total = _IP + _UDP + len(payload)
     ip = bytearray(
         struct.pack("!BBHHHBBH4s4s", 0x45, 0, total, 0, 0x4000, 64, 17, 0, src_ip, dst_ip)
     )
     ip[10:12] = _checksum(bytes(ip)).to_bytes(2, "big")
-    udp = struct.pack("!HHHH", INA_UDP_PORT, dst_port, _UDP + len(payload), 0)
+    udp = struct.pack("!HHHH", src_port, dst_port, _UDP + len(payload), 0)
     return b"".join((dst_mac, src_mac, _IPV4, ip, udp, payload))
 
 
@@ -95,6 +104,8 @@ class FrameSwitchServer(SwitchServer):
         links: switch port -> its emulated link (ports not named are plain wires).
         seed: seed of the links' loss (one stream per port and direction).
         link_stats: where :meth:`write_link_stats` writes the links' counts.
+        roce: aggregate INA over RoCEv2 too: every UDP datagram to port 4791 is taken for
+            it (as the P4 program does), whatever its destination.
 
     Raises:
         ValueError: no interface, a link on a port that is not one, or a pcap of
@@ -117,8 +128,10 @@ class FrameSwitchServer(SwitchServer):
         link_stats: Path | None = None,
         arbitration: str = "spec",
         tls: TlsFiles | None = None,
+        roce: bool = False,
     ) -> None:
         self.forward_only = forward_only
+        self._roce_front = RoceFront(pipeline, "0.0.0.0") if roce else None
         if not interfaces:
             raise ValueError("a switch with ports needs at least one interface")
         self.interfaces = dict(interfaces)
@@ -259,11 +272,31 @@ class FrameSwitchServer(SwitchServer):
             and frame[14] == 0x45
             and frame[23] == 17
             and not (int.from_bytes(frame[20:22], "big") & 0x3FFF)
-            and frame[36:38] == _INA_PORT_BYTES
         ):
-            self._ina(port, frame)
-        else:
-            self._forward(port, frame)
+            if frame[36:38] == _INA_PORT_BYTES:
+                self._ina(port, frame)
+                return
+            if frame[36:38] == _ROCE_PORT_BYTES and self._roce_front is not None:
+                self._roce_frame(port, frame, self._roce_front)
+                return
+        self._forward(port, frame)
+
+    def _roce_frame(self, port: int, frame: memoryview, front: RoceFront) -> None:
+        """A RoCEv2 frame: through the RoCEv2 front; its WRITEs out of their ports."""
+        udp_len = int.from_bytes(frame[38:40], "big")
+        payload = frame[_ETH + _IP + _UDP : _ETH + _IP + max(udp_len, _UDP)]
+        src = (socket.inet_ntoa(frame[26:30]), int.from_bytes(frame[34:36], "big"))
+        own_mac, own_ip = bytes(frame[0:6]), bytes(frame[30:34])
+        for send in front.process(payload, src, socket.inet_ntoa(own_ip)):
+            if send.link is None:  # the answer to a retransmission: back to the sender
+                egress, mac = port, bytes(frame[6:12])
+            else:
+                egress, mac = send.link[0], send.link[1].to_bytes(6, "big")
+            out = build_result_frame(
+                mac, own_mac, own_ip, socket.inet_aton(send.dest[0]), send.dest[1],
+                send.payload, src_port=ROCE_UDP_PORT,
+            )  # fmt: skip
+            self._send(egress, out)
 
     def _ina(self, port: int, frame: memoryview) -> None:
         udp_len = int.from_bytes(frame[38:40], "big")

@@ -100,7 +100,8 @@ class _Hooks:
             if delete:
                 tables.delete_request(qpn)
             else:
-                entry = RoceRequest(params["job_id"], params["rank"], params["qp_reg"])
+                ip = _ipv4(params["ipv4_src"])
+                entry = RoceRequest(params["job_id"], params["rank"], params["qp_reg"], ip)
                 tables.set_request(qpn, entry)
         elif table == "Ingress.roce.roce_jobs":
             if delete:

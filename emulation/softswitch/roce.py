@@ -3,12 +3,11 @@
 
 docs/protocol.md ("INA over RoCEv2") is the specification; this is its reference
 implementation, which the other data planes are held to by the vectors. What a P4
-program would hold: three exact-match tables (``roce_jobs``: job id -> packets per
-message; ``roce_requests``: the switch's dest QP -> job, rank and the index of that
-queue pair's registers; ``roce_replies``: (job, rank, window position) -> the worker's
-QPN, R_Key, address and the index of its PSN register), register arrays indexed by
-queue pair (the UC responder's state of each request queue pair; the next PSN of each
-reply queue pair), and per-packet logic without loops but over the replicas.
+program would hold: the tables and registers of ``roce_tables.py`` (``roce_jobs``,
+``roce_requests``, ``roce_replies``; the UC responder's state of each request queue
+pair and the next PSN of each reply queue pair), which the pipeline keeps
+(``pipeline.roce``), and per-packet logic without loops but over the replicas; p4/roce.p4
+and p4/roce_replies.p4 are the same for bmv2.
 
 A frame goes through, in order: the ingress drop simulator; the parse (``truncated``,
 ``malformed``); the ICRC (``bad_icrc``); the request table (``unknown_qp``); the source
@@ -77,11 +76,14 @@ class RoceFront:
         self._ina = bytearray(HEADER_SIZE + pipeline.lanes * LANE_BYTES)
 
     # ----------------------------------------------------------------- per frame
-    def process(self, data: memoryview, src: Addr) -> list[RoceSend]:
+    def process(self, data: memoryview, src: Addr, address: str | None = None) -> list[RoceSend]:
         """Run one RoCEv2 UDP payload from ``src`` through the switch; the frames to send.
 
+        ``address``: the frame's destination IPv4 (the ICRC covers it; replies come from
+        it), where a switch with ports has several; by default the front's.
         Never raises on frame content: anything invalid is dropped and counted.
         """
+        address = address or self.address
         pipe = self.pipeline
         pipe.count("received")
         if pipe.drops.ingress and pipe.drops.drop_ingress():
@@ -91,7 +93,7 @@ class RoceFront:
         except rocev2.RoceError as exc:
             truncated = str(exc).startswith("truncated")
             return self._drop(DropReason.TRUNCATED if truncated else DropReason.MALFORMED)
-        if not rocev2.icrc_ok(src[0], self.address, src[1], data):
+        if not rocev2.icrc_ok(src[0], address, src[1], data):
             return self._drop(DropReason.BAD_ICRC)
         entry = self.tables.requests.get(frame.dest_qp)
         if entry is None:
@@ -99,14 +101,14 @@ class RoceFront:
         packets = self.tables.jobs.get(entry.job_id)
         if packets is None:
             return self._drop(DropReason.UNKNOWN_JOB)
-        source = (src[0], ROCE_UDP_PORT)
-        if pipe.worker_rank(entry.job_id, source) != entry.rank:
+        if src[0] != entry.ip:  # only the queue pair's worker touches its state
             return self._drop(DropReason.BAD_SOURCE)
+        source = (src[0], ROCE_UDP_PORT)
         reason = self._advance(frame, entry.qp_reg, packets)
         if reason is not None:
             return self._drop(reason)
         emit = pipe.aggregate(self._as_ina(frame, entry), source)
-        return [] if emit is None else self._replies(emit, entry.job_id, packets)
+        return [] if emit is None else self._replies(emit, entry.job_id, packets, address)
 
     def _advance(self, frame: rocev2.RoceFrame, reg: int, packets: int) -> DropReason | None:
         """The UC responder's step on queue pair register ``reg``: open, continue or close
@@ -149,7 +151,7 @@ class RoceFront:
         self._ina[HEADER_SIZE:] = frame.payload
         return memoryview(self._ina)
 
-    def _replies(self, emit: Emit, job_id: int, packets: int) -> list[RoceSend]:
+    def _replies(self, emit: Emit, job_id: int, packets: int, address: str) -> list[RoceSend]:
         """A WRITE per replica of the pipeline's result, PSNs taken, then the egress
         simulator; counts ``results_sent`` and ``drop_sim_egress``."""
         pipe = self.pipeline
@@ -173,7 +175,7 @@ class RoceFront:
                 pipe.count("drop_" + DropReason.SIM_EGRESS.value)
                 continue
             link = emit.links[n] if n < len(emit.links) else None
-            sends.append(RoceSend(rocev2.build_frame(frame, self.address, dest[0]), dest, link))
+            sends.append(RoceSend(rocev2.build_frame(frame, address, dest[0]), dest, link))
         pipe.count("results_sent", len(sends))
         return sends
 

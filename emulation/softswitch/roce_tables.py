@@ -38,12 +38,14 @@ class RoceTableError(ValueError):
 
 @dataclass(frozen=True, slots=True)
 class RoceRequest:
-    """A ``roce_requests`` entry: who sends on one of the switch's queue pairs, and the
+    """A ``roce_requests`` entry: who sends on one of the switch's queue pairs (job,
+    rank, and the worker's IPv4: nobody else may touch the queue pair's state), and the
     index of that queue pair's registers."""
 
     job_id: int
     rank: int
     qp_reg: int
+    ip: str
 
 
 @dataclass(frozen=True, slots=True)

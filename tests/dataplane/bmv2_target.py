@@ -22,8 +22,10 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Protocol
 
+from roce_steps import endpoint
 from runner import (
     COUNTERS,
+    ROCE,
     SOFT_SLOTS,
     Forward,
     Job,
@@ -50,7 +52,7 @@ from emulation.bmv2 import (
     find_bmv2,
 )
 from emulation.softswitch import SoftSwitchProcess, SwitchStartError
-from hostlib.protocol import INA_UDP_PORT
+from hostlib.protocol import INA_UDP_PORT, LANE_BYTES, ROCE_UDP_PORT
 
 P4INFO = P4INFO_PATH
 ETHERNET_MIN_FRAME = 60
@@ -109,12 +111,24 @@ class _ControllerAdapter:
     def add_job(
         self, job: Job, workers: list[PortIdentity], upstream: PortIdentity | None = None
     ) -> None:
+        if job.msg_packets is not None:  # RoCEv2: ranks at (IPv4, 4791), then queue pairs
+            self._add_roce_job(job, workers)
+            return
         addrs = [WorkerAddress(w.ip, w.udp_port, w.mac, w.port) for w in workers]
         up = None
         if job.upstream is not None and upstream is not None:
             address = WorkerAddress(upstream.ip, upstream.udp_port, upstream.mac, upstream.port)
             up = (job.upstream.rank, address)
         self._require().add_job(job.job_id, addrs, job.slot_count, upstream=up)
+
+    def _add_roce_job(self, job: Job, workers: list[PortIdentity]) -> None:
+        ctl, m = self._require(), job.msg_packets or 1
+        addrs = [WorkerAddress(w.ip, ROCE_UDP_PORT, w.mac, w.port) for w in workers]
+        ctl.add_job(job.job_id, addrs, job.slot_count)
+        msg_bytes = m * ctl.lanes * LANE_BYTES
+        window = job.slot_count // m
+        endpoints = [[endpoint(w.port, u, msg_bytes) for u in range(window)] for w in workers]
+        ctl.roce.install(job.job_id, [w.ip for w in workers], endpoints, m)
 
     def add_host_route(self, host: PortIdentity) -> None:
         self._require().forwarder.add_host(HostRoute(host.mac, host.port))
@@ -145,6 +159,7 @@ class Bmv2Target:
     """simple_switch_grpc with one veth pair per vector port, configured over P4Runtime."""
 
     name = "bmv2"
+    roce_icrc = False  # a P4 switch leaves it 0 (p4/roce.p4)
 
     def __init__(self) -> None:
         self._bmv2: Bmv2Process | None = None
@@ -187,27 +202,30 @@ class Bmv2Target:
             self._control.add_job(job, [port_identity(p) for p in job.workers], upstream)
         self._control.set_drops(*vector.drops)
 
+    def roce_ips(self, port: int) -> tuple[str, str]:
+        return port_identity(port).ip, SWITCH_IP
+
     def send(self, port: int, payload: bytes, to: Forward | None) -> None:
         from scapy.layers.inet import IP, UDP
         from scapy.layers.l2 import Ether
 
         me = port_identity(port)
+        sport, ip = me.udp_port, IP(src=me.ip)
         if to is None:
             dst_mac, dst_ip, dport = SWITCH_MAC, SWITCH_IP, INA_UDP_PORT
+        elif to == ROCE:  # as an RNIC sends: UDP 4791 both ways, identification 0, DF
+            dst_mac, dst_ip, dport = SWITCH_MAC, SWITCH_IP, ROCE_UDP_PORT
+            sport, ip = ROCE_UDP_PORT, IP(src=me.ip, id=0, flags="DF")
         else:
             peer = port_identity(to.port)
             dst_mac, dst_ip, dport = peer.mac, peer.ip, to.udp_dport
-        frame = (
-            Ether(src=me.mac, dst=dst_mac)
-            / IP(src=me.ip, dst=dst_ip)
-            / UDP(sport=me.udp_port, dport=dport)
-            / payload
-        )
+        ip.dst = dst_ip
+        frame = Ether(src=me.mac, dst=dst_mac) / ip / UDP(sport=sport, dport=dport) / payload
         # A NIC pads a frame to Ethernet's minimum (60 bytes without the FCS); a veth does
         # not, so the padding is added here: a short datagram's padding must not pass for
         # the rest of its INA header (DROP_TRUNCATED by its UDP length).
         self._socks[port].send(bytes(frame).ljust(ETHERNET_MIN_FRAME, b"\0"))
-        if dport == INA_UDP_PORT:
+        if dport in (INA_UDP_PORT, ROCE_UDP_PORT):
             self._ina_sent += 1
 
     def recv(self, port: int, timeout: float) -> Received | None:
@@ -370,6 +388,13 @@ def _datagram(port: int, frame: bytes) -> Received | None:
         if udp.dport != me.udp_port:
             raise VectorFailure(f"port {port}: result to UDP {udp.dport}, not {me.udp_port}")
         return Received(payload, None)
+    if ip.src == SWITCH_IP and udp.sport == ROCE_UDP_PORT:
+        if udp.dport != ROCE_UDP_PORT or (ip.id, ip.flags) != (0, "DF"):
+            raise VectorFailure(
+                f"port {port}: a RoCEv2 reply to UDP {udp.dport}, IPv4 id {ip.id} flags "
+                f"{ip.flags}: expected 4791, 0, DF (the IPv4 header the ICRC covers)"
+            )
+        return Received(payload, ROCE)
     src = next((p for p in range(1, 251) if port_identity(p).ip == ip.src), None)
     if src is None:
         raise VectorFailure(f"port {port} got a frame from unknown IP {ip.src}")
@@ -393,6 +418,7 @@ class SoftPortsTarget(Bmv2Target):
     --interface``), configured by the same controller (registers over P4Runtime)."""
 
     name = "soft-ports"
+    roce_icrc = True
     datapath = "python"
 
     def __init__(self) -> None:
@@ -403,9 +429,10 @@ class SoftPortsTarget(Bmv2Target):
         if os.geteuid() != 0:
             raise TargetUnavailable("needs root for veth pairs and raw sockets")
         ports = self._make_ports(vector)
+        roce = ("--roce",) if self.datapath == "python" else ()
         self._switch = SoftSwitchProcess(
             run_dir, name=f"switch-{vector.name}", lanes=vector.lanes, slots=SOFT_SLOTS,
-            interfaces=ports, extra_args=("--datapath", self.datapath),
+            interfaces=ports, extra_args=("--datapath", self.datapath, *roce),
         ).start()  # fmt: skip
         self._control = control_factory()(self._switch.p4runtime_address, None)
         self._control.push_pipeline(None, None)
@@ -436,6 +463,8 @@ class EbpfTarget(SoftPortsTarget):
 
         if (why := ebpf_unavailable()) is not None:
             raise TargetUnavailable(why)
+        if any(job.msg_packets is not None for job in vector.jobs):
+            raise TargetUnavailable("the eBPF data plane does not aggregate RoCEv2 yet (#40)")
         super().configure(vector, run_dir)
 
 

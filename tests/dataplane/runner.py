@@ -24,8 +24,19 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, NamedTuple, Protocol
 
+from roce_steps import (
+    OPCODES,
+    RoceJob,
+    frame_mismatches,
+    reply_frame,
+    request_frame,
+    seal,
+    switch_qpns,
+)
+
 from controller.switch import SwitchController, WorkerAddress
 from emulation.softswitch import SoftSwitchProcess
+from hostlib import rocev2
 from hostlib.protocol import (
     EXPONENT_MIN,
     HEADER,
@@ -33,6 +44,7 @@ from hostlib.protocol import (
     LANES_PER_PACKET,
     POOL_SET_BIT,
     PROTOCOL_VERSION,
+    ROCE_UDP_PORT,
     SLOT_MASK,
     PacketType,
 )
@@ -61,6 +73,7 @@ MASKABLE = frozenset(HEADER_FIELDS) | {"lanes"}
 DROP_REASONS = (
     "truncated", "malformed", "unknown_job", "bad_rank", "bad_source", "bad_slot",
     "bad_lanes", "bad_length", "stale", "sim_ingress", "sim_egress",
+    "unknown_qp", "bad_psn", "bad_icrc",
 )  # fmt: skip
 STRICT_COUNTERS = frozenset(
     ["duplicates_ignored", "retransmits_answered", "upstream_resent", "results_from_upstream"]
@@ -128,6 +141,7 @@ class Job:
     slot_count: int
     workers: tuple[int, ...]  # ports, index = rank
     upstream: UpstreamPort | None = None
+    msg_packets: int | None = None  # a RoCEv2 job's packets per message (roce_steps.py)
 
 
 @dataclass(frozen=True)
@@ -138,11 +152,17 @@ class Forward:
     udp_dport: int
 
 
+ROCE = Forward(0, ROCE_UDP_PORT)
+"""A send to, or a reply from, the switch's RoCEv2 endpoint (its address, UDP 4791 from
+UDP 4791), where ``None`` is its INA endpoint."""
+
+
 @dataclass(frozen=True)
 class Send:
     port: int
     payload: bytes
     to: Forward | None = None
+    icrc: str | None = None  # a RoCEv2 frame's ICRC when sent: "good" or "bad"
 
 
 @dataclass(frozen=True)
@@ -152,6 +172,7 @@ class Expected:
     mask: frozenset[str]
     raw: bool  # compare bytes as a whole (no INA header to compare field by field)
     origin: Forward | None = None  # None: the switch's INA endpoint
+    roce: bool = False  # a RoCEv2 WRITE from the switch's RoCEv2 endpoint (roce_steps.py)
 
 
 @dataclass(frozen=True)
@@ -259,7 +280,12 @@ def parse_vector(doc: Any, path: Path) -> Vector:
     if len({j.job_id for j in jobs}) != len(jobs):
         raise (at / "jobs").error("two jobs with one job_id")
     drops = _drops(top.get("drops", {"ingress": 0, "egress": 0}), at / "drops")
-    ctx = _Ctx(lanes, ports, targets)
+    roce = {
+        j.job_id: RoceJob(j.job_id, j.workers, j.msg_packets, j.slot_count // j.msg_packets)
+        for j in jobs
+        if j.msg_packets is not None
+    }
+    ctx = _Ctx(lanes, ports, targets, roce, switch_qpns(list(roce.values())))
     raw_steps = _list(top["steps"], at / "steps", 1)
     steps = tuple(_step(s, at / "steps" / i, i, ctx) for i, s in enumerate(raw_steps))
     return Vector(path, top["description"], targets, lanes, ports, jobs, drops, steps)
@@ -282,10 +308,12 @@ class _Ctx:
     lanes: int
     ports: tuple[int, ...]
     targets: tuple[str, ...]
+    roce: dict[int, RoceJob] = field(default_factory=dict)  # RoCEv2 jobs by id
+    qpns: dict[tuple[int, int, int], int] = field(default_factory=dict)
 
 
 def _job(value: Any, at: _Where, ports: tuple[int, ...]) -> Job:
-    job = _obj(value, at, {"job_id", "slot_count", "workers"}, {"upstream"})
+    job = _obj(value, at, {"job_id", "slot_count", "workers"}, {"upstream", "roce"})
     workers = tuple(
         _int(p, at / "workers" / i, 1, len(ports))
         for i, p in enumerate(_list(job["workers"], at / "workers", 1))
@@ -303,12 +331,16 @@ def _job(value: Any, at: _Where, ports: tuple[int, ...]) -> Job:
         )
         if upstream.port in workers:
             raise (here / "port").error("is a worker of the job")
-    return Job(
-        _int(job["job_id"], at / "job_id", 0, 0xFFFF),
-        _int(job["slot_count"], at / "slot_count", 1, SOFT_SLOTS),
-        workers,
-        upstream,
-    )
+    slot_count = _int(job["slot_count"], at / "slot_count", 1, SOFT_SLOTS)
+    msg_packets = None
+    if "roce" in job:
+        r = _obj(job["roce"], at / "roce", {"msg_packets"}, set())
+        msg_packets = _int(r["msg_packets"], at / "roce" / "msg_packets", 1, 32)
+        if msg_packets & (msg_packets - 1) or slot_count % msg_packets or upstream:
+            raise (at / "roce").error("msg_packets: a power of two dividing slot_count, "
+                                      "and no upstream")  # fmt: skip
+    return Job(_int(job["job_id"], at / "job_id", 0, 0xFFFF), slot_count, workers, upstream,
+               msg_packets)  # fmt: skip
 
 
 def _drops(value: Any, at: _Where) -> tuple[float, float]:
@@ -367,6 +399,8 @@ def _forward(value: Any, at: _Where, ctx: _Ctx) -> Forward:
 
 
 def _send(value: Any, at: _Where, ctx: _Ctx, raw: bool) -> Send:
+    if not raw and isinstance(value, dict) and "roce" in value:
+        return _roce_send(value, at, ctx)
     if raw:
         s = _obj(value, at, {"port", "hex"}, {"to"})
         payload = _hex(s["hex"], at / "hex")
@@ -389,6 +423,8 @@ def _expect(value: Any, at: _Where, ctx: _Ctx) -> Expected:
             True,
             origin,
         )
+    if isinstance(value, dict) and "roce" in value:
+        return _roce_expect(value, at, ctx)
     e = _obj(value, at, {"port", "ina"}, {"lanes", "mask"})
     mask = _list(e.get("mask", []), at / "mask")
     if bad := sorted(set(mask) - MASKABLE):
@@ -398,6 +434,47 @@ def _expect(value: Any, at: _Where, ctx: _Ctx) -> Expected:
     fields = _header(e["ina"], at / "ina", ctx, PacketType.RESULT, {"job_id", "seq"})
     payload = pack(fields) + _lanes(e.get("lanes", []), at / "lanes", ctx)
     return Expected(_port(e["port"], at / "port", ctx), payload, frozenset(mask), False)
+
+
+_ROCE_SEND = ({"job_id", "opcode", "psn", "seq"},
+              {"position", "exponent", "set", "slot", "qpn", "rkey", "dma_length", "icrc"})
+_ROCE_EXPECT = ({"job_id", "opcode", "seq"}, {"position", "exponent", "reply"})
+
+
+def _roce_fields(value: Any, at: _Where, ctx: _Ctx, keys: tuple[set[str], set[str]]) -> tuple[
+    dict[str, Any], dict[str, Any], RoceJob
+]:  # fmt: skip
+    s = _obj(value, at, {"port", "roce"}, {"lanes", "mask"})
+    r = _obj(s["roce"], at / "roce", *keys)
+    job = ctx.roce.get(r["job_id"])
+    if job is None:
+        raise (at / "roce" / "job_id").error("names no job with a \"roce\" entry")
+    port = _port(s["port"], at / "port", ctx)
+    if port not in job.workers and "qpn" not in r:
+        raise (at / "port").error('is not a worker of the job (give "qpn" to send as one)')
+    if r["opcode"] not in OPCODES:
+        raise (at / "roce" / "opcode").error(f"must be one of {', '.join(OPCODES)}")
+    for name in ("psn", "seq", "exponent", "position", "reply", "qpn", "rkey", "slot"):
+        if name in r:
+            lo = -128 if name == "exponent" else 0
+            r[name] = _int(r[name], at / "roce" / name, lo, 0xFFFFFFFF)
+    if r.get("icrc", "good") not in ("good", "bad"):
+        raise (at / "roce" / "icrc").error('must be "good" or "bad"')
+    return s, {**r, "port": port}, job
+
+
+def _roce_send(value: Any, at: _Where, ctx: _Ctx) -> Send:
+    s, r, job = _roce_fields(value, at, ctx, _ROCE_SEND)
+    lanes = _lanes(s.get("lanes", []), at / "lanes", ctx)
+    payload = request_frame(r, job, ctx.qpns, lanes)
+    return Send(r["port"], payload, ROCE, r.get("icrc", "good"))
+
+
+def _roce_expect(value: Any, at: _Where, ctx: _Ctx) -> Expected:
+    s, r, job = _roce_fields(value, at, ctx, _ROCE_EXPECT)
+    mask = frozenset(_list(s.get("mask", []), at / "mask"))
+    payload = reply_frame(r, job, _lanes(s.get("lanes", []), at / "lanes", ctx))
+    return Expected(r["port"], payload, mask, False, ROCE, roce=True)
 
 
 def _header(
@@ -514,9 +591,14 @@ class Target(Protocol):
     """
 
     name: str
+    roce_icrc: bool
+    """Whether the switch computes the ICRC of its RoCEv2 replies (a P4 target's is 0)."""
 
     def configure(self, vector: Vector, run_dir: Path) -> None:
         """Start a fresh switch with the vector's ports, jobs and drop settings."""
+
+    def roce_ips(self, port: int) -> tuple[str, str]:
+        """(the port's IPv4, the switch's) on RoCEv2 frames between them."""
 
     def send(self, port: int, payload: bytes, to: Forward | None) -> None:
         """Send ``payload`` from ``port``: INA to the switch, or plain UDP ``to`` a port."""
@@ -542,6 +624,7 @@ class SoftSwitchTarget:
     """
 
     name = "soft"
+    roce_icrc = True
     _SETTLE_SECONDS = 5.0
 
     def __init__(self) -> None:
@@ -551,6 +634,11 @@ class SoftSwitchTarget:
         self._sent = 0
 
     def configure(self, vector: Vector, run_dir: Path) -> None:
+        if any(job.msg_packets is not None for job in vector.jobs):
+            raise TargetUnavailable(
+                "RoCEv2 binds a rank to an address at UDP 4791: the ports here share "
+                "127.0.0.1 (the port targets run RoCEv2 vectors)"
+            )
         self._switch = SoftSwitchProcess(
             run_dir, name=f"switch-{vector.name}", lanes=vector.lanes, slots=SOFT_SLOTS
         ).start()
@@ -568,6 +656,9 @@ class SoftSwitchTarget:
                 up = WorkerAddress(*self._socks[job.upstream.port].getsockname())
                 upstream = (job.upstream.rank, up)
             ctl.add_job(job.job_id, addrs, job.slot_count, upstream=upstream)
+
+    def roce_ips(self, port: int) -> tuple[str, str]:
+        raise TargetUnavailable("no RoCEv2 on this target (configure says why)")
 
     def send(self, port: int, payload: bytes, to: Forward | None) -> None:
         if to is not None:
@@ -653,7 +744,10 @@ _Counters = dict[str, int]
 
 def _do_send(step: Step, target: Target, baseline: _Counters, vector: Vector) -> _Counters:
     for s in step.sends:
-        target.send(s.port, s.payload, s.to)
+        payload = s.payload
+        if s.icrc is not None:
+            payload = seal(payload, *target.roce_ips(s.port), s.icrc)
+        target.send(s.port, payload, s.to)
     return baseline
 
 
@@ -666,7 +760,14 @@ def _do_expect(step: Step, target: Target, baseline: _Counters, vector: Vector) 
             got = target.recv(port, DEFAULT_RECV_TIMEOUT)
             if got is None:
                 raise _fail(vector, step, f"port {port}: packet {n} did not arrive")
-            problems = mismatches(e, got.payload)
+            if e.roce:
+                ok = None
+                if target.roce_icrc:
+                    here, switch = target.roce_ips(port)
+                    ok = rocev2.icrc_ok(switch, here, ROCE_UDP_PORT, got.payload)
+                problems = frame_mismatches(e.payload, got.payload, e.mask, ok)
+            else:
+                problems = mismatches(e, got.payload)
             if got.origin != e.origin:
                 problems.append(f"from {got.origin}, expected from {e.origin or 'the switch'}")
             if problems:
@@ -688,7 +789,9 @@ def _none_arrived(
     for port in ports:
         got = target.recv(port, max(0.0, deadline - time.monotonic()))
         if got is not None:
-            head = unpack(got.payload) if len(got.payload) >= HEADER_SIZE else {}
+            head: object = unpack(got.payload) if len(got.payload) >= HEADER_SIZE else {}
+            if got.origin == ROCE:
+                head = rocev2.parse_frame(got.payload)
             raise _fail(
                 vector,
                 step,

@@ -15,7 +15,16 @@ import struct
 from collections import deque
 from pathlib import Path
 
-from runner import COUNTERS, Forward, PortIdentity, Received, Vector, VectorFailure, port_identity
+from runner import (
+    COUNTERS,
+    Forward,
+    PortIdentity,
+    Received,
+    TargetUnavailable,
+    Vector,
+    VectorFailure,
+    port_identity,
+)
 
 from emulation.tnamodel import TnaModel
 from hostlib.protocol import INA_UDP_PORT
@@ -30,6 +39,7 @@ class TnaModelTarget:
     """:class:`runner.Target` over :class:`emulation.tnamodel.TnaModel`."""
 
     name = "tna-model"
+    roce_icrc = False
 
     def __init__(self, seed: int = 0) -> None:
         self._seed = seed
@@ -37,6 +47,8 @@ class TnaModelTarget:
         self._queues: dict[int, deque[bytes]] = {}
 
     def configure(self, vector: Vector, run_dir: Path) -> None:
+        if any(job.msg_packets is not None for job in vector.jobs):
+            raise TargetUnavailable("p4/tna/ does not parse RoCEv2 yet (issue #40)")
         self._model = model = TnaModel(lanes=vector.lanes, seed=self._seed)
         self._queues = {port: deque() for port in vector.ports}
         for port in vector.ports:
@@ -56,6 +68,9 @@ class TnaModelTarget:
                     job.job_id, job.upstream.rank, up.ip, up.udp_port, up.mac, up.port
                 )
         model.set_drops(*vector.drops)
+
+    def roce_ips(self, port: int) -> tuple[str, str]:
+        return port_identity(port).ip, SWITCH_IP
 
     def send(self, port: int, payload: bytes, to: Forward | None) -> None:
         me = port_identity(port)

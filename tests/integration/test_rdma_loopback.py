@@ -77,7 +77,7 @@ def install(front: RoceFront, transports: list[RdmaTransport], window: int, m: i
         for u, ep in enumerate(t.endpoints()):
             reg = rank * window + u
             qpn = 0x800000 | rank << 12 | u
-            tables.set_request(qpn, RoceRequest(JOB, rank, reg))
+            tables.set_request(qpn, RoceRequest(JOB, rank, reg, t.device.address))  # type: ignore[attr-defined]
             tables.set_reply(JOB, rank, u, RoceReply(ep.qpn, ep.rkey, ep.va, reg))
             tables.set_reply_psn(reg, ep.psn)
             qpns.append(qpn)

@@ -51,7 +51,8 @@ def test_a_job_installed_over_p4runtime_sums_exactly_over_roce(
     transports = _ranks(n, window, m)
     workers = [WorkerAddress(t.device.address, ROCE_UDP_PORT) for t in transports]  # type: ignore[attr-defined]
     ctl.add_job(JOB, workers, window * m)
-    installed = ctl.roce.install(JOB, [t.endpoints() for t in transports], m)
+    ips = [w.ip for w in workers]
+    installed = ctl.roce.install(JOB, ips, [t.endpoints() for t in transports], m)
     assert installed.switch_qpns[1] == tuple(ROCE_QPN_BASE + window + u for u in range(window))
     host = proc.data_addr[0]
     for t, qpns in zip(transports, installed.switch_qpns, strict=True):
@@ -94,13 +95,17 @@ def test_bad_roce_requests_are_refused_whole(
     try:
         ctl.add_job(JOB, [WorkerAddress(f"127.0.0.{61 + r}", ROCE_UDP_PORT) for r in range(2)], 4)
         endpoints = [t.endpoints() for t in transports]
+        ips = [f"127.0.0.{61 + r}" for r in range(2)]
         with pytest.raises(ValueError, match="power of two"):
-            ctl.roce.install(JOB, endpoints, 3)
+            ctl.roce.install(JOB, ips, endpoints, 3)
         with pytest.raises(ValueError, match="windows differ"):
-            ctl.roce.install(JOB, [endpoints[0], endpoints[1][:1]], 2)
-        ctl.roce.install(JOB, endpoints, 2)
+            ctl.roce.install(JOB, ips, [endpoints[0], endpoints[1][:1]], 2)
+        with pytest.raises(ValueError, match="1 addresses for 2 ranks"):
+            ctl.roce.install(JOB, ips[:1], endpoints, 2)
+        ctl.roce.install(JOB, ips, endpoints, 2)
         with pytest.raises(P4RuntimeError):  # the job's roce_jobs entry exists: nothing more
-            ctl.roce.install(JOB, endpoints, 2)
+            ctl.roce.install(JOB, ips, endpoints, 2)
+        assert {e.ip for e in ctl.roce.read_requests(JOB)} == set(ips)
         assert len(ctl.roce.read_requests(JOB)) == 4
     finally:
         for t in transports:

@@ -63,7 +63,7 @@ def front(drops: DropSimulator | None = None) -> RoceFront:
     for rank in range(len(IPS)):
         for p in range(WINDOW):
             reg = rank * WINDOW + p
-            tables.set_request(switch_qpn(rank, p), RoceRequest(JOB, rank, reg))
+            tables.set_request(switch_qpn(rank, p), RoceRequest(JOB, rank, reg, IPS[rank]))
             reply = RoceReply(worker_qpn(rank, p), 0xABC0 + rank, 0x7F00_0000_0000 + p * 4096, reg)
             tables.set_reply(JOB, rank, p, reply)
             tables.set_reply_psn(reg, 50 * rank + p)
@@ -191,7 +191,7 @@ def test_multi_packet_messages_need_packets_of_a_path_mtu_and_a_power_of_two() -
     with pytest.raises(RoceTableError, match="power of two"):
         Pipeline(lanes=64, slots=64).roce.set_job(1, 3)
     with pytest.raises(RoceTableError, match="24 bits"):
-        tables.set_request(1 << 24, RoceRequest(1, 0, 0))
+        tables.set_request(1 << 24, RoceRequest(1, 0, 0, "10.0.0.1"))
     with pytest.raises(RoceTableError, match="register index"):
         tables.set_reply(1, 0, 0, RoceReply(1, 1, 1, 1 << 20))
     with pytest.raises(RoceTableError, match="PSN"):
