@@ -33,7 +33,11 @@ from emulation.bench.config import (
     DEFAULT_BENCH_SLOTS,
     DEFAULT_EMULATED_SLOTS,
     DEFAULT_EMULATED_WINDOW,
+    DEFAULT_MSG_PACKETS,
+    DEFAULT_RDMA_LANES,
     ELEMENT_BYTES,
+    RDMA_ALGORITHMS,
+    TRANSPORTS,
     BenchConfig,
     align_down,
     default_algorithms,
@@ -134,6 +138,22 @@ def add_arguments(parser: argparse.ArgumentParser, emulated: bool = False) -> No
         help=lanes_help,
     )
     if not emulated:
+        add(
+            "--transport",
+            choices=TRANSPORTS,
+            default="udp",
+            help="how INA ranks reach the switch: udp (datagrams), or rdma: RoCEv2 WRITEs "
+            "from an emulated RNIC per rank (each on its own 127.0.x.y, UDP 4791; "
+            "docs/protocol.md 'INA over RoCEv2'), lanes a path MTU (default "
+            f"{DEFAULT_RDMA_LANES}), the switch serving RoCEv2 (default udp)",
+        )
+        add(
+            "--msg-packets",
+            type=int_in(1, 32),
+            default=None,
+            help="--transport rdma: packets per RDMA message, a power of two; a "
+            f"retransmission resends a whole message (default {DEFAULT_MSG_PACKETS})",
+        )
         add(
             "--program",
             choices=("v1model", "tna"),
@@ -252,9 +272,12 @@ def check_inputs(args: argparse.Namespace) -> None:
 
 
 def resolve_algos(args: argparse.Namespace) -> None:
-    """``--algos`` as given, else the collective's default (``default_algorithms``)."""
+    """``--algos`` as given, else the collective's default (``default_algorithms``); over
+    RDMA, of those, what runs over RDMA."""
     if args.algos is None:
         args.algos = default_algorithms(args.collective)
+        if getattr(args, "transport", "udp") == "rdma":
+            args.algos = [a for a in args.algos if a in RDMA_ALGORITHMS]
 
 
 def config_from_args(
@@ -303,13 +326,26 @@ def config_from_args(
             else (args.ranks_per_host if "collnet" in args.algos else 1),
             collective=args.collective,
             program=getattr(args, "program", "v1model"),
+            transport=getattr(args, "transport", "udp"),
+            msg_packets=_msg_packets(args),
         )
     except ValueError as exc:
         raise UsageError(str(exc)) from None
 
 
+def _msg_packets(args: argparse.Namespace) -> int:
+    """``--msg-packets``, else 1 over UDP and :data:`DEFAULT_MSG_PACKETS` over RDMA."""
+    given = getattr(args, "msg_packets", None)
+    if given is not None:
+        return int(given)
+    return DEFAULT_MSG_PACKETS if getattr(args, "transport", "udp") == "rdma" else 1
+
+
 def _default_lanes(args: argparse.Namespace) -> int:
-    """``--lanes``' default on loopback: the Tofino program's width with ``--program tna``."""
+    """``--lanes``' default on loopback: the Tofino program's width with ``--program tna``,
+    a 4 KiB path MTU with ``--transport rdma``."""
+    if getattr(args, "transport", "udp") == "rdma":
+        return DEFAULT_RDMA_LANES
     return TNA_LANES_PER_PACKET if getattr(args, "program", "") == "tna" else DEFAULT_BENCH_LANES
 
 
@@ -545,6 +581,11 @@ def _signal_name(stop: KeyboardInterrupt) -> str:
 
 def _describe(algo: str, cfg: BenchConfig, where: str, hosts: int) -> str:
     ina = f"lanes={cfg.lanes}, slots={cfg.slots}, switch drop simulator {cfg.loss:g} in+out"
+    if algo == "ina" and cfg.transport == "rdma":
+        return (
+            f"INA over RoCEv2 (UC RDMA WRITE from an emulated RNIC per rank, messages of "
+            f"{cfg.msg_packets} packets) through the switch, {ina}, n={cfg.workers}"
+        )
     if algo == "ina":
         return f"INA through the switch, {ina}, n={cfg.workers}"
     if algo == "collnet":
@@ -610,6 +651,8 @@ def _metadata(args: argparse.Namespace, cfg: BenchConfig, run_dir: Path) -> dict
         "workers": cfg.workers,
         "lanes": cfg.lanes,
         "slots": cfg.slots,
+        "transport": cfg.transport,
+        "msg_packets": cfg.msg_packets,
         "program": cfg.program,
         "window": cfg.p2p_window,
         "ranks_per_host": cfg.ranks_per_host,

@@ -11,7 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from dynamiccl.model import ALGORITHMS as AUTO_CHOICES
-from hostlib.protocol import MAX_LANES, MAX_WORKERS, TNA_LANES_PER_PACKET
+from hostlib.protocol import LANE_BYTES, MAX_LANES, MAX_WORKERS, ROCE_PMTUS, TNA_LANES_PER_PACKET
 from hostlib.units import format_size, parse_size  # re-exported: the bench's size syntax
 
 __all__ = [
@@ -45,6 +45,20 @@ DEFAULT_BENCH_SLOTS = 32
 """The INA job's slots (its window of outstanding packets per worker) in bench runs. The
 loopback bandwidth-delay product is tiny; a larger window only lengthens the queues of
 processes sharing the CPU and turns queueing delay into spurious retransmissions."""
+
+TRANSPORTS = ("udp", "rdma")
+"""How INA ranks reach the switch: UDP datagrams, or RDMA WRITEs over RoCEv2 (an emulated
+RNIC per rank, ``hostlib.transport.rdma``; docs/protocol.md, "INA over RoCEv2")."""
+
+DEFAULT_RDMA_LANES = 1024
+"""``--transport rdma``'s lanes per packet: 4 KiB, RoCE's largest path MTU."""
+
+DEFAULT_MSG_PACKETS = 2
+"""``--transport rdma``'s packets per message: 8 KiB messages at 1,024 lanes (the engine's
+unit, ``msg_packets * lanes``, stays within 2,048 lanes)."""
+
+RDMA_ALGORITHMS = ("ina", "ring", "tree", "gloo")
+"""What runs with ``--transport rdma``: INA over RoCEv2, and the baselines as ever."""
 
 DEFAULT_EMULATED_SLOTS = 8
 """The INA window in ``inalab emulate ... bench``: 8 packets of 8 KiB are 5 ms of a
@@ -178,6 +192,8 @@ class BenchConfig:
     ranks_per_host: int = 1
     collective: str = "allreduce"
     program: str = "v1model"
+    transport: str = "udp"
+    msg_packets: int = 1
 
     @property
     def p2p_window(self) -> int:
@@ -221,11 +237,11 @@ class BenchConfig:
             problems.append(f"program {self.program!r} not v1model or tna")
         elif self.program == "tna" and self.lanes != TNA_LANES_PER_PACKET:
             problems.append(
-                f"lanes {self.lanes}: the Tofino program (--program tna) has "
-                f"{TNA_LANES_PER_PACKET}"
+                f"lanes {self.lanes}: the Tofino program (--program tna) has {TNA_LANES_PER_PACKET}"
             )
         if self.slots < 1:
             problems.append(f"slots {self.slots} must be positive")
+        problems += self._transport_problems()
         if self.window is not None and self.window < 1:
             problems.append(f"window {self.window} must be positive")
         if not 0.0 <= self.loss < 1.0:
@@ -240,6 +256,27 @@ class BenchConfig:
             problems.append(f"timeout {self.timeout} must be positive")
         if problems:
             raise ValueError("; ".join(problems))
+
+    def _transport_problems(self) -> list[str]:
+        if self.transport not in TRANSPORTS:
+            return [f"transport {self.transport!r} not one of {', '.join(TRANSPORTS)}"]
+        if self.transport == "udp":
+            return [] if self.msg_packets == 1 else ["msg_packets: --transport rdma only"]
+        m, problems = self.msg_packets, []
+        if cannot := [a for a in self.algos if a not in RDMA_ALGORITHMS]:
+            problems.append(f"{', '.join(cannot)}: not over RDMA yet (runs: "
+                            f"{', '.join(RDMA_ALGORITHMS)})")  # fmt: skip
+        if self.lanes * LANE_BYTES not in ROCE_PMTUS:
+            pmtus = ", ".join(str(b // LANE_BYTES) for b in ROCE_PMTUS)
+            problems.append(f"lanes {self.lanes}: over RDMA a packet is a path MTU ({pmtus})")
+        if m < 1 or m & (m - 1) or m * self.lanes > MAX_LANES:
+            problems.append(f"msg_packets {m}: a power of two with msg_packets x lanes <= "
+                            f"{MAX_LANES}")  # fmt: skip
+        elif self.slots % m:
+            problems.append(f"slots {self.slots}: a multiple of msg_packets {m}")
+        if self.ranks_per_host != 1 or self.program != "v1model":
+            problems.append("--transport rdma: one rank a host, --program v1model")
+        return problems
 
     @property
     def element_bytes(self) -> int:

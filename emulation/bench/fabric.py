@@ -49,6 +49,19 @@ class InaSwitch(Protocol):
         """
         ...
 
+    def install_roce(
+        self, job_id: int, ips: Sequence[str], endpoints: Sequence[Sequence[Any]], m: int
+    ) -> list[tuple[int, ...]]:
+        """Install the RoCEv2 queue pairs of job ``job_id`` (installed first), whose worker
+        i sends from ``ips[i]`` and takes replies at ``endpoints[i]`` (``RdmaEndpoint``s,
+        one per window position), messages of ``m`` packets; return, for worker i, the
+        switch's queue pair of each window position.
+
+        Raises:
+            FabricError: the fabric's switch does not serve RoCEv2, or refused the job.
+        """
+        ...
+
     def counters(self) -> dict[str, Any]:
         """The switch's statistics after the run."""
         ...
@@ -132,9 +145,10 @@ class LoopbackFabric:
         from controller.switch import ControllerError
         from emulation.softswitch.process import SoftSwitchProcess, SwitchStartError
 
+        roce = ("--roce",) if cfg.transport == "rdma" else ()
         switch = SoftSwitchProcess(
             run_dir, lanes=cfg.lanes, slots=cfg.slots, seed=cfg.seed,
-            extra_args=(*_pcap_args(cfg, run_dir), "--program", cfg.program),
+            extra_args=(*_pcap_args(cfg, run_dir), "--program", cfg.program, *roce),
         )  # fmt: skip
         try:
             switch.start()
@@ -164,6 +178,16 @@ class _LoopbackSwitch:
         self._ctl.add_job(job_id, [WorkerAddress(ip, port) for ip, port in addrs], self._slots)
         data = self._process.data_addr
         return [((str(data[0]), int(data[1])), i) for i in range(len(addrs))]
+
+    def install_roce(
+        self, job_id: int, ips: Sequence[str], endpoints: Sequence[Sequence[Any]], m: int
+    ) -> list[tuple[int, ...]]:
+        from controller.client import P4RuntimeError
+
+        try:
+            return list(self._ctl.roce.install(job_id, ips, endpoints, m).switch_qpns)
+        except (ValueError, P4RuntimeError) as exc:
+            raise FabricError(f"RoCEv2 queue pairs of job {job_id}: {exc}") from exc
 
     def counters(self) -> dict[str, Any]:
         """The switch's statistics and ``cpu_ms``, its process's CPU time so far."""

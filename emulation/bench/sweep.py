@@ -40,6 +40,7 @@ from emulation.bench.cpu import CpuSampler
 from emulation.bench.fabric import Fabric, FabricError, InaSwitch, LoopbackFabric
 from emulation.bench.report import Row, merge_ranks
 from emulation.bench.workers import SizeResult, WorkerPlan, worker_main
+from hostlib.transport.rdma import RdmaEndpoint
 
 __all__ = [
     "BENCH_JOB_ID",
@@ -256,6 +257,8 @@ def _plans(
             hosts=len(per_host),
             max_local=max(per_host.values()),
             collective=cfg.collective,
+            transport=cfg.transport,
+            msg_packets=cfg.msg_packets,
         )
         for r in range(cfg.workers)
     ]
@@ -316,6 +319,13 @@ def _join_switch(
     reported = fleet.gather("addr")
     addrs = [(str(reported[r][1][0]), int(reported[r][1][1])) for r in heads]
     dests = switch.install(BENCH_JOB_ID, addrs, [plans[r].placement for r in heads])
+    if plans[0].transport == "rdma":  # the queue pairs: RdmaSession's exchange
+        endpoints = [[RdmaEndpoint(*e) for e in reported[r][2]] for r in heads]
+        qpns = switch.install_roce(BENCH_JOB_ID, [a[0] for a in addrs], endpoints,
+                                   plans[0].msg_packets)  # fmt: skip
+        for rank, (to, as_rank) in zip(heads, dests, strict=True):
+            fleet.send(rank, ("job", BENCH_JOB_ID, to, as_rank, qpns[heads.index(rank)]))
+        return
     for rank in range(len(plans)):
         dest = dests[heads.index(rank)] if rank in heads else (None, None)
         fleet.send(rank, ("job", BENCH_JOB_ID, *dest))

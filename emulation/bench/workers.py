@@ -118,6 +118,9 @@ class WorkerPlan:
     collective: str = "allreduce"
     """What each call runs: ``allreduce``, ``reduce_scatter`` or ``all_gather`` (a size is
     the whole vector; each rank's part is ``1/num_workers`` of it)."""
+    transport: str = "udp"
+    """INA's: ``udp``, or ``rdma`` (an emulated RNIC, messages of ``msg_packets``)."""
+    msg_packets: int = 1
 
     @property
     def p2p_window(self) -> int:
@@ -295,12 +298,52 @@ class _Allreduce(Protocol):
         ...
 
 
+def rdma_address(placement: Placement, rank: int) -> str:
+    """The IPv4 of rank ``rank``'s emulated RNIC: its placement's address, or on loopback
+    an address of its own (one RNIC is one address at UDP 4791): 127.0.x.y from 127.0.1.1."""
+    if placement.bind_ip != "127.0.0.1":
+        return placement.bind_ip
+    return f"127.0.{1 + rank // 250}.{1 + rank % 250}"
+
+
+def _join_ina_rdma(plan: WorkerPlan, conn: Connection, num_workers: int) -> Any:
+    """As :func:`_join_ina`, over RDMA: the RNIC's address and reply endpoints to the
+    coordinator, which installs the job's queue pairs and sends back the switch's."""
+    from hostlib import InaSession, JobSpec, RetryPolicy
+    from hostlib.protocol import LANE_BYTES, ROCE_UDP_PORT
+    from hostlib.transport.rdma import RdmaTransport
+    from hostlib.transport.rnic import EmulatedRnic
+
+    m = plan.msg_packets
+    nic = EmulatedRnic(rdma_address(plan.placement, plan.rank), pmtu=plan.lanes * LANE_BYTES)
+    try:
+        transport = RdmaTransport(nic, plan.slots // m, m, plan.lanes)
+    except BaseException:
+        nic.close()
+        raise
+    try:
+        endpoints = [tuple(e) for e in transport.endpoints()]
+        conn.send(("addr", (nic.address, ROCE_UDP_PORT), endpoints))
+        msg = expect(conn, "job")
+        switch = (str(msg[2][0]), ROCE_UDP_PORT)
+        transport.connect_switch(switch[0], msg[4])
+        spec = JobSpec(job_id=msg[1], rank=msg[3], num_workers=num_workers, switch=switch,
+                       lanes=m * plan.lanes, slots=plan.slots // m)  # fmt: skip
+        return InaSession(spec, transport, RetryPolicy(deadline=plan.timeout))
+    except BaseException:
+        transport.close()
+        raise
+
+
 def _join_ina(plan: WorkerPlan, conn: Connection, num_workers: int) -> Any:
     """This rank's INA session: its address to the coordinator, the job back (the
     switch, and the rank its packets carry there); one of ``num_workers`` contributions
     (the quantization's headroom)."""
     from hostlib import InaSession, JobSpec, RetryPolicy
     from hostlib.transport.udp import UdpTransport
+
+    if plan.transport == "rdma":
+        return _join_ina_rdma(plan, conn, num_workers)
 
     transport = UdpTransport(local=(plan.placement.bind_ip, 0))
     try:
@@ -389,7 +432,10 @@ class _HostAllreduce:
 
         plan = self._plan
         window = plan.slots if self.chosen in ("ina", "collnet") else plan.p2p_window
-        action = Action(self.chosen, plan.lanes, window)
+        lanes = plan.lanes
+        if self.chosen == "ina" and plan.transport == "rdma":  # the engine's unit: a message
+            window, lanes = plan.slots // plan.msg_packets, lanes * plan.msg_packets
+        action = Action(self.chosen, lanes, window)
         if plan.collective == "reduce_scatter":
             reduce_scatter = self.comm.reduce_scatter
             return lambda: np.asarray(reduce_scatter(x, action))

@@ -821,6 +821,13 @@ class _EmulatedSwitch:
         names = [self.job.workers[p.host] for p in hosts]
         return self.em.install_job(job, list(zip(names, addrs, strict=True)))
 
+    def install_roce(
+        self, job_id: int, ips: Sequence[str], endpoints: Sequence[Sequence[Any]], m: int
+    ) -> list[tuple[int, ...]]:
+        from emulation.bench.fabric import FabricError
+
+        raise FabricError("INA over RoCEv2 does not run in an emulated network yet (#40)")
+
     def counters(self) -> dict[str, Any]:
         """Each switch's statistics over the run, and ``cpu_ms``, the CPU time its process
         used (near the run's wall time: the switch saturated a core)."""
