@@ -23,10 +23,10 @@ import logging
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
-from controller.client import P4RuntimeClient, P4RuntimeError
+from controller.client import P4RuntimeClient
 from controller.p4info import P4Info
 from controller.registers import RegisterAccess
-from controller.tables import TableManager
+from controller.tables import TableManager, roll_back
 from hostlib.protocol import ROCE_QP_REGISTERS
 from hostlib.transport.rdma import RdmaEndpoint
 
@@ -154,11 +154,7 @@ class Roce:
                 self.requests._insert(*_request_write(request))
                 undo.append(lambda q=request: self.requests._delete({"dest_qp": q.qpn}))  # type: ignore[misc]
         except BaseException:
-            for step in reversed(undo):
-                try:
-                    step()
-                except P4RuntimeError as exc:  # report, then raise the original error
-                    log.error("rolling back RoCEv2 of job %d: %s", job_id, exc)
+            roll_back(undo, f"RoCEv2 of job {job_id}")
             raise
         per_rank = len(endpoints[0])
         qpns = tuple(

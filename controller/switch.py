@@ -35,7 +35,7 @@ from dataclasses import dataclass
 from types import TracebackType
 
 from controller.bmv2_thrift import Bmv2Thrift
-from controller.client import P4RuntimeClient, P4RuntimeError
+from controller.client import P4RuntimeClient
 from controller.drop_simulator import DropSimulator
 from controller.forwarder import Forwarder
 from controller.jobs import JobEntry, Jobs
@@ -46,6 +46,7 @@ from controller.replicas import ReplicaEntry, Replicas
 from controller.roce import Roce
 from controller.slots import SlotRead, Slots
 from controller.stats import Stats
+from controller.tables import roll_back
 from controller.tls import TlsFiles
 from controller.upstream import Upstream, UpstreamEntry
 from controller.workers import WorkerEntry, Workers
@@ -272,11 +273,7 @@ class SwitchController:
                 undo.append(lambda: self.upstream.delete(job_id))
             self.jobs.insert(entry)
         except BaseException:
-            for step in reversed(undo):
-                try:
-                    step()
-                except P4RuntimeError as exc:  # report, then raise the original error
-                    log.error("rolling back job %d: %s", job_id, exc)
+            roll_back(undo, f"job {job_id}")
             raise
         log.info("job %d: %d workers, slots %d+%d", job_id, len(workers), base, slot_count)
         return InstalledJob(entry, bindings, replicas, group, up)

@@ -7,16 +7,17 @@ P4Runtime messages are built by :mod:`controller.entries`, checked against the P
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Mapping
+import logging
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any
 
 from p4.v1 import p4runtime_pb2
 
-from controller.client import P4RuntimeClient
+from controller.client import P4RuntimeClient, P4RuntimeError
 from controller.entries import delete, entity, insert, modify, table_entry
 from controller.p4info import P4Info, Value, decode_value
 
-__all__ = ["DecodedEntry", "TableManager"]
+__all__ = ["DecodedEntry", "TableManager", "roll_back"]
 
 DecodedEntry = tuple[dict[str, int], str | None, dict[str, int]]
 """An entry read back: match values by field name, action name, parameters by name."""
@@ -75,3 +76,13 @@ class TableManager:
             spec = action.param(p.param_id)
             params[spec.name] = decode_value(p.value, spec.bitwidth)
         return match, action.name, params
+
+
+def roll_back(undo: Sequence[Callable[[], None]], what: str) -> None:
+    """Undo a half-written change, last write first. A step the switch refuses is logged
+    (``rolling back WHAT: ...``), not raised: the caller raises its original error."""
+    for step in reversed(undo):
+        try:
+            step()
+        except P4RuntimeError as exc:
+            logging.getLogger("controller").error("rolling back %s: %s", what, exc)
