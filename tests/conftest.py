@@ -61,14 +61,18 @@ def _has_gpu() -> bool:
 
 
 def _has_rdma() -> bool:
-    try:
-        from pyverbs.device import get_device_list
-    except ImportError:
-        return False
-    try:
-        return len(get_device_list()) > 0
-    except Exception:  # pyverbs raises its own error types when no provider answers
-        return False
+    from hostlib.transport.verbs import verbs_unavailable
+
+    return verbs_unavailable() is None
+
+
+def _skip_reason(marker: str) -> str:
+    """Why tests marked ``marker`` skip here: the probe's own words where it has them."""
+    if marker == "rdma":
+        from hostlib.transport.verbs import verbs_unavailable
+
+        return f"needs an RDMA device: {verbs_unavailable()}"
+    return PROBES[marker][1]
 
 
 PROBES: dict[str, tuple[Callable[[], bool], str]] = {
@@ -78,7 +82,7 @@ PROBES: dict[str, tuple[Callable[[], bool], str]] = {
     "tofino": (_has_tofino_compiler, "needs p4c-barefoot (p4c's Tofino backend) on PATH"),
     "ebpf": (_has_ebpf, "needs root, clang and libbpf (the eBPF data plane)"),
     "gpu": (_has_gpu, "needs a CUDA GPU"),
-    "rdma": (_has_rdma, "needs an RDMA device (pyverbs found none)"),
+    "rdma": (_has_rdma, "needs an RDMA device (hostlib.transport.verbs.verbs_unavailable)"),
 }
 
 
@@ -136,9 +140,9 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
             # The host-library tests, which CI runs again on the Python engine
             # (INALAB_HOST_ENGINE=python), the specification the native one is held to.
             item.add_marker(pytest.mark.hostlib)
-        for marker, (_, reason) in PROBES.items():
+        for marker in PROBES:
             if item.get_closest_marker(marker) is not None and not capability(marker):
-                item.add_marker(pytest.mark.skip(reason=reason))
+                item.add_marker(pytest.mark.skip(reason=_skip_reason(marker)))
 
 
 @pytest.fixture(scope="session", autouse=True)

@@ -22,7 +22,7 @@ from __future__ import annotations
 
 from collections import deque
 from collections.abc import Sequence
-from typing import NamedTuple, Protocol
+from typing import Any, NamedTuple, Protocol
 
 from hostlib import rocev2
 from hostlib.protocol import (
@@ -37,24 +37,42 @@ from hostlib.protocol import (
     PacketType,
 )
 from hostlib.transport.base import Addr, TransportError
-from hostlib.transport.rnic import Completion, MemoryRegion, QueuePair
+from hostlib.transport.rnic import Completion
 
-__all__ = ["RdmaDevice", "RdmaEndpoint", "RdmaTransport"]
+__all__ = ["QueuePairLike", "RdmaDevice", "RdmaEndpoint", "RdmaTransport", "Region"]
 
 _RESULT_VT = (PROTOCOL_VERSION << 4) | PacketType.RESULT
 
 
+class Region(Protocol):
+    """Registered memory as the transport sees it: where the NIC puts it, its key."""
+
+    va: int
+    rkey: int
+
+    def read(self, offset: int, length: int) -> bytes: ...
+
+
+class QueuePairLike(Protocol):
+    """A queue pair: its number, and the PSN its sends start at."""
+
+    qpn: int
+    send_psn: int
+
+
 class RdmaDevice(Protocol):
-    """The verbs :class:`RdmaTransport` uses (the emulated RNIC's names)."""
+    """The verbs :class:`RdmaTransport` uses: the emulated RNIC's
+    (:class:`~hostlib.transport.rnic.EmulatedRnic`) or pyverbs'
+    (:class:`~hostlib.transport.verbs.VerbsDevice`)."""
 
     address: str
     pmtu: int
 
-    def register(self, size: int) -> MemoryRegion: ...
-    def create_qp(self) -> QueuePair: ...
-    def connect(self, qp: QueuePair, peer_ip: str, peer_qpn: int, recv_psn: int) -> None: ...
+    def register(self, size: int) -> Any: ...
+    def create_qp(self) -> Any: ...
+    def connect(self, qp: Any, peer_ip: str, peer_qpn: int, recv_psn: int) -> None: ...
     def post_write(
-        self, qp: QueuePair, data: bytes | memoryview, va: int, rkey: int, imm: int | None
+        self, qp: Any, data: bytes | memoryview, va: int, rkey: int, imm: int | None
     ) -> None: ...
     def poll(self, timeout: float) -> list[Completion]: ...
     def close(self) -> None: ...
@@ -97,9 +115,9 @@ class RdmaTransport:
         self.device = device
         self.msg_packets, self.lanes = msg_packets, lanes
         self.msg_bytes = msg_packets * payload
-        self.qps = [device.create_qp() for _ in range(window)]
+        self.qps: list[QueuePairLike] = [device.create_qp() for _ in range(window)]
         self._position = {qp.qpn: u for u, qp in enumerate(self.qps)}
-        self.mr = device.register(window * self.msg_bytes)
+        self.mr: Region = device.register(window * self.msg_bytes)
         self._recv_psn = [qp.send_psn ^ 0x5A5A5A for qp in self.qps]  # any 24-bit start
         self._switch: Addr | None = None
         # per window position: the last request sent (its INA header, to rebuild results)
@@ -190,7 +208,7 @@ class RdmaTransport:
         lanes = self.msg_packets * self.lanes
         HEADER.pack_into(buf, 0, _RESULT_VT, 0, job, rank, exponent, lanes, pidx, 0, seq)
         at = position * self.msg_bytes
-        buf[HEADER_SIZE : HEADER_SIZE + self.msg_bytes] = self.mr.buf[at : at + self.msg_bytes]
+        buf[HEADER_SIZE : HEADER_SIZE + self.msg_bytes] = self.mr.read(at, self.msg_bytes)
         return HEADER_SIZE + self.msg_bytes
 
     def close(self) -> None:

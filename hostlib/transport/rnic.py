@@ -92,6 +92,10 @@ class MemoryRegion:
     def holds(self, va: int, length: int) -> bool:
         return self.va <= va and va + length <= self.va + len(self.buf)
 
+    def read(self, offset: int, length: int) -> bytes:
+        """``length`` bytes at ``offset`` into the region."""
+        return bytes(self.buf[offset : offset + length])
+
 
 @dataclass
 class QueuePair:
