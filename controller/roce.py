@@ -24,7 +24,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from controller.client import P4RuntimeClient
-from controller.p4info import P4Info
+from controller.p4info import P4Info, P4InfoError
 from controller.registers import RegisterAccess
 from controller.tables import TableManager, roll_back
 from hostlib.protocol import ROCE_QP_REGISTERS
@@ -108,6 +108,16 @@ class Roce:
         p4info: the switch's P4Info (it must declare p4/roce.p4's tables).
         registers: register access (P4Runtime, or Thrift on bmv2).
     """
+
+    @staticmethod
+    def served_by(p4info: P4Info) -> bool:
+        """Whether the program declares RoCEv2's tables (``p4/``'s does; ``p4/tna/``'s does
+        not yet)."""
+        try:
+            p4info.table(_RoceJobs.table_name)
+        except P4InfoError:
+            return False
+        return True
 
     def __init__(self, client: P4RuntimeClient, p4info: P4Info, registers: RegisterAccess) -> None:
         self.jobs = _RoceJobs(client, p4info)

@@ -140,9 +140,9 @@ class SwitchController:
         self.drop_simulator = DropSimulator(self.registers)
         self.slots = Slots(self.registers, p4info)
         self.stats = Stats(client, p4info)
-        self.roce = Roce(client, p4info, self.registers)
+        self.roce = Roce(client, p4info, self.registers) if Roce.served_by(p4info) else None
         """A job's RoCEv2 queue pairs (p4/roce.p4): install after :meth:`add_job`;
-        :meth:`remove_job` removes them."""
+        :meth:`remove_job` removes them. None for a program without RoCEv2 (p4/tna/'s)."""
 
     @classmethod
     def connect(
@@ -314,7 +314,7 @@ class SwitchController:
             P4RuntimeError | ThriftError: the switch refused a write.
         """
         job = self.job(job_id)
-        if self.roce.remove(job_id):  # its RoCEv2 frames stop first
+        if self.roce is not None and self.roce.remove(job_id):  # its RoCEv2 frames first
             log.info("job %d: RoCEv2 entries removed", job_id)
         self.jobs.delete(job_id)
         if job.upstream is not None:

@@ -184,6 +184,8 @@ class _LoopbackSwitch:
     ) -> list[tuple[int, ...]]:
         from controller.client import P4RuntimeError
 
+        if self._ctl.roce is None:
+            raise FabricError("the switch's program has no RoCEv2 tables (p4/tna/ has none yet)")
         try:
             return list(self._ctl.roce.install(job_id, ips, endpoints, m).switch_qpns)
         except (ValueError, P4RuntimeError) as exc:
