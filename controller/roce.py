@@ -27,7 +27,6 @@ from controller.client import P4RuntimeClient
 from controller.p4info import P4Info, P4InfoError
 from controller.registers import RegisterAccess
 from controller.tables import TableManager, roll_back
-from hostlib.protocol import ROCE_QP_REGISTERS
 from hostlib.transport.rdma import RdmaEndpoint
 
 __all__ = [
@@ -120,6 +119,8 @@ class Roce:
         return True
 
     def __init__(self, client: P4RuntimeClient, p4info: P4Info, registers: RegisterAccess) -> None:
+        self.size = int(p4info.register(PSN_REGISTER).size)
+        """Queue pairs the switch keeps state for (its registers' cells)."""
         self.jobs = _RoceJobs(client, p4info)
         self.requests = _RoceRequests(client, p4info)
         self.replies = _RoceReplies(client, p4info)
@@ -231,11 +232,9 @@ class Roce:
             ValueError: fewer are free.
         """
         used = {e.qp_reg for e in self.read_requests()}
-        free = [i for i in range(ROCE_QP_REGISTERS) if i not in used][:count]
+        free = [i for i in range(self.size) if i not in used][:count]
         if len(free) < count:
-            raise ValueError(
-                f"{count} queue pairs asked for, {len(free)} free of {ROCE_QP_REGISTERS}"
-            )
+            raise ValueError(f"{count} queue pairs asked for, {len(free)} free of {self.size}")
         return free
 
 

@@ -19,6 +19,7 @@ from p4.config.v1 import p4info_pb2
 
 from controller.p4info import P4Info, P4InfoError
 from controller.slots import MISSING
+from emulation.softswitch.roce_tables import qp_registers
 
 __all__ = [
     "_LANE_PREFIX",
@@ -101,6 +102,8 @@ def softswitch_p4info(base: P4Info, lanes: int, slots: int) -> P4Info:
             reg.size = slots
         elif name in _SLOT_REGISTERS:
             reg.size = 2 * slots
+        elif name.startswith(("Ingress.roce.", "Egress.roce.")):
+            reg.size = qp_registers(slots)  # the queue pairs this pool can use
         message.registers.append(reg)
     for lane in range(lanes):
         reg = message.registers.add()

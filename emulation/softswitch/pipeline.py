@@ -80,7 +80,7 @@ from emulation.softswitch.dataplane_types import (
     _Job,
     _Route,
 )
-from emulation.softswitch.roce_tables import RoceTables
+from emulation.softswitch.roce_tables import RoceTables, qp_registers
 from hostlib.protocol import (
     EXPONENT_MIN,
     HEADER,
@@ -144,7 +144,7 @@ class Pipeline:
         self.drops = drops or DropSimulator()
         self._size = HEADER_SIZE + lanes * LANE_BYTES
         self._alloc_registers(slots, lanes)
-        self.roce = RoceTables(lanes)
+        self.roce = RoceTables(lanes, qp_registers(slots))
         """The RoCEv2 tables and registers (p4/roce.p4), run by ``roce.RoceFront``."""
         self._jobs: dict[int, _Job] = {}
         self._upstream: dict[int, _Route] = {}  # the upstream table, by job id

@@ -11,9 +11,16 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from hostlib.protocol import LANE_BYTES, ROCE_PMTUS, ROCE_QP_REGISTERS
+from hostlib.protocol import LANE_BYTES, MAX_WORKERS, ROCE_PMTUS, ROCE_QP_REGISTERS
 
-__all__ = ["MAX_MSG_PACKETS", "ROCE_ARRAYS", "RoceReply", "RoceRequest", "RoceTables"]
+__all__ = [
+    "MAX_MSG_PACKETS",
+    "ROCE_ARRAYS",
+    "RoceReply",
+    "RoceRequest",
+    "RoceTables",
+    "qp_registers",
+]
 
 MAX_MSG_PACKETS = 32
 """Packets per message, at most: the engine's unit (``M * lanes``) stays within a soft
@@ -30,6 +37,13 @@ ROCE_ARRAYS = (
 )
 """The register arrays, as the pipeline names them (``Ingress.roce.open`` ...,
 ``Egress.roce.reply_psn``), each of :data:`ROCE_QP_REGISTERS` cells."""
+
+
+def qp_registers(slots: int) -> int:
+    """Cells of each per-queue-pair register of a soft switch with ``slots`` slots per
+    set: as many queue pairs as the pool can use (every worker of every slot), at most
+    p4/'s :data:`ROCE_QP_REGISTERS`. The soft switch's P4Info has this size."""
+    return min(ROCE_QP_REGISTERS, MAX_WORKERS * slots)
 
 
 class RoceTableError(ValueError):
@@ -65,14 +79,16 @@ class RoceTables:
     Args:
         lanes: the switch's lanes per packet (a message of more than one packet needs
             them to fill a path MTU).
+        registers: cells of each per-queue-pair register (:func:`qp_registers`).
     """
 
-    def __init__(self, lanes: int) -> None:
+    def __init__(self, lanes: int, registers: int = ROCE_QP_REGISTERS) -> None:
         self.lanes = lanes
+        self.registers = registers
         self.jobs: dict[int, int] = {}  # job id -> packets per message
         self.requests: dict[int, RoceRequest] = {}  # the switch's dest QP -> entry
         self.replies: dict[tuple[int, int, int], RoceReply] = {}  # (job, rank, position)
-        n = ROCE_QP_REGISTERS
+        n = registers
         self.open = np.zeros(n, dtype=np.uint8)
         self.expect_psn = np.zeros(n, dtype=np.uint32)
         self.base = np.zeros(n, dtype=np.uint16)
@@ -118,7 +134,7 @@ class RoceTables:
             RoceTableError: qpn outside 24 bits or the register index outside the arrays.
         """
         _check_qpn(qpn)
-        _check_reg(entry.qp_reg)
+        self._check_reg(entry.qp_reg)
         self.requests[qpn] = entry
         self.open[entry.qp_reg] = 0
 
@@ -133,7 +149,7 @@ class RoceTables:
             RoceTableError: a field out of range.
         """
         _check_qpn(entry.qpn)
-        _check_reg(entry.psn_reg)
+        self._check_reg(entry.psn_reg)
         self.replies[(job_id, rank, position)] = entry
 
     def delete_reply(self, job_id: int, rank: int, position: int) -> None:
@@ -145,7 +161,7 @@ class RoceTables:
         Raises:
             RoceTableError: the index or the PSN out of range.
         """
-        _check_reg(psn_reg)
+        self._check_reg(psn_reg)
         if not 0 <= psn < 1 << 24:
             raise RoceTableError(f"PSN {psn} outside 24 bits")
         self.reply_psn[psn_reg] = psn
@@ -155,6 +171,10 @@ class RoceTables:
         self.jobs.pop(job_id, None)
         self.requests = {q: e for q, e in self.requests.items() if e.job_id != job_id}
         self.replies = {k: e for k, e in self.replies.items() if k[0] != job_id}
+
+    def _check_reg(self, reg: int) -> None:
+        if not 0 <= reg < self.registers:
+            raise RoceTableError(f"register index {reg} outside 0..{self.registers - 1}")
 
     def reset(self) -> None:
         """Every entry and register cleared."""
@@ -168,8 +188,3 @@ class RoceTables:
 def _check_qpn(qpn: int) -> None:
     if not 0 <= qpn < 1 << 24:
         raise RoceTableError(f"queue pair {qpn} outside 24 bits")
-
-
-def _check_reg(reg: int) -> None:
-    if not 0 <= reg < ROCE_QP_REGISTERS:
-        raise RoceTableError(f"register index {reg} outside 0..{ROCE_QP_REGISTERS - 1}")

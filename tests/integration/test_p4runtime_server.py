@@ -993,7 +993,8 @@ def test_default_entries_read_back(rig: Any) -> None:
         P4INFO.table(e.table_entry.table_id).name: e.table_entry
         for e in read(rig, p4runtime_pb2.TableEntry(is_default_action=True))
     }
-    assert set(found) == {JOBS, WORKERS, UPSTREAM, FORWARD, REPLICAS}
+    roce = ("Ingress.roce.roce_requests", "Ingress.roce.roce_jobs", "Egress.roce.roce_replies")
+    assert set(found) == {JOBS, WORKERS, UPSTREAM, FORWARD, REPLICAS, *roce}
     assert all(e.is_default_action and not e.match for e in found.values())
     actions = {name: P4INFO.action(e.action.action.action_id).name for name, e in found.items()}
     assert actions == {
@@ -1002,6 +1003,9 @@ def test_default_entries_read_back(rig: Any) -> None:
         UPSTREAM: "Ingress.upstream.upstream_miss",
         FORWARD: "Ingress.forwarder.forward_drop",
         REPLICAS: "Egress.replicas.replica_miss",
+        roce[0]: "Ingress.roce.roce_qp_miss",
+        roce[1]: "Ingress.roce.roce_job_miss",
+        roce[2]: "Egress.roce.roce_reply_miss",
     }
 
 

@@ -18,7 +18,8 @@ def _modules_loaded_by(statement: str) -> set[str]:
 
 def test_the_switch_shares_only_the_wire_format_with_hostlib() -> None:
     loaded = _modules_loaded_by("import emulation.softswitch.server, emulation.softswitch.cli")
-    assert {m for m in loaded if m.startswith("hostlib")} == {"hostlib", "hostlib.protocol"}
+    wire = {"hostlib", "hostlib.protocol", "hostlib.rocev2"}  # INA's, and INA over RoCEv2's
+    assert {m for m in loaded if m.startswith("hostlib")} == wire
 
 
 def test_hostlib_never_imports_controller_or_emulation() -> None:
