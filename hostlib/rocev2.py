@@ -50,6 +50,7 @@ __all__ = [
     "BTH",
     "DEFAULT_PKEY",
     "IMM_OPCODES",
+    "LAST_OPCODES",
     "PSN_MASK",
     "QPN_MASK",
     "RETH",
@@ -94,6 +95,9 @@ RETH_OPCODES = frozenset(
 
 IMM_OPCODES = frozenset({RoceOpcode.UC_WRITE_LAST_IMM, RoceOpcode.UC_WRITE_ONLY_IMM})
 """Opcodes whose packet carries immediate data: the last packet of a message."""
+
+LAST_OPCODES = IMM_OPCODES | {RoceOpcode.UC_WRITE_LAST, RoceOpcode.UC_WRITE_ONLY}
+"""Opcodes that end a message (with or without immediate)."""
 
 _IPV4_DF = 0x4000
 _MASKED_BTH_BYTE = 0xFF  # FECN, BECN and the reserved six bits, ones in the ICRC

@@ -44,15 +44,6 @@ from hostlib.protocol import (
 __all__ = ["RoceFront", "RoceSend"]
 
 _DATA_VT = (PROTOCOL_VERSION << 4) | PacketType.DATA
-_FIRST = rocev2.RETH_OPCODES  # opcodes that open a message
-_LAST = frozenset(
-    {
-        rocev2.RoceOpcode.UC_WRITE_LAST,
-        rocev2.RoceOpcode.UC_WRITE_LAST_IMM,
-        rocev2.RoceOpcode.UC_WRITE_ONLY,
-        rocev2.RoceOpcode.UC_WRITE_ONLY_IMM,
-    }
-)
 
 
 @dataclass(frozen=True, slots=True)
@@ -114,7 +105,7 @@ class RoceFront:
         """The UC responder's step on queue pair register ``reg``: open, continue or close
         the message; the reason to drop ``frame``, or None."""
         t, payload = self.tables, self.pipeline.lanes * LANE_BYTES
-        if frame.opcode in _FIRST:
+        if frame.opcode in rocev2.RETH_OPCODES:
             t.open[reg] = 0
             if frame.rkey >> 16:
                 return DropReason.MALFORMED
@@ -132,7 +123,7 @@ class RoceFront:
             t.open[reg] = 0
             return DropReason.BAD_SLOT
         t.expect_psn[reg] = rocev2.psn_add(frame.psn, 1)
-        t.open[reg] = frame.opcode not in _LAST
+        t.open[reg] = frame.opcode not in rocev2.LAST_OPCODES
         if len(frame.payload) != payload:
             t.open[reg] = 0
             return DropReason.BAD_LENGTH

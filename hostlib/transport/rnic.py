@@ -62,15 +62,6 @@ the receive checks' refusals (module docstring)."""
 _IP_MTU_DISCOVER = 10  # linux/in.h
 _IP_PMTUDISC_DO = 2  # Don't Fragment on every datagram
 _BUFFER_BYTES = 8 << 20
-_FIRST = rocev2.RETH_OPCODES
-_LAST = frozenset(
-    {
-        rocev2.RoceOpcode.UC_WRITE_LAST,
-        rocev2.RoceOpcode.UC_WRITE_LAST_IMM,
-        rocev2.RoceOpcode.UC_WRITE_ONLY,
-        rocev2.RoceOpcode.UC_WRITE_ONLY_IMM,
-    }
-)
 
 
 class Completion(NamedTuple):
@@ -280,12 +271,12 @@ class EmulatedRnic:
         # and take the packet only if it starts a message.
         qp._open = False
         qp.recv_psn = frame.psn
-        return None if frame.opcode in _FIRST else "psn_gap"
+        return None if frame.opcode in rocev2.RETH_OPCODES else "psn_gap"
 
     def _write(self, qp: QueuePair, frame: rocev2.RoceFrame) -> str | None:
         """Place the packet's data and complete its message; the refusal, or None."""
         qp.recv_psn = rocev2.psn_add(frame.psn, 1)
-        if frame.opcode in _FIRST:
+        if frame.opcode in rocev2.RETH_OPCODES:
             mr = self.mrs.get(frame.rkey)
             if mr is None or not mr.holds(frame.va, frame.dma_length):
                 qp._open = False
@@ -302,7 +293,7 @@ class EmulatedRnic:
             return "bad_length"
         mr.buf[at : at + n] = frame.payload
         qp._at = at + n
-        if frame.opcode not in _LAST:
+        if frame.opcode not in rocev2.LAST_OPCODES:
             return None
         qp._open = False
         if qp._at != qp._end:

@@ -463,7 +463,7 @@ class EbpfTarget(SoftPortsTarget):
 
         if (why := ebpf_unavailable()) is not None:
             raise TargetUnavailable(why)
-        if any(job.msg_packets is not None for job in vector.jobs):
+        if vector.roce:
             raise TargetUnavailable("the eBPF data plane does not aggregate RoCEv2 yet (#40)")
         super().configure(vector, run_dir)
 

@@ -199,6 +199,11 @@ class Vector:
     steps: tuple[Step, ...]
 
     @property
+    def roce(self) -> bool:
+        """Whether a job of the vector runs INA over RoCEv2."""
+        return any(job.msg_packets is not None for job in self.jobs)
+
+    @property
     def name(self) -> str:
         return self.path.stem
 
@@ -634,7 +639,7 @@ class SoftSwitchTarget:
         self._sent = 0
 
     def configure(self, vector: Vector, run_dir: Path) -> None:
-        if any(job.msg_packets is not None for job in vector.jobs):
+        if vector.roce:
             raise TargetUnavailable(
                 "RoCEv2 binds a rank to an address at UDP 4791: the ports here share "
                 "127.0.0.1 (the port targets run RoCEv2 vectors)"

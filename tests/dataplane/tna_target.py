@@ -47,7 +47,7 @@ class TnaModelTarget:
         self._queues: dict[int, deque[bytes]] = {}
 
     def configure(self, vector: Vector, run_dir: Path) -> None:
-        if any(job.msg_packets is not None for job in vector.jobs):
+        if vector.roce:
             raise TargetUnavailable("p4/tna/ does not parse RoCEv2 yet (issue #40)")
         self._model = model = TnaModel(lanes=vector.lanes, seed=self._seed)
         self._queues = {port: deque() for port in vector.ports}
