@@ -74,6 +74,10 @@ SUBCOMMANDS: dict[str, tuple[str, str]] = {
         "emulation.bench.compare",
         "several bench JSON files in one table and plot, with speedups over a baseline",
     ),
+    "pcap": (
+        "emulation.bench.rocepcap",
+        "check the RoCEv2 frames of captures with scapy's RoCE layer (ICRC, PSNs, R_Keys)",
+    ),
 }
 
 _STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
