@@ -11,7 +11,8 @@ What it does, and what it checks on receive (each refusal counted in :attr:`coun
 
 - :meth:`post_write` sends one message as ``ceil(len / pmtu)`` packets with consecutive
   PSNs of the queue pair: FIRST (RETH), MIDDLE ..., LAST with immediate (or ONLY);
-- a received frame must carry a correct ICRC (``bad_icrc``) and a known queue pair
+- a received frame must carry a correct ICRC (``bad_icrc``; unless :attr:`check_icrc`
+  is off) and a known queue pair
   (``unknown_qp``), come from the queue pair's peer address (``bad_source``), and carry
   the PSN expected next: a PSN ahead means packets were lost, and the rest of the message
   is dropped until a FIRST or ONLY (``psn_gap``); a PSN behind is a duplicate
@@ -21,6 +22,10 @@ What it does, and what it checks on receive (each refusal counted in :attr:`coun
   LAST or ONLY must end it at exactly the DMA length (``bad_length``);
 - a message with immediate completes with a :class:`Completion` (queue pair, immediate,
   bytes) for :meth:`poll`.
+
+:mod:`hostlib.transport.rnic_native` is the same NIC with its per-packet work in C
+(``hostlib/_rnicore.c``), held to this one by a differential test; ``hostlib.native``'s
+:func:`~hostlib.native.emulated_rnic` picks either as it picks the host engine.
 
 One emulated NIC is one IPv4 address: a second process cannot bind the same address's
 port 4791, so ranks that share a host need addresses of their own (loopback has many).
@@ -33,14 +38,23 @@ import random
 import select
 import socket
 from collections import deque
+from collections.abc import Iterator
 from dataclasses import dataclass, field
-from typing import NamedTuple
+from typing import NamedTuple, Self
 
 from hostlib import rocev2
-from hostlib.protocol import ROCE_PMTUS, ROCE_UDP_PORT
+from hostlib.protocol import ROCE_BTH_SIZE, ROCE_ICRC_SIZE, ROCE_PMTUS, ROCE_UDP_PORT
 from hostlib.transport.base import Addr, TransportError
 
-__all__ = ["RNIC_COUNTERS", "Completion", "EmulatedRnic", "MemoryRegion", "QueuePair"]
+__all__ = [
+    "RNIC_COUNTERS",
+    "Completion",
+    "EmulatedRnic",
+    "MemoryRegion",
+    "QueuePair",
+    "RnicBase",
+    "check_write",
+]
 
 RNIC_COUNTERS = (
     "frames_out",
@@ -111,8 +125,85 @@ class QueuePair:
     _open: bool = False
 
 
-class EmulatedRnic:
-    """RoCEv2 UC WRITEs on a UDP socket bound to ``address``:4791.
+class RnicBase:
+    """What every emulated RNIC shares (this module's and the native one's): the address,
+    the path MTU and the socket bound to its port 4791, and the identifiers an RNIC picks
+    (queue pair numbers, initial PSNs, R_Keys, addresses), drawn from ``seed`` in one
+    order so that both NICs pick the same ones.
+
+    Raises:
+        ValueError: ``pmtu`` is not an RDMA MTU.
+        TransportError: the address's port 4791 cannot be bound.
+    """
+
+    def __init__(self, address: str, pmtu: int = 256, seed: int | None = None) -> None:
+        if pmtu not in ROCE_PMTUS:
+            raise ValueError(f"path MTU {pmtu} is not one of {ROCE_PMTUS}")
+        self.address, self.pmtu = address, pmtu
+        self._rng = random.Random(seed)
+        self._sock = _bind(address)
+        self.mrs: dict[int, MemoryRegion] = {}
+        self._next_qpn = self._rng.randrange(0x100, 0x800000)
+        self._next_va = 0x7F00_0000_0000 + self._rng.randrange(1 << 20) * 4096
+        self.counters = dict.fromkeys(RNIC_COUNTERS, 0)
+
+    def _new_region(self, size: int) -> MemoryRegion:
+        """``size`` zeroed bytes with a fresh R_Key and address, in :attr:`mrs`."""
+        rkey = self._rng.randrange(1, 1 << 32)
+        while rkey in self.mrs:
+            rkey = self._rng.randrange(1, 1 << 32)
+        mr = MemoryRegion(bytearray(size), self._next_va, rkey)
+        self._next_va += (size + 4095) // 4096 * 4096 + 4096
+        self.mrs[rkey] = mr
+        return mr
+
+    def _new_qp(self) -> tuple[int, int]:
+        """A fresh queue pair number and a random initial PSN."""
+        qpn = self._next_qpn
+        self._next_qpn = qpn + 1 if qpn < rocev2.QPN_MASK else 0x100
+        return qpn, self._rng.randrange(1 << 24)
+
+    def fileno(self) -> int:
+        return self._sock.fileno()
+
+    def close(self) -> None:
+        self._sock.close()
+
+    def __enter__(self) -> Self:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+def check_write(
+    qpn: int,
+    peer: tuple[str, int] | None,
+    data: bytes | memoryview,
+    va: int,
+    rkey: int,
+    imm: int | None,
+) -> tuple[str, int]:
+    """The peer of a WRITE on queue pair ``qpn``, checked before any packet of it is sent.
+
+    Raises:
+        TransportError: the queue pair is not connected.
+        rocev2.RoceError: a payload that is not whole 32-bit words, or a virtual address,
+            R_Key, length or immediate that does not fit its field.
+    """
+    if peer is None:
+        raise TransportError(f"queue pair {qpn:#x} is not connected")
+    if len(data) % 4:
+        raise rocev2.RoceError(f"a payload of {len(data)} bytes is not whole words")
+    for name, value, bits in (("va", va, 64), ("rkey", rkey, 32), ("dma_length", len(data), 32),
+                              ("imm", imm or 0, 32)):  # fmt: skip
+        if not 0 <= value < 1 << bits:
+            raise rocev2.RoceError(f"{name}={value} outside {bits} bits")
+    return peer
+
+
+class EmulatedRnic(RnicBase):
+    """RoCEv2 UC WRITEs on a UDP socket bound to ``address``:4791, each packet in Python.
 
     Args:
         address: this NIC's IPv4 address (its GID's address).
@@ -126,36 +217,23 @@ class EmulatedRnic:
     """
 
     def __init__(self, address: str, pmtu: int = 256, seed: int | None = None) -> None:
-        if pmtu not in ROCE_PMTUS:
-            raise ValueError(f"path MTU {pmtu} is not one of {ROCE_PMTUS}")
-        self.address, self.pmtu = address, pmtu
-        self._rng = random.Random(seed)
-        self._sock = _bind(address)
+        super().__init__(address, pmtu, seed)
         self.qps: dict[int, QueuePair] = {}
-        self.mrs: dict[int, MemoryRegion] = {}
         self.completions: deque[Completion] = deque()
-        self.counters = dict.fromkeys(RNIC_COUNTERS, 0)
-        self._next_qpn = self._rng.randrange(0x100, 0x800000)
-        self._next_va = 0x7F00_0000_0000 + self._rng.randrange(1 << 20) * 4096
         self._buf = bytearray(65536)
+        self.check_icrc = True
+        """Off, a received frame's ICRC is taken as right (a P4 switch's replies carry
+        none: docs/rdma.md); a frame too short to hold one still counts ``bad_icrc``."""
 
     # ----------------------------------------------------------------- verbs
     def register(self, size: int) -> MemoryRegion:
         """Register ``size`` zeroed bytes for remote writes (``ibv_reg_mr``)."""
-        rkey = self._rng.randrange(1, 1 << 32)
-        while rkey in self.mrs:
-            rkey = self._rng.randrange(1, 1 << 32)
-        mr = MemoryRegion(bytearray(size), self._next_va, rkey)
-        self._next_va += (size + 4095) // 4096 * 4096 + 4096
-        self.mrs[rkey] = mr
-        return mr
+        return self._new_region(size)
 
     def create_qp(self) -> QueuePair:
         """A new UC queue pair with a fresh number and a random initial PSN."""
-        qpn = self._next_qpn
-        self._next_qpn = qpn + 1 if qpn < rocev2.QPN_MASK else 0x100
-        qp = QueuePair(qpn, self._rng.randrange(1 << 24))
-        self.qps[qpn] = qp
+        qp = QueuePair(*self._new_qp())
+        self.qps[qp.qpn] = qp
         return qp
 
     def connect(self, qp: QueuePair, peer_ip: str, peer_qpn: int, recv_psn: int) -> None:
@@ -178,10 +256,34 @@ class EmulatedRnic:
 
         Raises:
             TransportError: ``qp`` is not connected, or the send fails.
+            rocev2.RoceError: a field does not fit (:func:`check_write`); nothing is sent.
         """
-        if qp.peer is None:
-            raise TransportError(f"queue pair {qp.qpn:#x} is not connected")
-        peer_ip, peer_qpn = qp.peer
+        peer = check_write(qp.qpn, qp.peer, data, va, rkey, imm)
+        for frame in self._frames(qp, peer, data, va, rkey, imm):
+            self._send(frame, peer[0])
+
+    def build_write(
+        self, qp: QueuePair, data: bytes | memoryview, va: int, rkey: int, imm: int | None
+    ) -> list[bytes]:
+        """The frames :meth:`post_write` would send, returned instead (the queue pair's
+        PSNs advance as on a send; for tests that compare NICs byte for byte).
+
+        Raises:
+            TransportError, rocev2.RoceError: as :meth:`post_write`.
+        """
+        peer = check_write(qp.qpn, qp.peer, data, va, rkey, imm)
+        return list(self._frames(qp, peer, data, va, rkey, imm))
+
+    def _frames(
+        self,
+        qp: QueuePair,
+        peer: tuple[str, int],
+        data: bytes | memoryview,
+        va: int,
+        rkey: int,
+        imm: int | None,
+    ) -> Iterator[bytes]:
+        peer_ip, peer_qpn = peer
         n = max(1, -(-len(data) // self.pmtu))
         for k in range(n):
             chunk = bytes(data[k * self.pmtu : (k + 1) * self.pmtu])
@@ -190,7 +292,7 @@ class EmulatedRnic:
                 peer_qpn, qp.send_psn, chunk, va, rkey, len(data), imm,
             )  # fmt: skip
             qp.send_psn = rocev2.psn_add(qp.send_psn, 1)
-            self._send(rocev2.build_frame(frame, self.address, peer_ip), peer_ip)
+            yield rocev2.build_frame(frame, self.address, peer_ip)
 
     def poll(self, timeout: float) -> list[Completion]:
         """Receive frames for up to ``timeout`` seconds or until a completion is ready;
@@ -200,18 +302,6 @@ class EmulatedRnic:
         out = list(self.completions)
         self.completions.clear()
         return out
-
-    def fileno(self) -> int:
-        return self._sock.fileno()
-
-    def close(self) -> None:
-        self._sock.close()
-
-    def __enter__(self) -> EmulatedRnic:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.close()
 
     # ----------------------------------------------------------------- wire
     def _send(self, frame: bytes, peer_ip: str) -> None:
@@ -239,7 +329,9 @@ class EmulatedRnic:
         """Take one received RoCEv2 UDP payload from ``src`` (public for tests that feed
         frames by hand)."""
         counters = self.counters
-        if not rocev2.icrc_ok(src[0], self.address, src[1], data):
+        if len(data) < ROCE_BTH_SIZE + ROCE_ICRC_SIZE or (
+            self.check_icrc and not rocev2.icrc_ok(src[0], self.address, src[1], data)
+        ):
             counters["bad_icrc"] += 1
             return
         try:
