@@ -137,22 +137,33 @@ def add_arguments(parser: argparse.ArgumentParser, emulated: bool = False) -> No
         default=None,
         help=lanes_help,
     )
+    where = ("its host's address" if emulated
+             else "its own 127.0.x.y, or --rdma-device's")  # fmt: skip
+    add(
+        "--transport",
+        choices=TRANSPORTS,
+        default="udp",
+        help="how INA ranks reach the switch: udp (datagrams), or rdma: RoCEv2 WRITEs "
+        f"from an emulated RNIC per rank (on {where}, UDP 4791; "
+        "docs/protocol.md 'INA over RoCEv2'), lanes a path MTU (default "
+        f"{DEFAULT_RDMA_LANES}, or the topology's if narrower), the switch serving "
+        "RoCEv2 (default udp)",
+    )
+    add(
+        "--msg-packets",
+        type=int_in(1, 32),
+        default=None,
+        help="--transport rdma: packets per RDMA message, a power of two; a "
+        f"retransmission resends a whole message (default {DEFAULT_MSG_PACKETS})",
+    )
     if not emulated:
         add(
-            "--transport",
-            choices=TRANSPORTS,
-            default="udp",
-            help="how INA ranks reach the switch: udp (datagrams), or rdma: RoCEv2 WRITEs "
-            "from an emulated RNIC per rank (each on its own 127.0.x.y, UDP 4791; "
-            "docs/protocol.md 'INA over RoCEv2'), lanes a path MTU (default "
-            f"{DEFAULT_RDMA_LANES}), the switch serving RoCEv2 (default udp)",
-        )
-        add(
-            "--msg-packets",
-            type=int_in(1, 32),
+            "--rdma-device",
+            metavar="DEV",
             default=None,
-            help="--transport rdma: packets per RDMA message, a power of two; a "
-            f"retransmission resends a whole message (default {DEFAULT_MSG_PACKETS})",
+            help="--transport rdma: run the ranks on this verbs device (e.g. mlx5_0, rxe0; "
+            "through pyverbs), one rank per IPv4 address of its RoCEv2 GIDs, instead of "
+            "emulated RNICs (default)",
         )
         add(
             "--program",
@@ -264,11 +275,33 @@ def check_inputs(args: argparse.Namespace) -> None:
             raise UsageError(f"--profile: {exc}") from None
     resolve_algos(args)
     host_engine()
+    _check_rdma_device(args)
     if "gloo" in args.algos and importlib.util.find_spec("torch") is None:
         raise UsageError(
             "gloo needs PyTorch, which is not installed: pip install 'inalab[torch]' "
             "(torch==2.13.0), or leave gloo out of --algos"
         )
+
+
+def _check_rdma_device(args: argparse.Namespace) -> None:
+    """``--rdma-device``: only over RDMA, and a device that runs here with an address
+    for every rank.
+
+    Raises:
+        UsageError: without ``--transport rdma``, or the device cannot carry the ranks
+            (:func:`~emulation.bench.rdma_device.check_rdma_device`'s one-line reason).
+    """
+    from emulation.bench.rdma_device import RdmaDeviceError, check_rdma_device
+
+    device = getattr(args, "rdma_device", None)
+    if device is None:
+        return
+    if getattr(args, "transport", "udp") != "rdma":
+        raise UsageError(f"--rdma-device {device}: with --transport rdma only")
+    try:
+        check_rdma_device(device, args.workers)
+    except RdmaDeviceError as exc:
+        raise UsageError(str(exc)) from None
 
 
 def resolve_algos(args: argparse.Namespace) -> None:
@@ -328,6 +361,7 @@ def config_from_args(
             program=getattr(args, "program", "v1model"),
             transport=getattr(args, "transport", "udp"),
             msg_packets=_msg_packets(args),
+            rdma_device=getattr(args, "rdma_device", None),
         )
     except ValueError as exc:
         raise UsageError(str(exc)) from None

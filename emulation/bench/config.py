@@ -194,6 +194,8 @@ class BenchConfig:
     program: str = "v1model"
     transport: str = "udp"
     msg_packets: int = 1
+    rdma_device: str | None = None
+    """``--transport rdma``: the verbs device the ranks run on (None: emulated RNICs)."""
 
     @property
     def p2p_window(self) -> int:
@@ -261,6 +263,8 @@ class BenchConfig:
         if self.transport not in TRANSPORTS:
             return [f"transport {self.transport!r} not one of {', '.join(TRANSPORTS)}"]
         if self.transport == "udp":
+            if self.rdma_device is not None:
+                return ["rdma_device: --transport rdma only"]
             return [] if self.msg_packets == 1 else ["msg_packets: --transport rdma only"]
         m, problems = self.msg_packets, []
         if cannot := [a for a in self.algos if a not in RDMA_ALGORITHMS]:

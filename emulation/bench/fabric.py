@@ -62,6 +62,12 @@ class InaSwitch(Protocol):
         """
         ...
 
+    @property
+    def roce_icrc(self) -> bool:
+        """Whether the switch's RoCEv2 replies carry a computed ICRC (the software data
+        planes'), which hosts then check; a P4 target's carry 0."""
+        ...
+
     def counters(self) -> dict[str, Any]:
         """The switch's statistics after the run."""
         ...
@@ -190,6 +196,10 @@ class _LoopbackSwitch:
             return list(self._ctl.roce.install(job_id, ips, endpoints, m).switch_qpns)
         except (ValueError, P4RuntimeError) as exc:
             raise FabricError(f"RoCEv2 queue pairs of job {job_id}: {exc}") from exc
+
+    @property
+    def roce_icrc(self) -> bool:
+        return True  # the soft switch computes every reply's ICRC
 
     def counters(self) -> dict[str, Any]:
         """The switch's statistics and ``cpu_ms``, its process's CPU time so far."""

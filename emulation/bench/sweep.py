@@ -259,6 +259,7 @@ def _plans(
             collective=cfg.collective,
             transport=cfg.transport,
             msg_packets=cfg.msg_packets,
+            rdma_device=cfg.rdma_device,
         )
         for r in range(cfg.workers)
     ]
@@ -324,7 +325,8 @@ def _join_switch(
         qpns = switch.install_roce(BENCH_JOB_ID, [a[0] for a in addrs], endpoints,
                                    plans[0].msg_packets)  # fmt: skip
         for rank, (to, as_rank) in zip(heads, dests, strict=True):
-            fleet.send(rank, ("job", BENCH_JOB_ID, to, as_rank, qpns[heads.index(rank)]))
+            fleet.send(rank, ("job", BENCH_JOB_ID, to, as_rank, qpns[heads.index(rank)],
+                              switch.roce_icrc))  # fmt: skip
         return
     for rank in range(len(plans)):
         dest = dests[heads.index(rank)] if rank in heads else (None, None)

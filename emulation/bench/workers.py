@@ -121,6 +121,8 @@ class WorkerPlan:
     transport: str = "udp"
     """INA's: ``udp``, or ``rdma`` (an emulated RNIC, messages of ``msg_packets``)."""
     msg_packets: int = 1
+    rdma_device: str | None = None
+    """``rdma``: the verbs device to run on instead of an emulated RNIC."""
 
     @property
     def p2p_window(self) -> int:
@@ -308,14 +310,16 @@ def rdma_address(placement: Placement, rank: int) -> str:
 
 def _join_ina_rdma(plan: WorkerPlan, conn: Connection, num_workers: int) -> Any:
     """As :func:`_join_ina`, over RDMA: the RNIC's address and reply endpoints to the
-    coordinator, which installs the job's queue pairs and sends back the switch's."""
+    coordinator, which installs the job's queue pairs and sends back the switch's, and
+    whether its replies carry an ICRC to check (a P4 switch's do not)."""
+    from emulation.bench.rdma_device import open_rdma_device
     from hostlib import InaSession, JobSpec, RetryPolicy
     from hostlib.protocol import LANE_BYTES, ROCE_UDP_PORT
     from hostlib.transport.rdma import RdmaTransport
-    from hostlib.transport.rnic import EmulatedRnic
 
-    m = plan.msg_packets
-    nic = EmulatedRnic(rdma_address(plan.placement, plan.rank), pmtu=plan.lanes * LANE_BYTES)
+    m, pmtu = plan.msg_packets, plan.lanes * LANE_BYTES
+    nic = open_rdma_device(plan.rdma_device, plan.rank, rdma_address(plan.placement, plan.rank),
+                           pmtu, m * pmtu)  # fmt: skip
     try:
         transport = RdmaTransport(nic, plan.slots // m, m, plan.lanes)
     except BaseException:
@@ -327,6 +331,8 @@ def _join_ina_rdma(plan: WorkerPlan, conn: Connection, num_workers: int) -> Any:
         msg = expect(conn, "job")
         switch = (str(msg[2][0]), ROCE_UDP_PORT)
         transport.connect_switch(switch[0], msg[4])
+        if not msg[5] and hasattr(nic, "check_icrc"):
+            nic.check_icrc = False  # a verbs device's ICRC check is the RNIC's setting
         spec = JobSpec(job_id=msg[1], rank=msg[3], num_workers=num_workers, switch=switch,
                        lanes=m * plan.lanes, slots=plan.slots // m)  # fmt: skip
         return InaSession(spec, transport, RetryPolicy(deadline=plan.timeout))

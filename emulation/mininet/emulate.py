@@ -231,13 +231,14 @@ def run(args: argparse.Namespace) -> int:
     try:
         topo = load_topology(args.topology)
         if getattr(args, "lanes", False) is None:  # bench or calibrate without --lanes
-            args.lanes = default_lanes(topo)
+            args.lanes = _bench_lanes(args, topo)
         lanes = getattr(args, "lanes", None)
         topo = apply_overrides(topo, args.bw, args.delay, args.link_loss, lanes, args.jitter,
                                args.link_dup, args.link_reorder)  # fmt: skip
         job = _job(topo, args.job) if args.action in _JOB_ACTIONS else None
         if args.action == "bench":  # a bad flag is refused before any network exists
-            _check_bench_flags(args)
+            assert job is not None
+            _check_bench_flags(args, topo, job)
         elif args.action == "replay":
             assert job is not None
             _check_replay_flags(args, topo, job)
@@ -291,20 +292,31 @@ def _check_rates(args: argparse.Namespace) -> None:
                        " one rate to the other actions")  # fmt: skip
 
 
-def _check_bench_flags(args: argparse.Namespace) -> None:
+def _check_bench_flags(args: argparse.Namespace, topo: Topology, job: TopologyJob) -> None:
     """What ``inalab bench`` checks before it starts anything (outputs' directories, a
-    readable ``--profile``, torch for gloo).
+    readable ``--profile``, torch for gloo), and over RDMA what the job must be
+    (:func:`emulation.mininet.roce.roce_problems`).
 
     Raises:
         _Refused: one of them fails.
     """
     from emulation.bench.cli import UsageError, check_inputs, check_outputs
+    from emulation.mininet.roce import roce_problems
 
     try:
         check_outputs(args)
         check_inputs(args)
     except UsageError as exc:
         raise _Refused(str(exc)) from None
+    if args.transport == "rdma" and (problems := roce_problems(topo, job)):
+        raise _Refused("; ".join(problems))
+
+
+def _bench_lanes(args: argparse.Namespace, topo: Topology) -> int:
+    """``--lanes``' default: the topology's, or over RDMA a path MTU's."""
+    from emulation.mininet.roce import rdma_lanes
+
+    return rdma_lanes(topo) if getattr(args, "transport", "udp") == "rdma" else default_lanes(topo)
 
 
 def _check_replay_flags(args: argparse.Namespace, topo: Topology, job: TopologyJob) -> None:
@@ -404,6 +416,7 @@ def _run(
     with emulate(
         topo, run_dir, pool, not bench, args.pcap, seed, slots, args.datapath,
         bmv2_tools=tools, in_order_links=args.in_order_links,
+        roce=getattr(args, "transport", "udp") == "rdma",
     ) as em:  # fmt: skip
         for line in describe_plan(em.topology, em.plan, tools):
             print(line, flush=True)
@@ -824,9 +837,15 @@ class _EmulatedSwitch:
     def install_roce(
         self, job_id: int, ips: Sequence[str], endpoints: Sequence[Sequence[Any]], m: int
     ) -> list[tuple[int, ...]]:
-        from emulation.bench.fabric import FabricError
+        from emulation.mininet.roce import install_roce
 
-        raise FabricError("INA over RoCEv2 does not run in an emulated network yet (#40)")
+        return install_roce(self.em, self.switches, job_id, ips, endpoints, m)
+
+    @property
+    def roce_icrc(self) -> bool:
+        from emulation.mininet.roce import icrc_computed
+
+        return icrc_computed(self.em.topology, self.switches)
 
     def counters(self) -> dict[str, Any]:
         """Each switch's statistics over the run, and ``cpu_ms``, the CPU time its process

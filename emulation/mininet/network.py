@@ -578,6 +578,7 @@ def emulate(
     netem: bool | None = None,
     bmv2_tools: Bmv2Tools | None = None,
     in_order_links: bool = False,
+    roce: bool = False,
 ) -> Iterator[Emulation]:
     """Build, start and configure ``topo`` in Mininet; stop and remove it on exit.
 
@@ -596,6 +597,8 @@ def emulate(
         bmv2_tools: what ``kind: bmv2`` switches run; None finds them on PATH.
         in_order_links: every veth keeps each flow's order (:data:`IN_ORDER_FEATURES`;
             eBPF switches only), at the cost of TCP's segmentation offload.
+        roce: switches aggregate INA over RoCEv2 too (soft switches: ``--roce``; p4/'s
+            program always does).
 
     Raises:
         EmulationError: the topology asks for what cannot be emulated here.
@@ -628,7 +631,7 @@ def emulate(
             net.addSwitch(s.name, cls=cls, dpid=f"{i:016x}", run_dir=run_dir,
                           lanes=s.lanes, slots=slots, forward_only=s.role == "forward",
                           links=plan.specs.get(s.name), pcap=pcap, seed=seed + i,
-                          **extra)  # fmt: skip
+                          roce=roce, **extra)  # fmt: skip
         for link in topo.links:
             params = _link_params(link, plan)
             try:

@@ -47,18 +47,21 @@ def soft_switch_class() -> type:
             pcap: bool = False,
             seed: int = 0,
             datapath: str = "python",
+            roce: bool = False,
             **params: Any,
         ) -> None:
             super().__init__(name, **params)
             self.run_dir, self.lanes, self.slots = Path(run_dir), lanes, slots
             self.forward_only, self.links, self.pcap, self.seed = forward_only, links, pcap, seed
-            self.datapath = datapath
+            self.datapath, self.roce = datapath, roce
             self.process: SoftSwitchProcess | None = None
 
         def _args(self) -> tuple[str, ...]:
             args: list[str] = ["--datapath", self.datapath]
             if self.forward_only:
                 args.append("--forward-only")
+            if self.roce:
+                args.append("--roce")
             for port, spec in sorted((self.links or {}).items()):
                 args += ["--link", f"{port}:{spec}"]
             if self.links:
@@ -110,7 +113,8 @@ def bmv2_switch_class(tools: Bmv2Tools | None = None) -> type:
         captures to ``run_dir/pcaps``; ``log`` turns on bmv2's packet log.
 
         ``links`` (per-port delay and loss) must be empty: only the soft switch emulates
-        them. ``seed`` is accepted and unused: bmv2's ``random()`` cannot be seeded.
+        them. ``seed`` is accepted and unused: bmv2's ``random()`` cannot be seeded, and
+        so is ``roce``: p4/ina.p4 always parses RoCEv2 (p4/roce.p4).
         """
 
         def __init__(
@@ -124,6 +128,7 @@ def bmv2_switch_class(tools: Bmv2Tools | None = None) -> type:
             log: bool = False,
             links: dict[int, str] | None = None,
             seed: int = 0,
+            roce: bool = False,
             **params: Any,
         ) -> None:
             check_bmv2_switch(lanes, slots, forward_only)

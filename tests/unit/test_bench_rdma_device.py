@@ -1,0 +1,126 @@
+"""``inalab bench --transport rdma --rdma-device DEV`` (emulation.bench.rdma_device): the
+flag refused in one line where verbs cannot run (this machine: the probe's reason), the
+ranks' addresses read from a copy of the kernel's GID tables, and the emulated RNIC
+whose ICRC check is turned off for a P4 switch's replies (ICRC 0)."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from emulation.bench import rdma_device
+from emulation.bench.rdma_device import (
+    IcrcOptionalRnic,
+    RdmaDeviceError,
+    check_rdma_device,
+    roce_addresses,
+)
+from hostlib import rocev2
+from hostlib.protocol import ROCE_UDP_PORT
+from hostlib.transport.verbs import verbs_unavailable
+
+V4 = "0000:0000:0000:0000:0000:ffff:0a00:00{:02x}"
+
+
+def _gid_table(root: Path, entries: list[tuple[str, int, int, str, str]]) -> Path:
+    """A copy of /sys/class/infiniband's layout: (device, port, index, gid, type)."""
+    for device, port, index, gid, kind in entries:
+        port_dir = root / device / "ports" / str(port)
+        (port_dir / "gids").mkdir(parents=True, exist_ok=True)
+        (port_dir / "gid_attrs" / "types").mkdir(parents=True, exist_ok=True)
+        (port_dir / "gids" / str(index)).write_text(gid + "\n")
+        (port_dir / "gid_attrs" / "types" / str(index)).write_text(kind + "\n")
+    return root
+
+
+def _table(tmp_path: Path) -> Path:
+    return _gid_table(tmp_path, [
+        ("rxe0", 1, 0, "fe80:0000:0000:0000:0000:0000:0000:0001", "RoCE v2"),  # not IPv4
+        ("rxe0", 1, 1, V4.format(1), "IB/RoCE v1"),
+        ("rxe0", 1, 2, V4.format(1), "RoCE v2"),
+        ("rxe0", 1, 3, V4.format(2), "RoCE v2"),
+        ("rxe0", 1, 4, V4.format(2), "RoCE v2"),  # the same address again
+        ("mlx5_0", 1, 1, V4.format(9), "RoCE v2"),
+    ])  # fmt: skip
+
+
+def test_a_devices_roce_v2_ipv4_addresses_each_once(tmp_path: Path) -> None:
+    root = _table(tmp_path)
+    assert roce_addresses("rxe0", root) == ["10.0.0.1", "10.0.0.2"]
+    assert roce_addresses("mlx5_0", root) == ["10.0.0.9"]
+    assert roce_addresses("nothing", root) == []
+
+
+def test_a_device_needs_an_address_per_rank(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    root = _table(tmp_path)
+    monkeypatch.setattr(rdma_device, "verbs_unavailable", lambda: None)
+    assert check_rdma_device("rxe0", 2, root) == ["10.0.0.1", "10.0.0.2"]
+    with pytest.raises(RdmaDeviceError, match=r"2 RoCEv2 IPv4 address\(es\) .* for 3 ranks"):
+        check_rdma_device("rxe0", 3, root)
+    with pytest.raises(RdmaDeviceError, match=r"no such device \(here: mlx5_0, rxe0\)"):
+        check_rdma_device("mlx5_1", 1, root)
+
+
+def test_without_verbs_the_device_is_refused_with_the_probes_reason(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(rdma_device, "verbs_unavailable", lambda: "no RDMA device (empty)")
+    with pytest.raises(RdmaDeviceError, match=r"^--rdma-device rxe0: no RDMA device \(empty\)$"):
+        check_rdma_device("rxe0", 1, _table(tmp_path))
+
+
+def _bench(*argv: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "emulation.cli", "bench", "-b", "4K", "-e", "4K", *argv],
+        capture_output=True, text=True, timeout=60, check=False,
+    )  # fmt: skip
+
+
+def test_the_cli_exits_2_with_the_probes_one_line() -> None:
+    why = verbs_unavailable()
+    if why is None:
+        pytest.skip("this machine has an RDMA device: the probe gives no reason")
+    proc = _bench("--transport", "rdma", "--rdma-device", "mlx5_0")
+    assert proc.returncode == 2, proc.stderr
+    assert proc.stderr.strip() == f"inalab bench: error: --rdma-device mlx5_0: {why}"
+
+
+def test_the_device_belongs_to_rdma() -> None:
+    proc = _bench("--rdma-device", "mlx5_0")
+    assert proc.returncode == 2
+    assert (
+        proc.stderr.strip()
+        == "inalab bench: error: --rdma-device mlx5_0: with --transport rdma only"
+    )
+
+
+ME, PEER = "127.0.0.51", "127.0.0.52"
+
+
+def _zero_icrc_write(nic: IcrcOptionalRnic, data: bytes) -> tuple[bytes, int, int]:
+    """A one-packet WRITE with immediate to a fresh queue pair and region of ``nic``, its
+    ICRC 0 as a P4 switch sends it; (frame, queue pair, rkey)."""
+    qp, mr = nic.create_qp(), nic.register(1024)
+    nic.connect(qp, PEER, 0x42, 7)
+    frame = rocev2.RoceFrame(rocev2.message_opcode(0, 1), qp.qpn, 7, data, mr.va, mr.rkey,
+                             len(data), 5)  # fmt: skip
+    wire = bytearray(rocev2.build_frame(frame, PEER, ME))
+    wire[-4:] = bytes(4)
+    return bytes(wire), qp.qpn, mr.rkey
+
+
+@pytest.mark.parametrize("check", [True, False])
+def test_a_p4_switchs_zero_icrc_is_refused_unless_the_check_is_off(check: bool) -> None:
+    with IcrcOptionalRnic(ME, pmtu=256, seed=3) as nic:
+        nic.check_icrc = check
+        wire, qpn, rkey = _zero_icrc_write(nic, bytes(range(64)))
+        nic.on_frame(memoryview(bytearray(wire)), (PEER, ROCE_UDP_PORT))
+        done = nic.poll(0)
+        assert (nic.counters["bad_icrc"], len(done)) == ((1, 0) if check else (0, 1))
+        if not check:
+            assert done[0][0] == qpn and nic.mrs[rkey].buf[:64] == bytes(range(64))
