@@ -10,6 +10,8 @@ GIL released, batched ``recvmmsg``/``sendmmsg``, results written into the output
 arrive. :class:`NativeP2pEndpoint` and :class:`NativeCollectiveCall` bind the p2p core
 (``hostlib/_p2pcore.c``) the same way, against the wire of ``hostlib.p2pwire`` and not
 ``hostlib.p2p`` (the Python engine), so ``hostlib.peers`` picks either p2p engine.
+:func:`emulated_rnic` picks the emulated RNIC the same way: the native one
+(:mod:`hostlib.transport.rnic_native`, ``hostlib/_rnicore.c``) or the Python one.
 
 Which engine a session uses: ``INALAB_HOST_ENGINE=native|python``; unset, the native one
 when it was built (``pip install`` compiles it with the system's C compiler; a failed
@@ -51,12 +53,16 @@ from hostlib.p2pwire import (
     call_knobs,
     stall_message,
 )
+from hostlib.transport.rnic import EmulatedRnic
+from hostlib.transport.rnic_native import NativeRnic, rnic_core_unavailable
 
 __all__ = [
     "ENGINES",
     "ENGINE_ENV",
     "NativeInaAllreduce",
+    "emulated_rnic",
     "engine_name",
+    "native_rnic_unavailable",
     "native_unavailable",
 ]
 
@@ -147,6 +153,41 @@ def engine_name(environ: dict[str, str] | None = None) -> str:
         _warned = True
         log.warning("host engine: Python (%s); INA calls cost more CPU per packet", _why_not)
     return "python"
+
+
+def native_rnic_unavailable() -> str | None:
+    """Why the native emulated RNIC (``hostlib/_rnicore.c``) cannot run here, or ``None``."""
+    return rnic_core_unavailable()
+
+
+_rnic_warned = False
+
+
+def emulated_rnic(
+    address: str, pmtu: int = 256, seed: int | None = None, *, engine: str | None = None
+) -> EmulatedRnic | NativeRnic:
+    """An emulated RNIC on ``address`` for the host engine: :class:`NativeRnic` (per-packet
+    work in C) unless the engine is Python (``engine``, else ``INALAB_HOST_ENGINE``) or
+    its core was not built (then :class:`EmulatedRnic`, with one warning per process).
+
+    Raises:
+        ValueError: an unknown engine, ``native`` asked for where it was not built, or a
+            path MTU that is not an RDMA MTU.
+        TransportError: the address's UDP port 4791 cannot be bound.
+    """
+    global _rnic_warned
+    name = engine_name({ENGINE_ENV: engine} if engine else None)
+    why = rnic_core_unavailable()
+    if name == "native" and why is not None:
+        if engine == "native":
+            raise ValueError(f"native RNIC: {why}")
+        if not _rnic_warned:
+            _rnic_warned = True
+            log.warning("emulated RNIC: Python (%s); each packet costs more CPU", why)
+        name = "python"
+    if name == "native":
+        return NativeRnic(address, pmtu, seed)
+    return EmulatedRnic(address, pmtu, seed)
 
 
 class NativeInaAllreduce:

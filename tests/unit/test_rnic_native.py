@@ -18,6 +18,7 @@ from scapy.layers.inet import IP, UDP
 from scapy.packet import Raw
 
 from hostlib import rocev2
+from hostlib.native import ENGINE_ENV, emulated_rnic
 from hostlib.protocol import ROCE_PMTUS, ROCE_UDP_PORT, RoceOpcode
 from hostlib.transport.base import TransportError
 from hostlib.transport.rnic import RNIC_COUNTERS, EmulatedRnic
@@ -305,3 +306,18 @@ def test_bad_use_is_one_clear_error() -> None:
         assert nic.counters["frames_out"] == 0 and qp.send_psn == start  # nothing sent
     with pytest.raises(ValueError, match="path MTU"):
         NativeRnic(ME, pmtu=300)
+
+
+def test_the_engine_picks_the_nic(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv(ENGINE_ENV, raising=False)
+    with emulated_rnic(ME, 512) as nic:
+        assert type(nic) is NativeRnic and nic.pmtu == 512
+    with emulated_rnic(ME, engine="python") as nic:
+        assert type(nic) is EmulatedRnic
+    monkeypatch.setenv(ENGINE_ENV, "python")
+    with emulated_rnic(ME) as nic:
+        assert type(nic) is EmulatedRnic
+    with emulated_rnic(ME, engine="native") as nic:
+        assert type(nic) is NativeRnic
+    with pytest.raises(ValueError, match="choose one of"):
+        emulated_rnic(ME, engine="fortran")
