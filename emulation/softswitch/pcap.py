@@ -64,8 +64,13 @@ class PcapWriter:
         self._file.write(_GLOBAL_HEADER.pack(0xA1B2C3D4, 2, 4, 0, 0, _SNAPLEN, linktype))
         self._ip_id = 0
 
-    def record(self, data: bytes | memoryview, src: Addr, dst: Addr) -> None:
-        """Append one UDP datagram from ``src`` to ``dst`` (IPv4 addresses).
+    def record(
+        self, data: bytes | memoryview, src: Addr, dst: Addr, ip_id: int | None = None
+    ) -> None:
+        """Append one UDP datagram from ``src`` to ``dst`` (IPv4 addresses), with the IPv4
+        identification ``ip_id`` it had on the wire, else a running count. (RoCEv2's
+        sockets send with Don't Fragment, so Linux writes identification 0, and the ICRC
+        covers it: a capture checked by ``inalab pcap`` needs the wire's.)
 
         Raises:
             ValueError: the file's link type is not RAW.
@@ -77,7 +82,8 @@ class PcapWriter:
             return
         udp_len = 8 + len(data)
         self._ip_id = (self._ip_id + 1) & 0xFFFF
-        ip = _ipv4_header(20 + udp_len, self._ip_id, src[0], dst[0])
+        ident = self._ip_id if ip_id is None else ip_id
+        ip = _ipv4_header(20 + udp_len, ident, src[0], dst[0])
         udp = _UDP.pack(src[1], dst[1], udp_len, 0)
         self._write(20 + udp_len, ip, udp, data)
 

@@ -333,7 +333,7 @@ class SwitchServer:
                 return count
             data = self._view[:n]
             if pcap is not None:
-                pcap.record(data, src, own)
+                pcap.record(data, src, own, ip_id=0)
             for out in front.process(data, src):
                 try:
                     sock.sendto(out.payload, out.dest)
@@ -341,7 +341,7 @@ class SwitchServer:
                     self._send_error(exc, out.dest)
                     continue
                 if pcap is not None:
-                    pcap.record(out.payload, own, out.dest)
+                    pcap.record(out.payload, own, out.dest, ip_id=0)
         return CONTROL_EVERY
 
     def _drain_ina(self) -> int:
