@@ -103,6 +103,60 @@ static inline int has_reth(unsigned op) { return op == OP_FIRST || op == OP_ONLY
 static inline int has_imm(unsigned op) { return op == OP_LAST_IMM || op == OP_ONLY_IMM; }
 static inline int is_last(unsigned op) { return op >= OP_LAST && op <= OP_ONLY_IMM; }
 
+/* CRC-32 (zlib's crc32, the ICRC's polynomial) by carry-less multiplication: the
+   folding of Intel's "Fast CRC Computation for Generic Polynomials Using PCLMULQDQ"
+   with the constants of Linux's crc32-pclmul (arch/x86/crypto). zlib's table-driven
+   crc32 costs 1.7 us per 4 KiB packet here, most of a frame's work; this about a fifth.
+   The bytes past the last whole 16, and CPUs without PCLMULQDQ, go to zlib. */
+#if defined(__x86_64__) && defined(__GNUC__)
+#include <immintrin.h>
+#define HAVE_CLMUL_CRC 1
+static int use_clmul;
+
+__attribute__((target("pclmul,sse4.1"))) static inline __m128i fold16(__m128i x, __m128i k, __m128i next) {
+    return _mm_xor_si128(_mm_xor_si128(_mm_clmulepi64_si128(x, k, 0x00), _mm_clmulepi64_si128(x, k, 0x11)), next);
+}
+
+/* zlib's crc32(crc, p, len) for len >= 64, of the first len & ~15 bytes. */
+__attribute__((target("pclmul,sse4.1"))) static uint32_t crc32_clmul(uint32_t crc, const uint8_t *p, size_t len) {
+    const __m128i mask32 = _mm_set_epi32(0, 0, 0, -1);
+    __m128i x1 = _mm_xor_si128(_mm_loadu_si128((const __m128i *)p), _mm_cvtsi32_si128((int)~crc));
+    __m128i x2 = _mm_loadu_si128((const __m128i *)(p + 16)), x3 = _mm_loadu_si128((const __m128i *)(p + 32));
+    __m128i x4 = _mm_loadu_si128((const __m128i *)(p + 48));
+    __m128i k = _mm_set_epi64x(0x1c6e41596LL, 0x154442bd4LL); /* R2, R1: fold by 512 bits */
+    for (p += 64, len -= 64; len >= 64; p += 64, len -= 64) {
+        x1 = fold16(x1, k, _mm_loadu_si128((const __m128i *)p));
+        x2 = fold16(x2, k, _mm_loadu_si128((const __m128i *)(p + 16)));
+        x3 = fold16(x3, k, _mm_loadu_si128((const __m128i *)(p + 32)));
+        x4 = fold16(x4, k, _mm_loadu_si128((const __m128i *)(p + 48)));
+    }
+    k = _mm_set_epi64x(0x0ccaa009eLL, 0x1751997d0LL); /* R4, R3: fold by 128 bits */
+    x1 = fold16(fold16(fold16(x1, k, x2), k, x3), k, x4);
+    for (; len >= 16; p += 16, len -= 16) x1 = fold16(x1, k, _mm_loadu_si128((const __m128i *)p));
+    /* 128 -> 64 bits (R4), 64 -> 32 (R5), then Barrett's reduction (poly, u) */
+    x1 = _mm_xor_si128(_mm_srli_si128(x1, 8), _mm_clmulepi64_si128(k, x1, 0x01));
+    x1 = _mm_xor_si128(_mm_srli_si128(x1, 4),
+                       _mm_clmulepi64_si128(_mm_and_si128(x1, mask32), _mm_set_epi64x(0, 0x163cd6124LL), 0x00));
+    k = _mm_set_epi64x(0x1F7011641LL, 0x1DB710641LL);
+    __m128i t = _mm_and_si128(_mm_clmulepi64_si128(_mm_and_si128(x1, mask32), k, 0x10), mask32);
+    x1 = _mm_xor_si128(x1, _mm_clmulepi64_si128(t, k, 0x00));
+    return ~(uint32_t)_mm_extract_epi32(x1, 1);
+}
+#endif
+
+/* zlib's crc32(crc, p, len), by carry-less multiplication where the CPU can. */
+static uint32_t crc32_fast(uint32_t crc, const uint8_t *p, size_t len) {
+#ifdef HAVE_CLMUL_CRC
+    if (use_clmul && len >= 64) {
+        size_t whole = len & ~(size_t)15;
+        crc = crc32_clmul(crc, p, len);
+        p += whole;
+        len -= whole;
+    }
+#endif
+    return (uint32_t)crc32(crc, p, (uInt)len);
+}
+
 /* hostlib.rocev2.icrc: the CRC-32 over the masked pseudo-header (eight 0xFF bytes, the
    IPv4 header INA sends with, id 0 and DF, TOS/TTL/checksum ones, and the UDP header,
    checksum ones), then the body with the BTH's FECN/BECN/reserved byte as ones. */
@@ -117,8 +171,7 @@ static uint32_t icrc(uint32_t src_ip, uint32_t dst_ip, unsigned src_port, const 
     put16(udp, src_port); put16(udp + 2, UDP_PORT); put16(udp + 4, udp_len); put16(udp + 6, 0xFFFF);
     memcpy(h + 36, body, 4);
     h[40] = 0xFF;
-    uLong crc = crc32(0L, h, sizeof h);
-    return (uint32_t)crc32(crc, body + 5, (uInt)(len - 5));
+    return crc32_fast((uint32_t)crc32(0L, h, sizeof h), body + 5, len - 5);
 }
 
 static inline uint32_t get_le32(const uint8_t *p) {
@@ -604,10 +657,25 @@ static PyTypeObject RnicCoreType = {
     .tp_methods = RnicCore_methods,
 };
 
+/* The ICRC's CRC-32, for the test that holds it to zlib.crc32. */
+static PyObject *module_crc32(PyObject *Py_UNUSED(m), PyObject *args) {
+    Py_buffer data;
+    unsigned int value = 0;
+    if (!PyArg_ParseTuple(args, "y*|I", &data, &value)) return NULL;
+    uint32_t crc = crc32_fast(value, data.buf, (size_t)data.len);
+    PyBuffer_Release(&data);
+    return PyLong_FromUnsignedLong(crc);
+}
+
+static PyMethodDef module_methods[] = {
+    {"crc32", module_crc32, METH_VARARGS, "crc32(data, value=0): zlib.crc32's, as the ICRC computes it"},
+    {NULL, NULL, 0, NULL},
+};
+
 static struct PyModuleDef module = {
     PyModuleDef_HEAD_INIT, "hostlib._rnicore",
     "The native core of the emulated RNIC (see hostlib.transport.rnic_native).", -1,
-    NULL, NULL, NULL, NULL, NULL,
+    module_methods, NULL, NULL, NULL, NULL,
 };
 
 static PyObject *protocol_dict(void) {
@@ -627,13 +695,17 @@ static PyObject *protocol_dict(void) {
 }
 
 PyMODINIT_FUNC PyInit__rnicore(void) {
+#ifdef HAVE_CLMUL_CRC
+    __builtin_cpu_init();
+    use_clmul = __builtin_cpu_supports("pclmul") && __builtin_cpu_supports("sse4.1");
+#endif
     if (PyType_Ready(&RnicCoreType) < 0) return NULL;
     PyObject *m = PyModule_Create(&module);
     if (!m) return NULL;
     if (PyModule_AddObjectRef(m, "RnicCore", (PyObject *)&RnicCoreType) < 0) { Py_DECREF(m); return NULL; }
     PyObject *proto = protocol_dict();
     if (!proto || PyModule_AddObject(m, "PROTOCOL", proto) < 0) { Py_XDECREF(proto); Py_DECREF(m); return NULL; }
-    PyObject *all = Py_BuildValue("[ss]", "RnicCore", "PROTOCOL");
+    PyObject *all = Py_BuildValue("[sss]", "RnicCore", "PROTOCOL", "crc32");
     if (!all || PyModule_AddObject(m, "__all__", all) < 0) { Py_XDECREF(all); Py_DECREF(m); return NULL; }
     return m;
 }

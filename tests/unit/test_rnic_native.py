@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import random
 import socket
+import zlib
 from collections.abc import Iterator
 from typing import Any
 
@@ -288,6 +289,16 @@ def test_its_frames_are_roce_by_scapy(peer_socket: socket.socket) -> None:
     assert ops == [RoceOpcode.UC_WRITE_FIRST, RoceOpcode.UC_WRITE_MIDDLE,
                    RoceOpcode.UC_WRITE_LAST_IMM]  # fmt: skip
     assert rocev2.split_imm(rocev2.parse_frame(got[2]).imm or 0) == (0, 42)
+
+
+def test_its_crc32_is_zlibs() -> None:
+    from hostlib import _rnicore  # the core's CRC-32 folds by carry-less multiplication
+
+    rng = random.Random(7)
+    for n in [*range(200), 4095, 4096, 4111, 9000]:
+        data, value = rng.randbytes(n), rng.randrange(1 << 32)
+        assert _rnicore.crc32(data, value) == zlib.crc32(data, value), n
+        assert _rnicore.crc32(memoryview(data)[1:]) == zlib.crc32(data[1:]), n
 
 
 def test_bad_use_is_one_clear_error() -> None:
