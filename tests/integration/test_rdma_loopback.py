@@ -26,6 +26,7 @@ from hostlib.session import InaSession
 from hostlib.transport.base import TransportError
 from hostlib.transport.rdma import RdmaTransport
 from hostlib.transport.rnic import EmulatedRnic
+from hostlib.transport.rnic_native import NativeRnic, rnic_core_unavailable
 
 SWITCH_IP = "127.0.0.1"
 LANES = 64
@@ -85,14 +86,20 @@ def install(front: RoceFront, transports: list[RdmaTransport], window: int, m: i
 
 
 def run(
-    n: int, size: int, dtype: type, window: int, m: int, drops: DropSimulator | None = None
+    n: int,
+    size: int,
+    dtype: type,
+    window: int,
+    m: int,
+    drops: DropSimulator | None = None,
+    nic: type = EmulatedRnic,
 ) -> tuple[list[np.ndarray], list[np.ndarray], RoceFront, list[InaSession]]:
     rng = np.random.default_rng(size + n)
     if dtype is np.int32:
         xs = [rng.integers(-(2**24), 2**24, size, dtype=np.int32) for _ in range(n)]
     else:
         xs = [rng.standard_normal(size).astype(np.float32) for _ in range(n)]
-    devices = [EmulatedRnic(worker_ip(r), pmtu=LANES * 4, seed=r) for r in range(n)]
+    devices = [nic(worker_ip(r), pmtu=LANES * 4, seed=r) for r in range(n)]
     transports = [RdmaTransport(d, window, m, LANES) for d in devices]
     policy = RetryPolicy(timeout=0.05, min_timeout=0.02, deadline=20.0)
     with roce_switch(drops) as front:
@@ -109,9 +116,18 @@ def run(
     return xs, outs, front, sessions
 
 
+# The Python RNIC (the specification) and the native one (hostlib/_rnicore.c).
+NICS = [
+    EmulatedRnic,
+    pytest.param(NativeRnic, marks=pytest.mark.skipif(
+        rnic_core_unavailable() is not None, reason=str(rnic_core_unavailable()))),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize("nic", NICS)
 @pytest.mark.parametrize(("m", "window"), [(1, 8), (4, 4)])
-def test_int32_allreduce_over_roce_is_exact(m: int, window: int) -> None:
-    xs, outs, front, _ = run(3, 64 * m * window * 3 + 5, np.int32, window, m)
+def test_int32_allreduce_over_roce_is_exact(m: int, window: int, nic: type) -> None:
+    xs, outs, front, _ = run(3, 64 * m * window * 3 + 5, np.int32, window, m, nic=nic)
     total = np.sum(xs, axis=0, dtype=np.int64).astype(np.int32)
     for out in outs:
         np.testing.assert_array_equal(out, total)
@@ -119,9 +135,10 @@ def test_int32_allreduce_over_roce_is_exact(m: int, window: int) -> None:
     assert c["completed"] > 0 and not any(v for k, v in c.items() if k.startswith("drop_"))
 
 
-def test_loss_both_ways_is_repaired_by_whole_messages_and_stays_exact() -> None:
+@pytest.mark.parametrize("nic", NICS)
+def test_loss_both_ways_is_repaired_by_whole_messages_and_stays_exact(nic: type) -> None:
     drops = DropSimulator(ingress=0.05, egress=0.05, seed=11)
-    xs, outs, front, sessions = run(3, 64 * 4 * 40, np.int32, 4, 4, drops)
+    xs, outs, front, sessions = run(3, 64 * 4 * 40, np.int32, 4, 4, drops, nic)
     total = np.sum(xs, axis=0, dtype=np.int64).astype(np.int32)
     for out in outs:
         np.testing.assert_array_equal(out, total)
