@@ -34,6 +34,11 @@ Job setup (:func:`connect_session`), in one of two modes:
   there (``INALAB_SWITCH_RANK``), quantizes for ``INALAB_WORKERS`` contributions and
   packs ``INALAB_LANES`` lanes per packet; nothing is exchanged, installed or removed.
 
+Over RDMA (``INALAB_TRANSPORT=rdma``, rank 0 installing): each rank opens an emulated RNIC
+on its address, UDP 4791 (or ``INALAB_RDMA_DEVICE``'s verbs device), rank 0 installs the
+job and its RoCEv2 queue pairs (``SwitchController.roce``), and INA calls are RDMA WRITEs
+of ``INALAB_MSG_PACKETS`` packets (:mod:`dynamiccl.torchbackend.rdma`).
+
 Configuration comes from ``pg_options=InaOptions(...)`` or, without it, from the
 environment (:meth:`InaOptions.from_env`, the ``ENV_*`` names below).
 
@@ -66,7 +71,7 @@ Every rank must make the same sequence of calls with the same sizes and the same
 from the collective and size alone, the same way on all ranks.
 
 The code is in :mod:`dynamiccl.torchbackend`, one module per part (options, choosers,
-exchange, gloo, session, collnet, group, tensors); this module, the backend's public
+exchange, gloo, rdma, session, collnet, group, tensors); this module, the backend's public
 one, re-exports their names and, by importing the group, registers the backend. The
 backend logs to the logger of this module's name, ``dynamiccl.torch_backend``.
 """
@@ -112,12 +117,15 @@ from dynamiccl.torchbackend.options import (
     ENV_HOST,
     ENV_JOB,
     ENV_LANES,
+    ENV_MSG_PACKETS,
     ENV_P4RUNTIME,
     ENV_PORT,
     ENV_PROFILE,
+    ENV_RDMA_DEVICE,
     ENV_SLOTS,
     ENV_SWITCH,
     ENV_SWITCH_RANK,
+    ENV_TRANSPORT,
     ENV_WORKERS,
     Aggregator,
     InaOptions,
@@ -148,12 +156,15 @@ __all__ = [
     "ENV_HOST",
     "ENV_JOB",
     "ENV_LANES",
+    "ENV_MSG_PACKETS",
     "ENV_P4RUNTIME",
     "ENV_PORT",
     "ENV_PROFILE",
+    "ENV_RDMA_DEVICE",
     "ENV_SLOTS",
     "ENV_SWITCH",
     "ENV_SWITCH_RANK",
+    "ENV_TRANSPORT",
     "ENV_WORKERS",
     "GLOO_COLLECTIVES",
     "Aggregator",

@@ -12,6 +12,7 @@ importing only those listed before it:
 - :mod:`~dynamiccl.torchbackend.options`: ``InaOptions``, the ``INALAB_*`` variables and
   their reading (the chooser an environment names too);
 - :mod:`~dynamiccl.torchbackend.gloo`: the Gloo group delegated to and its interface;
+- :mod:`~dynamiccl.torchbackend.rdma`: joining the job over RDMA (RoCEv2 queue pairs);
 - :mod:`~dynamiccl.torchbackend.session`: joining the job (install, sessions, removal);
 - :mod:`~dynamiccl.torchbackend.collnet`: machines of several ranks (CollNet);
 - :mod:`~dynamiccl.torchbackend.group`: ``InaProcessGroup`` and the registration.

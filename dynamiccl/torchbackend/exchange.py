@@ -30,6 +30,11 @@ class Exchange(Protocol):
         """Rank 0's ``value``, on every rank (others pass ``None``)."""
         ...
 
+    def within(self, name: str) -> Exchange:
+        """The same ranks for a further round of gather and share, which must not meet
+        this one's values (every rank asks for the same ``name``)."""
+        ...
+
 
 class StoreExchange:
     """An :class:`Exchange` over a c10d store (the one a backend is built from)."""
@@ -52,6 +57,10 @@ class StoreExchange:
             return value
         return self.store.get(f"{self.prefix}/ready").decode()
 
+    def within(self, name: str) -> StoreExchange:
+        """Keys under ``PREFIX/name``: a round of its own."""
+        return StoreExchange(self.store, self.rank, self.world_size, f"{self.prefix}/{name}")
+
 
 class GroupExchange:
     """An :class:`Exchange` over an initialized process group's object collectives."""
@@ -70,3 +79,7 @@ class GroupExchange:
         box: list[Any] = [value]
         dist.broadcast_object_list(box, group=self.group, group_src=0)
         return str(box[0])
+
+    def within(self, name: str) -> GroupExchange:
+        """This exchange: the group's collectives keep each round's values apart."""
+        return self

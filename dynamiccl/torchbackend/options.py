@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING
 from dynamiccl.learning import AgreedLearner
 from dynamiccl.torchbackend.choosers import AlwaysIna, Chooser
 from hostlib.ina import Addr, RetryPolicy
-from hostlib.protocol import DEFAULT_SLOTS_PER_JOB
+from hostlib.protocol import DEFAULT_SLOTS_PER_JOB, LANE_BYTES, MAX_LANES, ROCE_PMTUS
 from hostlib.transport.udp import route_source
 
 if TYPE_CHECKING:
@@ -28,6 +28,7 @@ if TYPE_CHECKING:
 __all__ = [
     "DEFAULT_COLLNET_BYTES",
     "DEFAULT_DEADLINE",
+    "DEFAULT_MSG_PACKETS",
     "ENV_AGENT_FROZEN",
     "ENV_AGENT_SAVE",
     "ENV_AGENT_STATE",
@@ -42,18 +43,24 @@ __all__ = [
     "ENV_HOST",
     "ENV_JOB",
     "ENV_LANES",
+    "ENV_MSG_PACKETS",
     "ENV_P4RUNTIME",
     "ENV_PORT",
     "ENV_PROFILE",
+    "ENV_RDMA_DEVICE",
     "ENV_SLOTS",
     "ENV_SWITCH",
     "ENV_SWITCH_RANK",
+    "ENV_TRANSPORT",
     "ENV_WORKERS",
+    "TRANSPORTS",
     "Aggregator",
     "InaOptions",
     "InaSetupError",
     "chooser_from_env",
     "parse_addr",
+    "rdma_lanes_problems",
+    "rdma_problems",
 ]
 
 
@@ -124,6 +131,20 @@ error naming the switch or peer (default :data:`DEFAULT_DEADLINE`, or the proces
 timeout where that is shorter). A dead switch answers nothing, and neither does a live
 one while a rank has not entered the call: raise it where ranks can enter a collective
 further apart than this (one rank saving a checkpoint while the others wait)."""
+ENV_TRANSPORT = "INALAB_TRANSPORT"
+"""How INA ranks reach the switch: ``udp`` (default) or ``rdma``: RoCEv2 WRITEs from an
+emulated RNIC bound to this rank's address (:data:`ENV_BIND` or the route's source), UDP
+4791, so one rank an address; or from :data:`ENV_RDMA_DEVICE`. The switch's data address
+in :data:`ENV_SWITCH` keeps its port (its RoCEv2 endpoint is its address's UDP 4791), rank
+0 installs the job (:data:`ENV_P4RUNTIME` is required) and its queue pairs, and the
+switch's lanes must make a RoCE path MTU (64, 128, 256, 512 or 1024)."""
+ENV_MSG_PACKETS = "INALAB_MSG_PACKETS"
+"""``rdma``: packets per RDMA message, a power of two up to 32 whose product with the lanes
+is at most 2,048 and which divides :data:`ENV_SLOTS` (default
+:data:`DEFAULT_MSG_PACKETS`); a retransmission resends a whole message."""
+ENV_RDMA_DEVICE = "INALAB_RDMA_DEVICE"
+"""``rdma``: a verbs device (e.g. ``mlx5_0``, ``rxe0``) whose RoCEv2 GID holds this rank's
+address, instead of an emulated RNIC (:class:`hostlib.transport.verbs.VerbsDevice`)."""
 ENV_GLOO_IFNAME = "GLOO_SOCKET_IFNAME"
 """torch's own variable: the interfaces Gloo binds. Unset, the ``"ina"`` group sets it,
 for its process, to the interface this host's routes use toward ``MASTER_ADDR``
@@ -132,6 +153,10 @@ Debian and others map to loopback."""
 
 
 DEFAULT_COLLNET_BYTES = 16 * 2**20
+DEFAULT_MSG_PACKETS = 2
+"""``rdma``'s packets per message (as ``inalab bench --transport rdma``'s)."""
+TRANSPORTS = ("udp", "rdma")
+"""What :data:`ENV_TRANSPORT` takes."""
 DEFAULT_DEADLINE: float = RetryPolicy.deadline
 """The no-progress deadline of :data:`ENV_DEADLINE`, hostlib's own
 (:attr:`hostlib.ina.RetryPolicy.deadline`): seconds, not ``init_process_group``'s 30
@@ -189,9 +214,14 @@ class InaOptions:
         collnet: CollNet across machines with several ranks (:data:`ENV_COLLNET`);
             only where rank 0 installs the job.
         collnet_bytes: CollNet's shared-memory piece (:data:`ENV_COLLNET_BYTES`).
+        transport: ``udp`` or ``rdma`` (:data:`ENV_TRANSPORT`).
+        msg_packets: ``rdma``: packets per message (:data:`ENV_MSG_PACKETS`).
+        rdma_device: ``rdma``: a verbs device instead of an emulated RNIC
+            (:data:`ENV_RDMA_DEVICE`).
 
     Raises:
-        ValueError: a field out of range, or a job installed already without ``lanes``.
+        ValueError: a field out of range, a job installed already without ``lanes``, or
+            ``rdma`` settings that cannot go together (:func:`rdma_problems`).
     """
 
     switch: Addr
@@ -212,6 +242,9 @@ class InaOptions:
     host: str | None = None
     collnet: bool = True
     collnet_bytes: int = DEFAULT_COLLNET_BYTES
+    transport: str = "udp"
+    msg_packets: int = DEFAULT_MSG_PACKETS
+    rdma_device: str | None = None
 
     def __post_init__(self) -> None:
         if not 0 <= self.job_id <= 0xFFFF:
@@ -231,6 +264,8 @@ class InaOptions:
                 "a job installed already runs on one aggregator: several need p4runtime "
                 "servers (rank 0 installs the job on each)"
             )
+        if problems := rdma_problems(self):
+            raise ValueError("; ".join(problems))
         # JobSpec checks the rest (rank below num_workers, lanes in range) at setup.
 
     @property
@@ -322,9 +357,50 @@ class InaOptions:
                 host=env.get(ENV_HOST) or None,
                 collnet=_flag(env, ENV_COLLNET, default=True),
                 collnet_bytes=number(ENV_COLLNET_BYTES) or DEFAULT_COLLNET_BYTES,
+                transport=env.get(ENV_TRANSPORT, "").strip().lower() or "udp",
+                msg_packets=number(ENV_MSG_PACKETS) or DEFAULT_MSG_PACKETS,
+                rdma_device=env.get(ENV_RDMA_DEVICE) or None,
             )
         except ValueError as exc:  # ProfileError is a ValueError
             raise InaSetupError(f"bad INALAB_* setting: {exc}") from None
+
+
+def rdma_problems(options: InaOptions) -> list[str]:
+    """What is wrong with ``options``' transport settings (empty: nothing).
+
+    ``rdma`` needs rank 0 to install the job (the switch's queue pairs come back from the
+    install), one aggregator, a power-of-two ``msg_packets`` up to 32 dividing the slots,
+    and lanes, where given, that make a RoCE path MTU with ``msg_packets`` x lanes at
+    most :data:`~hostlib.protocol.MAX_LANES`.
+    """
+    if options.transport not in TRANSPORTS:
+        return [f"{ENV_TRANSPORT}={options.transport!r}: expected udp or rdma"]
+    if options.transport == "udp":
+        return [f"{ENV_RDMA_DEVICE} needs {ENV_TRANSPORT}=rdma"] if options.rdma_device else []
+    problems, m = [], options.msg_packets
+    if options.installed:
+        problems.append(f"{ENV_TRANSPORT}=rdma needs {ENV_P4RUNTIME}: rank 0 installs the job"
+                        " and its queue pairs")  # fmt: skip
+    if options.stripes:
+        problems.append(f"{ENV_TRANSPORT}=rdma runs on one aggregator")
+    if not 1 <= m <= 32 or m & (m - 1):
+        problems.append(f"{ENV_MSG_PACKETS}={m}: a power of two up to 32")
+    elif options.slots % m:
+        problems.append(f"{ENV_SLOTS}={options.slots}: a multiple of {ENV_MSG_PACKETS}={m}")
+    if options.lanes is not None:
+        problems += rdma_lanes_problems(options.lanes, m)
+    return problems
+
+
+def rdma_lanes_problems(lanes: int, msg_packets: int) -> list[str]:
+    """Why ``lanes`` cannot carry INA over RoCEv2 in messages of ``msg_packets`` (empty:
+    they can): a packet is a path MTU, a message at most MAX_LANES lanes."""
+    if lanes * LANE_BYTES not in ROCE_PMTUS:
+        pmtus = ", ".join(str(b // LANE_BYTES) for b in ROCE_PMTUS)
+        return [f"lanes {lanes}: over RDMA a packet is a path MTU ({pmtus} lanes)"]
+    if lanes * msg_packets > MAX_LANES:
+        return [f"{ENV_MSG_PACKETS}={msg_packets} x lanes {lanes} above {MAX_LANES}"]
+    return []
 
 
 def _flag(env: Mapping[str, str], name: str, default: bool) -> bool:

@@ -18,6 +18,7 @@ from typing import Any
 
 from dynamiccl.torchbackend.exchange import Exchange
 from dynamiccl.torchbackend.options import InaOptions, InaSetupError
+from dynamiccl.torchbackend.rdma import connect_rdma_session
 from hostlib.ina import JobSpec, RetryPolicy
 from hostlib.p2p import PeerSpec
 from hostlib.peers import RingAllreduce
@@ -37,7 +38,8 @@ def connect_session(
     """Join the INA job of ``options``: exchange addresses and rank 0 installs the job on
     the switch (unless it is installed already); return this rank's session (close it
     when done). With :attr:`InaOptions.stripes`, each rank binds one socket per
-    aggregator, rank 0 installs the job on each, and the session is striped.
+    aggregator, rank 0 installs the job on each, and the session is striped. Over RDMA
+    (:attr:`InaOptions.transport`): :func:`~dynamiccl.torchbackend.rdma.connect_rdma_session`.
 
     Every rank of the group must call this; with the same options where rank 0 installs
     (a job installed already gives each rank its own address, switch and switch rank).
@@ -49,6 +51,8 @@ def connect_session(
         TransportError: ``options.local_ip``/``bind_port`` cannot be bound.
         OSError: no route to a switch.
     """
+    if options.transport == "rdma":
+        return connect_rdma_session(options, exchange, timeout)
     aggregators = options.aggregators
     transports: list[UdpTransport] = []
     try:
