@@ -159,12 +159,20 @@ class Cluster:
 
 
 @contextlib.contextmanager
-def one_armed_server(machine: Machine, run: Path, tls: str, *args: str) -> Iterator[dict[str, Any]]:
+def one_armed_server(
+    machine: Machine,
+    run: Path,
+    tls: str,
+    *args: str,
+    front: Sequence[str] = ("--one-armed", "eth0"),
+) -> Iterator[dict[str, Any]]:
     """``inalab switch --one-armed eth0`` on ``machine``, P4Runtime at its address on port
     9559 behind mutual TLS (``tls``: ``CERT,KEY,CA``), with ``args`` added; its log and
     ready file in ``run``. Yields the ready file's content with ``log`` (its path) and
     ``proc``; on exit stops the switch if it still runs (its exit status is then
-    ``proc.returncode``).
+    ``proc.returncode``). ``front`` says how frames reach it: by default the eBPF
+    one-armed data plane on ``eth0``; ``("--listen", "IP:PORT")``: the Python data plane
+    on a UDP socket (what serves INA over RoCEv2 where the eBPF one does not yet).
 
     Raises:
         RuntimeError: the switch exited, or was not ready within 60 s (its log attached).
@@ -174,8 +182,8 @@ def one_armed_server(machine: Machine, run: Path, tls: str, *args: str) -> Itera
     env = {**os.environ, "PYTHONPATH": str(REPO)}
     with log.open("w") as out:
         proc = subprocess.Popen(
-            machine.command([sys.executable, "-m", "emulation.cli", "switch", "--one-armed",
-                             "eth0", "--p4runtime", f"{machine.ip}:9559", "--p4runtime-tls",
+            machine.command([sys.executable, "-m", "emulation.cli", "switch", *front,
+                             "--p4runtime", f"{machine.ip}:9559", "--p4runtime-tls",
                              tls, "--ready-file", str(ready), *args]),
             stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=env,
         )  # fmt: skip

@@ -1,0 +1,50 @@
+"""One rank of the ``"ina"`` torch backend as a process, configured only by the
+environment, as a cluster's rank under ``torchrun`` is (``INALAB_*``, ``RANK``,
+``WORLD_SIZE``, ``MASTER_ADDR``, ``MASTER_PORT``): for tests that place ranks in network
+namespaces (``tests/cluster.py``). Runs ``calls`` int32 all_reduces of ``elements``
+elements and prints one JSON line: the rank, each result's sha256, and whether the
+calls went through the switch.
+
+    python tests/torch_worker.py '{"elements": 100000, "calls": 3, "seed": 1}'
+
+Rank r's input of call c is ``ina_worker.inputs(seed, r, c, elements, "int32")``.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import sys
+from datetime import timedelta
+
+import torch
+import torch.distributed as dist
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+
+from ina_worker import inputs  # noqa: E402
+
+import dynamiccl.torch_backend  # noqa: E402, F401  (registers "ina")
+
+
+def main(spec: dict) -> None:
+    rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
+    dist.init_process_group("ina", rank=rank, world_size=world,
+                            timeout=timedelta(seconds=60))  # fmt: skip
+    pg = dist.group.WORLD
+    seq = pg.session.next_seq  # type: ignore[union-attr]
+    digests = []
+    for call in range(spec["calls"]):
+        x = torch.from_numpy(inputs(spec["seed"], rank, call, spec["elements"], "int32"))
+        dist.all_reduce(x)
+        digests.append(hashlib.sha256(x.numpy().tobytes()).hexdigest())
+    through = pg.session.next_seq > seq  # type: ignore[union-attr]
+    transport = type(pg.session.transport).__name__  # type: ignore[union-attr]
+    dist.destroy_process_group()
+    print(json.dumps({"rank": rank, "sha256": digests, "through_switch": through,
+                      "transport": transport}), flush=True)  # fmt: skip
+
+
+if __name__ == "__main__":
+    main(json.loads(sys.argv[1]))
