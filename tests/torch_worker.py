@@ -5,7 +5,7 @@ namespaces (``tests/cluster.py``). Runs ``calls`` int32 all_reduces of ``element
 elements and prints one JSON line: the rank, each result's sha256, and whether the
 calls went through the switch.
 
-    python tests/torch_worker.py '{"elements": 100000, "calls": 3, "seed": 1}'
+    PYTHONPATH=.:tests python tests/torch_worker.py '{"elements": 100000, "calls": 3, "seed": 1}'
 
 Rank r's input of call c is ``ina_worker.inputs(seed, r, c, elements, "int32")``.
 """
@@ -20,12 +20,9 @@ from datetime import timedelta
 
 import torch
 import torch.distributed as dist
+from ina_worker import inputs
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-
-from ina_worker import inputs  # noqa: E402
-
-import dynamiccl.torch_backend  # noqa: E402, F401  (registers "ina")
+import dynamiccl.torch_backend  # noqa: F401  (registers "ina")
 
 
 def main(spec: dict) -> None:
