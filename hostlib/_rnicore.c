@@ -405,12 +405,18 @@ static int write_message(RnicCore *c, Qp *q, const uint8_t *data, size_t len, ui
 }
 
 /* ------------------------------------------------------------------ Python */
-/* One caller at a time: the GIL is released inside, so a second thread would race. */
+
+/* For the methods that keep the GIL but change what a released one reads (the tables,
+   a queue pair's state): refuse while another thread is inside post_write or poll. */
+static int idle(RnicCore *c) {
+    if (!c->busy) return 0;
+    PyErr_SetString(PyExc_RuntimeError, "the emulated RNIC is in use by another thread");
+    return -1;
+}
+
+/* post_write and poll, which release the GIL: one thread at a time, or they would race. */
 static int enter(RnicCore *c) {
-    if (c->busy) {
-        PyErr_SetString(PyExc_RuntimeError, "the emulated RNIC is in use by another thread");
-        return -1;
-    }
+    if (idle(c) < 0) return -1;
     c->busy = 1;
     return 0;
 }
@@ -457,7 +463,7 @@ static PyObject *RnicCore_add_mr(RnicCore *c, PyObject *args) {
     unsigned int rkey;
     unsigned long long va;
     PyObject *buf;
-    if (!PyArg_ParseTuple(args, "IKO", &rkey, &va, &buf)) return NULL;
+    if (idle(c) < 0 || !PyArg_ParseTuple(args, "IKO", &rkey, &va, &buf)) return NULL;
     if (find_mr(c, rkey) >= 0) return PyErr_Format(PyExc_ValueError, "R_Key 0x%x is registered", rkey);
     Mr *mrs = realloc(c->mrs, (size_t)(c->nmrs + 1) * sizeof *mrs);
     if (!mrs) return PyErr_NoMemory();
@@ -471,7 +477,7 @@ static PyObject *RnicCore_add_mr(RnicCore *c, PyObject *args) {
 
 static PyObject *RnicCore_add_qp(RnicCore *c, PyObject *args) {
     unsigned int qpn, send_psn;
-    if (!PyArg_ParseTuple(args, "II", &qpn, &send_psn)) return NULL;
+    if (idle(c) < 0 || !PyArg_ParseTuple(args, "II", &qpn, &send_psn)) return NULL;
     if (qpn > MASK24 || send_psn > MASK24)
         return PyErr_Format(PyExc_ValueError, "queue pair 0x%x or PSN 0x%x outside 24 bits", qpn, send_psn);
     if (find_qp(c, qpn)) return PyErr_Format(PyExc_ValueError, "queue pair 0x%x exists", qpn);
@@ -484,7 +490,7 @@ static PyObject *RnicCore_add_qp(RnicCore *c, PyObject *args) {
 
 static PyObject *RnicCore_connect(RnicCore *c, PyObject *args) {
     unsigned int qpn, peer_ip, peer_qpn, recv_psn;
-    if (!PyArg_ParseTuple(args, "IIII", &qpn, &peer_ip, &peer_qpn, &recv_psn)) return NULL;
+    if (idle(c) < 0 || !PyArg_ParseTuple(args, "IIII", &qpn, &peer_ip, &peer_qpn, &recv_psn)) return NULL;
     if (peer_qpn > MASK24 || recv_psn > MASK24)
         return PyErr_Format(PyExc_ValueError, "queue pair 0x%x or PSN 0x%x outside 24 bits", peer_qpn, recv_psn);
     Qp *q = qp_arg(c, qpn);
@@ -547,7 +553,7 @@ static PyObject *RnicCore_post_write(RnicCore *c, PyObject *args) {
 
 static PyObject *RnicCore_build_write(RnicCore *c, PyObject *args) {
     WriteArgs w;
-    if (write_args(c, args, &w) < 0) return NULL;
+    if (idle(c) < 0 || write_args(c, args, &w) < 0) return NULL;
     Py_ssize_t packets = message_packets(c, (size_t)w.data.len);
     size_t stride = (size_t)c->pmtu + HEADROOM;
     uint8_t *area = malloc((size_t)packets * stride);
@@ -601,7 +607,7 @@ static PyObject *RnicCore_poll(RnicCore *c, PyObject *arg) {
 static PyObject *RnicCore_on_frame(RnicCore *c, PyObject *args) {
     Py_buffer data;
     unsigned int src_ip, src_port;
-    if (!PyArg_ParseTuple(args, "y*II", &data, &src_ip, &src_port)) return NULL;
+    if (idle(c) < 0 || !PyArg_ParseTuple(args, "y*II", &data, &src_ip, &src_port)) return NULL;
     int err = on_frame(c, data.buf, (size_t)data.len, src_ip, src_port & 0xFFFF);
     PyBuffer_Release(&data);
     if (err < 0) return PyErr_NoMemory();

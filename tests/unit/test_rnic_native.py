@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import random
 import socket
+import threading
+import time
 import zlib
 from collections.abc import Iterator
 from typing import Any
@@ -332,3 +334,22 @@ def test_the_engine_picks_the_nic(monkeypatch: pytest.MonkeyPatch) -> None:
         assert type(nic) is NativeRnic
     with pytest.raises(ValueError, match="choose one of"):
         emulated_rnic(ME, engine="fortran")
+
+
+def test_one_thread_at_a_time() -> None:
+    """poll and post_write release the GIL: a second thread is refused, never raced."""
+    with NativeRnic(ME, pmtu=256, seed=1) as nic:
+        qp = nic.create_qp()
+        nic.connect(qp, PEER, 1, 0)
+        poller = threading.Thread(target=nic.poll, args=(1.0,))
+        poller.start()
+        refused = None
+        deadline = time.monotonic() + 0.9
+        while refused is None and time.monotonic() < deadline:
+            try:
+                nic.connect(qp, PEER, 1, 0)  # in time only once the poller waits
+            except RuntimeError as exc:
+                refused = exc
+        poller.join()
+        assert refused is not None and "another thread" in str(refused)
+        nic.post_write(qp, b"", 0, 0, None)  # free again
