@@ -145,7 +145,11 @@ class NativeRnic(RnicBase):
         """Register ``size`` zeroed bytes for remote writes (``ibv_reg_mr``); the core
         holds the region's buffer, which cannot be resized while the NIC lives."""
         mr = self._new_region(size)
-        self._core.add_mr(mr.rkey, mr.va, mr.buf)
+        try:
+            self._core.add_mr(mr.rkey, mr.va, mr.buf)
+        except BaseException:
+            del self.mrs[mr.rkey]  # not registered after all
+            raise
         return mr
 
     def create_qp(self) -> NativeQueuePair:
