@@ -11,9 +11,11 @@ sending them with ``sendmmsg``, receiving with ``recvmmsg`` and every check of
 The identifiers (queue pair numbers, PSNs, R_Keys, addresses) are still picked here, by
 :class:`~hostlib.transport.rnic.RnicBase`, so one seed gives both NICs the same ones.
 
-Two differences, both where the Python NIC would fail: a full socket send buffer waits
-for room (the Python NIC raises :class:`TransportError`), and a peer's address must be a
-dotted IPv4 address (the C core compares addresses as numbers).
+Where the two differ: a full socket send buffer waits for room (the Python NIC raises
+:class:`TransportError`); a peer's address must be a dotted IPv4 address (the C core
+compares addresses as numbers); and :meth:`NativeRnic.poll` takes the whole
+``recvmmsg`` batch (up to 64 frames) it received, so one call may return completions
+the Python NIC returns over several (the same ones, in the same order).
 """
 
 from __future__ import annotations
