@@ -91,6 +91,7 @@ def merge_ranks(
     per_rank: Sequence[Sequence[Any]],
     num_workers: int | None = None,
     collective: str = "allreduce",
+    transport: str | None = None,
 ) -> list[Row]:
     """Merge each rank's per-size results (objects with ``nbytes``, ``count``, ``mean_us``,
     ``wrong``, ``max_abs_err`` and optionally ``retransmits``, ``ran`` and the CPU fields
@@ -130,6 +131,7 @@ def merge_ranks(
                 chosen=(getattr(at[0], "ran", "") or None) if algo == "auto" else None,
                 cpu=worker_cpu(at),
                 collective=collective,
+                transport=transport,
             )
         )
     return rows

@@ -79,6 +79,9 @@ class Row:
     included): a rank had not been running when they expired (the machine stalled)."""
     collective: str = "allreduce"
     """What was timed; ``nbytes`` is its whole vector (see ``bench.config.COLLECTIVES``)."""
+    transport: str | None = None
+    """``ina``: how its ranks reached the switch, ``udp`` or ``rdma`` (RoCEv2); ``None``
+    for the other algorithms."""
 
     @property
     def algbw(self) -> float:
@@ -183,6 +186,7 @@ class Row:
                 late_timers=_whole(doc.get("late_timers", 0)),
                 chosen=None if chosen is None else _text(chosen),
                 collective=_text(doc.get("collective", "allreduce")),
+                transport=None if doc.get("transport") is None else _text(doc["transport"]),
             )
         except KeyError as exc:
             raise ValueError(f"no {exc.args[0]!r}") from None
@@ -212,6 +216,7 @@ class Row:
             "late_answers": self.late_answers,
             "late_timers": self.late_timers,
             **({"chosen": self.chosen} if self.chosen is not None else {}),
+            **({"transport": self.transport} if self.transport is not None else {}),
             **({"cpu": self.cpu.to_json()} if self.cpu is not None else {}),
             **(
                 {"worker_cpu_s_per_gbit": self.worker_cpu_s_per_gbit}

@@ -174,9 +174,8 @@ def _run_algo(
     except KeyboardInterrupt as exc:  # a stop signal: keep the sizes every rank finished
         done = min(len(p) for p in partial)
         if done:
-            rows = merge_ranks(
-                algo, cfg.dtype, [p[:done] for p in partial], cfg.workers, cfg.collective
-            )
+            rows = merge_ranks(algo, cfg.dtype, [p[:done] for p in partial], cfg.workers,
+                               cfg.collective, _transport(cfg, algo))  # fmt: skip
             result.rows += _with_system_cpu(rows, sampler)
         raise SweepInterrupted(result, exc) from exc
     result.wall_s[algo] = time.perf_counter() - start
@@ -188,8 +187,14 @@ def _run_algo(
         for name, n in links_after.items()
         if n > links_before.get(name, 0)
     }
-    rows = merge_ranks(algo, cfg.dtype, per_rank, cfg.workers, cfg.collective)
+    rows = merge_ranks(algo, cfg.dtype, per_rank, cfg.workers, cfg.collective,
+                       _transport(cfg, algo))  # fmt: skip
     result.rows += _with_system_cpu(rows, sampler)
+
+
+def _transport(cfg: BenchConfig, algo: str) -> str | None:
+    """A row's ``transport``: INA's (``--transport``); None for the other algorithms."""
+    return cfg.transport if algo == "ina" else None
 
 
 def _with_system_cpu(rows: list[Row], sampler: CpuSampler) -> list[Row]:

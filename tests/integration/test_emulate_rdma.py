@@ -50,6 +50,7 @@ def _exact(doc: dict[str, Any], sizes: list[int]) -> dict[str, int]:
     rows = doc["rows"]
     assert [(r["algo"], r["size_bytes"]) for r in rows] == [("ina", s) for s in sizes]
     assert all(r["wrong"] == 0 and r["max_abs_err"] == 0 for r in rows), rows
+    assert all(r["transport"] == "rdma" for r in rows)
     counters: dict[str, int] = meta["switch_counters"]["ina"]["s1"]
     assert counters["completed"] > 0 and counters.get("drop_bad_icrc", 0) == 0
     return counters
