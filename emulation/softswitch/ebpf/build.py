@@ -26,6 +26,7 @@ from pathlib import Path
 from emulation.softswitch.ebpf.layout import render_header
 
 __all__ = [
+    "HEADERS",
     "INSTALL_HINT",
     "SOURCE",
     "EbpfBuildError",
@@ -38,6 +39,9 @@ __all__ = [
 
 SOURCE = Path(__file__).with_name("ina.bpf.c")
 """The program, kept in the repository beside this module."""
+
+HEADERS = (Path(__file__).with_name("roce.bpf.h"),)
+"""The files ``SOURCE`` includes from beside it (part of the cached object's identity)."""
 
 INSTALL_HINT = "install clang and libbpf (Debian/Ubuntu: apt-get install clang llvm libbpf-dev)"
 
@@ -108,7 +112,8 @@ def build_program(
     directory = directory or cache_dir()
     digest = hashlib.sha256()
     identity = _clang_identity(clang)
-    for part in (SOURCE.read_bytes(), header.encode(), identity, " ".join(defines).encode()):
+    sources = [path.read_bytes() for path in (SOURCE, *HEADERS)]
+    for part in (*sources, header.encode(), identity, " ".join(defines).encode()):
         digest.update(part + b"\0")
     target = directory / f"ina-{lanes}-{digest.hexdigest()[:16]}.o"
     if target.exists():

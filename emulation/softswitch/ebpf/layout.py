@@ -21,6 +21,7 @@ import socket
 from collections.abc import Sequence
 from typing import Any
 
+from emulation.softswitch.ebpf.icrc import render_tables, shift_tables, slice_tables
 from emulation.softswitch.ebpf.lanes import LANE_HELD, LANE_IN_ORDER
 from hostlib.protocol import (
     EXPONENT_MIN,
@@ -32,10 +33,17 @@ from hostlib.protocol import (
     MAX_WORKERS,
     POOL_SET_BIT,
     PROTOCOL_VERSION,
+    ROCE_BTH_SIZE,
+    ROCE_ICRC_SIZE,
+    ROCE_IMMDT_SIZE,
+    ROCE_QP_REGISTERS,
+    ROCE_RETH_SIZE,
+    ROCE_UDP_PORT,
     SLOT_MASK,
     SWITCH_DROPS,
     SWITCH_STATS,
     PacketType,
+    RoceOpcode,
 )
 
 __all__ = [
@@ -44,6 +52,7 @@ __all__ = [
     "LINK_COUNTS",
     "MAX_PORTS",
     "MAX_REPLICAS",
+    "ROCE_FIELD_MASK",
     "FwdKind",
     "InaCfg",
     "InaDest",
@@ -51,8 +60,13 @@ __all__ = [
     "InaGroup",
     "InaJob",
     "InaPort",
+    "InaRankKey",
     "InaReplica",
     "InaReplicaKey",
+    "InaRoceQp",
+    "InaRoceReply",
+    "InaRoceReplyKey",
+    "InaRoceRequest",
     "InaUpstream",
     "InaWorkerKey",
     "be16",
@@ -96,6 +110,10 @@ LINK_COUNTS = ("offered", "lost", "delivered", "duplicated", "reordered")
 lost, delivered (``offered = lost + delivered``), and of those delivered, how many got an
 extra copy and how many were put in the held-back lane (egress only; no delay line in
 the kernel: ``queue_dropped`` and ``in_flight`` are always 0)."""
+
+
+ROCE_FIELD_MASK = (1 << 24) - 1
+"""The BTH's queue pair and PSN fields: 24 bits (a PSN wraps there)."""
 
 
 class FwdKind:
@@ -235,6 +253,48 @@ class InaPort(ctypes.Structure):
     ]
 
 
+class InaRankKey(ctypes.Structure):
+    """A ``worker_ranks`` key (value: the rank, u32): the workers table read the other
+    way, as ``Pipeline.worker_rank`` does, for the replies of RoCEv2 (``roce.bpf.h``)."""
+
+    _fields_ = [("ip", u32), ("udp_port", u16), ("job", u16)]  # ip, udp_port: be32_ip, be16
+
+
+class InaRoceRequest(ctypes.Structure):
+    """``roce_requests[dest QPN]``: ``roce_tables.RoceRequest`` (ip: be32_ip)."""
+
+    _fields_ = [("job", u32), ("rank", u32), ("qp_reg", u32), ("ip", u32)]
+
+
+class InaRoceReplyKey(ctypes.Structure):
+    """A ``roce_replies`` key: (job, rank, window position)."""
+
+    _fields_ = [("job", u16), ("rank", u8), ("pad", u8), ("position", u32)]
+
+
+class InaRoceReply(ctypes.Structure):
+    """A ``roce_replies`` value: ``roce_tables.RoceReply``."""
+
+    _fields_ = [("va", u64), ("qpn", u32), ("rkey", u32), ("psn_reg", u32), ("pad", u32)]
+
+
+class InaRoceQp(ctypes.Structure):
+    """``roce_qps[register index]``: one queue pair register cell of every array of
+    ``roce_tables.ROCE_ARRAYS`` (the UC responder's state, then the reply PSN), under a
+    lock for the responder's step (the reply PSN is taken by an atomic add)."""
+
+    _fields_ = [
+        ("lock", u32),  # struct bpf_spin_lock
+        ("open", u32),
+        ("expect_psn", u32),
+        ("base", u32),
+        ("seq", u32),
+        ("exponent", s32),
+        ("place", u32),
+        ("reply_psn", u32),
+    ]
+
+
 def slot_struct(lanes: int) -> type[ctypes.Structure]:
     """The ``slots`` map's value for ``lanes`` lanes: both sets of one slot under one
     lock (a packet of set k also clears its bit in set 1-k's bitmap, so one lock per slot
@@ -275,6 +335,11 @@ _STRUCTS: Sequence[type[ctypes.Structure]] = (
     InaUpstream,
     InaFwd,
     InaPort,
+    InaRankKey,
+    InaRoceRequest,
+    InaRoceReplyKey,
+    InaRoceReply,
+    InaRoceQp,
 )
 
 _C_TYPES: dict[Any, str] = {
@@ -343,6 +408,16 @@ def render_header(lanes: int) -> str:
         "FWD_PORT": FwdKind.PORT,
         "FWD_FLOOD": FwdKind.FLOOD,
     }
+    consts |= {
+        "ROCE_UDP_PORT": ROCE_UDP_PORT,
+        "ROCE_BTH_SIZE": ROCE_BTH_SIZE,
+        "ROCE_RETH_SIZE": ROCE_RETH_SIZE,
+        "ROCE_IMMDT_SIZE": ROCE_IMMDT_SIZE,
+        "ROCE_ICRC_SIZE": ROCE_ICRC_SIZE,
+        "ROCE_FIELD_MASK": ROCE_FIELD_MASK,
+        "ROCE_QP_REGISTERS": ROCE_QP_REGISTERS,
+        **{f"ROCE_{op.name}": int(op) for op in RoceOpcode},
+    }
     consts |= {f"C_{name.upper()}": i for i, name in enumerate(COUNTERS)}
     consts |= {f"DIR_{name.upper()}": i for i, name in enumerate(DIRECTIONS)}
     consts |= {f"LINK_{name.upper()}": i for i, name in enumerate(LINK_COUNTS)}
@@ -359,5 +434,7 @@ def render_header(lanes: int) -> str:
     inner: Any = slot._fields_[3][1]
     inner = inner._type_  # InaSet, inside InaSlot
     lines += [_c_struct(inner), _c_struct(slot)]
+    lines.append(render_tables("ina_crc32", slice_tables()))
+    lines.append(render_tables("ina_crc_shift", shift_tables(lanes * LANE_BYTES)))
     lines.append("#endif  /* INA_GEN_H */\n")
     return "\n".join(lines)
