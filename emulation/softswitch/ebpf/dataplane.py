@@ -49,6 +49,7 @@ from emulation.softswitch.ebpf.libbpf import (
     possible_cpus,
     run_program,
 )
+from emulation.softswitch.ebpf.roce_maps import ROCE_MAPS, EbpfRoceTables, roce_map_sizes
 from emulation.softswitch.links import LinkSpec
 from emulation.softswitch.pipeline import (
     Addr,
@@ -59,7 +60,14 @@ from emulation.softswitch.pipeline import (
     RegisterCell,
     SlotState,
 )
-from hostlib.protocol import EXPONENT_MIN, LANES_PER_PACKET, SWITCH_SLOTS
+from emulation.softswitch.roce_tables import ROCE_ARRAYS, RoceTableError, qp_registers
+from hostlib.protocol import (
+    EXPONENT_MIN,
+    LANE_BYTES,
+    LANES_PER_PACKET,
+    ROCE_PMTUS,
+    SWITCH_SLOTS,
+)
 
 __all__ = ["EbpfDataplane"]
 
@@ -89,10 +97,13 @@ class EbpfDataplane(Pipeline):
             each worker at the MAC its own packets came from (else through the kernel's
             route, where the interface forwards), and leave every other frame to the
             host.
+        roce: aggregate INA over RoCEv2 too (``roce.bpf.h``): every frame to UDP port
+            4791 on a switch's ports, those to the one-armed address on its NIC.
         program: a compiled object; by default built (and cached) for ``lanes``.
 
     Raises:
-        ValueError: lanes or slots out of range.
+        ValueError: lanes or slots out of range, or ``roce`` with more lanes than a RoCEv2
+            packet holds (4,096 B).
         EbpfUnavailable, EbpfBuildError: no clang, or it refused the program.
         LibbpfError: no libbpf, or the kernel refused the program or a map.
     """
@@ -105,15 +116,25 @@ class EbpfDataplane(Pipeline):
         *,
         forward_only: bool = False,
         one_armed: str | None = None,
+        roce: bool = False,
         program: Path | None = None,
     ) -> None:
         super().__init__(lanes, slots, drops)
         self.forward_only = forward_only
         self.one_armed = one_armed
+        self.roce_enabled = roce
         self._slot_type = layout.slot_struct(lanes)
-        path = program or build_program(lanes)
-        self.object = BpfObject(path, {"slots": slots})
+        if roce and lanes * LANE_BYTES > max(ROCE_PMTUS):
+            raise ValueError(f"--roce: {lanes} lanes are {lanes * LANE_BYTES} B a packet, more "
+                             f"than RoCEv2's largest path MTU ({max(ROCE_PMTUS)} B)")  # fmt: skip
+        # The RoCEv2 path is compiled in only when asked for: it doubles the verifier's
+        # work (a second caller of the lane loops), which a 2,048-lane program cannot bear.
+        path = program or build_program(lanes, defines=("INA_ROCE",) if roce else ())
+        registers = qp_registers(slots)
+        self.object = BpfObject(path, {"slots": slots, "roce_qps": registers})
         self._maps = self._open_maps()
+        self._roce = EbpfRoceTables(lanes, registers, {n: self._maps[n] for n in ROCE_MAPS})
+        self.roce = self._roce  # what the P4Runtime server's RoCEv2 writes reach
         self._cpus = possible_cpus()
         self._attached: list[TcAttachment] = []
         self._ports: dict[int, str] = {}
@@ -135,6 +156,8 @@ class EbpfDataplane(Pipeline):
             "forward": (8, ctypes.sizeof(layout.InaFwd)),
             "ports": (4, ctypes.sizeof(layout.InaPort)),
             "ifports": (4, 4),
+            "worker_ranks": (ctypes.sizeof(layout.InaRankKey), 4),
+            **roce_map_sizes(),
             "slots": (4, ctypes.sizeof(self._slot_type)),
             "stats": (4, 8),
             "links": (4, 8),
@@ -236,10 +259,12 @@ class EbpfDataplane(Pipeline):
     def insert_worker(self, job_id: int, rank: int, addr: Addr) -> None:
         super().insert_worker(job_id, rank, addr)
         self._maps["workers"].update(self._worker_key(job_id, rank, addr), _U32(1))
+        self._put_rank(job_id, addr)
 
     def delete_worker(self, job_id: int, rank: int, addr: Addr) -> None:
         super().delete_worker(job_id, rank, addr)
         self._maps["workers"].delete(self._worker_key(job_id, rank, addr))
+        self._put_rank(job_id, addr)
 
     def set_group(self, mgid: int, replicas: Sequence[tuple[int, int]]) -> None:
         if len(replicas) > MAX_REPLICAS:
@@ -300,6 +325,7 @@ class EbpfDataplane(Pipeline):
         """Empty every table map, clear the slots, counters and link counters."""
         super().reset()
         for name, key_type in (("jobs", _U32), ("workers", layout.InaWorkerKey),
+                               ("worker_ranks", layout.InaRankKey),
                                ("groups", _U32), ("replicas", layout.InaReplicaKey),
                                ("upstream", _U32), ("forward", _U64)):  # fmt: skip
             table = self._maps[name]
@@ -315,6 +341,15 @@ class EbpfDataplane(Pipeline):
         j = self._job(job_id)
         entry = layout.InaJob(j.num_workers, j.slot_base, j.slot_count, j.mgid)
         self._maps["jobs"].update(_U32(job_id), entry)
+
+    def _put_rank(self, job_id: int, addr: Addr) -> None:
+        """``worker_ranks``: the rank ``worker_rank`` finds at ``addr`` now, if any."""
+        key = layout.InaRankKey(ip=be32_ip(addr[0]), udp_port=be16(addr[1]), job=job_id)
+        rank = self.worker_rank(job_id, addr)
+        if rank is None:
+            self._maps["worker_ranks"].delete(key)
+        else:
+            self._maps["worker_ranks"].update(key, _U32(rank))
 
     @staticmethod
     def _worker_key(job_id: int, rank: int, addr: Addr) -> Any:
@@ -363,6 +398,9 @@ class EbpfDataplane(Pipeline):
         entries: dict[int, Any] = {}
         out = []
         for cell in cells:
+            if cell.array in ROCE_ARRAYS:
+                out.append(self._roce_register(cell))
+                continue
             s, pool_set = self._locate(cell)
             if s not in entries:
                 entries[s] = self._slot(s)
@@ -372,6 +410,9 @@ class EbpfDataplane(Pipeline):
     def register_write(self, cell: RegisterCell, value: int) -> None:
         # Read, change one field, write back (both under the slot's lock, not between:
         # the controller writes registers of slots no packet uses, as bmv2's Thrift does).
+        if cell.array in ROCE_ARRAYS:
+            self._roce_register(cell, value)
+            return
         s, pool_set = self._locate(cell)
         entry = self._slot(s)
         st = entry.sets[pool_set]
@@ -382,6 +423,20 @@ class EbpfDataplane(Pipeline):
         else:
             setattr(st, _SET_FIELDS[cell.array], value)
         self._put_slot(s, entry)
+
+    def _roce_register(self, cell: RegisterCell, value: int | None = None) -> int:
+        """Read (``value`` None) or write a RoCEv2 register cell; what it holds.
+
+        Raises:
+            JobTableError: the index outside the queue pair registers.
+        """
+        try:
+            if value is None:
+                return self._roce.register_read(cell.array, cell.index)
+            self._roce.register_write(cell.array, cell.index, value)
+            return value
+        except RoceTableError as exc:
+            raise JobTableError(str(exc)) from None
 
     def _locate(self, cell: RegisterCell) -> tuple[int, int]:
         """(slot, set) of a register cell; raises JobTableError out of range."""

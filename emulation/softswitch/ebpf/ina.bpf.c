@@ -131,6 +131,15 @@ struct {
     __type(value, __u64);
 } learned SEC(".maps");
 
+/* next_hop's question to the kernel, per CPU: on the stack, its 64 bytes were more than
+ * the RoCEv2 replies' call chain had left (roce.bpf.h). */
+struct {
+    __uint(type, BPF_MAP_TYPE_PERCPU_ARRAY);
+    __uint(max_entries, 1);
+    __type(key, __u32);
+    __type(value, struct bpf_fib_lookup);
+} fib_scratch SEC(".maps");
+
 /* The registers: max_entries is set to the pool's slots per set before loading. */
 struct {
     __uint(type, BPF_MAP_TYPE_ARRAY);
@@ -255,11 +264,11 @@ static __always_inline __u16 ip_checksum(struct iphdr *ip)
 }
 
 /* Rewrite the frame's Ethernet, IPv4 and UDP headers into one from the switch's INA
- * address (`own_mac`/`own_ip`, what the worker sent to) to `dst`, as frames.py's
- * build_result_frame does: IPv4 id 0, DF, TTL 64; UDP from INA_UDP_PORT, checksum 0. */
+ * address (`own_mac`/`own_ip`:`own_port`, what the worker sent to) to `dst`, as frames.py's
+ * build_result_frame does: IPv4 id 0, DF, TTL 64; UDP checksum 0. */
 static __always_inline int rewrite(struct __sk_buff *skb, const __u8 *dst_mac,
                                    const __u8 *own_mac, __be32 own_ip, __be32 dst_ip,
-                                   __be16 dst_port)
+                                   __be16 own_port, __be16 dst_port)
 {
     void *data = (void *)(long)skb->data;
     void *end = (void *)(long)skb->data_end;
@@ -278,7 +287,7 @@ static __always_inline int rewrite(struct __sk_buff *skb, const __u8 *dst_mac,
     ip->daddr = dst_ip;
     ip->check = 0;
     ip->check = ip_checksum(ip);
-    udp->source = bpf_htons(INA_UDP_PORT);
+    udp->source = own_port;
     udp->dest = dst_port;
     udp->check = 0;
     return 0;
@@ -292,6 +301,7 @@ struct origin {
     __be32 src_ip;
     __be32 own_ip;
     __be16 src_port;
+    __be16 own_port; /* INA_UDP_PORT, or ROCE_UDP_PORT */
     __u32 in_port;
 };
 
@@ -314,18 +324,22 @@ static __always_inline int next_hop(struct __sk_buff *skb, __be32 own_ip, __be32
         __builtin_memcpy(mac, known, ETH_ALEN);
         return 0;
     }
-    struct bpf_fib_lookup f = {};
-    f.family = 2; /* AF_INET */
-    f.l4_protocol = IPPROTO_UDP;
-    f.tot_len = IP_BYTES + UDP_BYTES + INA_HEADER_SIZE + INA_PAYLOAD_BYTES;
-    f.ipv4_src = own_ip;
-    f.ipv4_dst = dst_ip;
-    f.ifindex = skb->ifindex;
-    if (bpf_fib_lookup(skb, &f, sizeof(f), BPF_FIB_LOOKUP_OUTPUT) != BPF_FIB_LKUP_RET_SUCCESS)
+    __u32 zero = 0;
+    struct bpf_fib_lookup *f = bpf_map_lookup_elem(&fib_scratch, &zero);
+    if (!f)
         return -1;
-    if (f.ifindex != skb->ifindex)
+    __builtin_memset(f, 0, sizeof(*f));
+    f->family = 2; /* AF_INET */
+    f->l4_protocol = IPPROTO_UDP;
+    f->tot_len = IP_BYTES + UDP_BYTES + INA_HEADER_SIZE + INA_PAYLOAD_BYTES;
+    f->ipv4_src = own_ip;
+    f->ipv4_dst = dst_ip;
+    f->ifindex = skb->ifindex;
+    if (bpf_fib_lookup(skb, f, sizeof(*f), BPF_FIB_LOOKUP_OUTPUT) != BPF_FIB_LKUP_RET_SUCCESS)
         return -1;
-    __builtin_memcpy(mac, f.dmac, ETH_ALEN);
+    if (f->ifindex != skb->ifindex)
+        return -1;
+    __builtin_memcpy(mac, f->dmac, ETH_ALEN);
     return 0;
 }
 
@@ -347,7 +361,7 @@ static __always_inline int emit_one(struct __sk_buff *skb, const struct origin *
     __u32 ifindex = port_ifindex(port, &p);
     if (!ifindex || !p)
         return last ? TC_ACT_SHOT : 0;
-    if (rewrite(skb, mac, o->own_mac, o->own_ip, ip, udp_port) < 0)
+    if (rewrite(skb, mac, o->own_mac, o->own_ip, ip, o->own_port, udp_port) < 0)
         return last ? TC_ACT_SHOT : 0;
     return send_out(skb, port, ifindex, p, last);
 }
@@ -574,7 +588,16 @@ static __always_inline void learn(const struct origin *o)
         bpf_map_update_elem(&learned, &key, &mac, BPF_ANY);
 }
 
-static __always_inline int ina(struct __sk_buff *skb, __u32 in_port, struct ina_cfg *c)
+/* The datagram is what the UDP length says, as far as the frame holds it. */
+static __always_inline __u32 datagram_len(struct __sk_buff *skb, struct udphdr *udp)
+{
+    __u32 n = bpf_ntohs(udp->len);
+    n = n > UDP_BYTES ? n - UDP_BYTES : 0;
+    __u32 avail = skb->len > INA_OFF ? skb->len - INA_OFF : 0;
+    return n > avail ? avail : n;
+}
+
+static __noinline int ina(struct __sk_buff *skb, __u32 in_port, struct ina_cfg *c)
 {
     count(C_RECEIVED);
     if (chance(c->drop_in))
@@ -584,12 +607,7 @@ static __always_inline int ina(struct __sk_buff *skb, __u32 in_port, struct ina_
     struct udphdr *udp = data + ETH_BYTES + IP_BYTES;
     if ((void *)(udp + 1) > end)
         return drop(C_DROP_TRUNCATED);
-    /* The datagram is what the UDP length says, as far as the frame holds it. */
-    __u32 n = bpf_ntohs(udp->len);
-    n = n > UDP_BYTES ? n - UDP_BYTES : 0;
-    __u32 avail = skb->len > INA_OFF ? skb->len - INA_OFF : 0;
-    if (n > avail)
-        n = avail;
+    __u32 n = datagram_len(skb, udp);
     if (n < INA_HEADER_SIZE)
         return drop(C_DROP_TRUNCATED);
     __u32 want = n == INA_HEADER_SIZE + INA_PAYLOAD_BYTES ? INA_FRAME : INA_OFF + INA_HEADER_SIZE;
@@ -609,6 +627,7 @@ static __always_inline int ina(struct __sk_buff *skb, __u32 in_port, struct ina_
     o.src_ip = ip->saddr;
     o.own_ip = ip->daddr;
     o.src_port = udp->source;
+    o.own_port = bpf_htons(INA_UDP_PORT);
     o.in_port = in_port;
     __u8 vt = h->vt;
     __u32 job_id = bpf_ntohs(h->job), rank = h->rank, lanes = bpf_ntohs(h->lanes);
@@ -697,6 +716,8 @@ static __always_inline int ina(struct __sk_buff *skb, __u32 in_port, struct ina_
     return emit_multicast(skb, &o, job_id, job, c);
 }
 
+#include "roce.bpf.h" /* its maps always; its code with INA_ROCE (`inalab switch --roce`) */
+
 /* ------------------------------------------------------------------ forwarding */
 static __always_inline __u64 mac_key(const __u8 *m)
 {
@@ -756,9 +777,10 @@ static __always_inline int forward_frame(struct __sk_buff *skb, __u32 in_port,
 }
 
 /* ------------------------------------------------------------------ the classifier */
-/* Whether the frame is INA (IPv4 without options, not a fragment, UDP to INA_UDP_PORT)
- * and, for a one-armed server (own_ip not 0), addressed to it. */
-static __always_inline int is_ina(struct __sk_buff *skb, __be32 own_ip)
+/* Whether the frame is INA (IPv4 without options, not a fragment, UDP to `port`:
+ * INA_UDP_PORT, or ROCE_UDP_PORT) and, for a one-armed server (own_ip not 0), addressed
+ * to it. */
+static __always_inline int is_ina(struct __sk_buff *skb, __be32 own_ip, __u16 port)
 {
     void *data = (void *)(long)skb->data;
     void *end = (void *)(long)skb->data_end;
@@ -769,7 +791,7 @@ static __always_inline int is_ina(struct __sk_buff *skb, __be32 own_ip)
         return 0;
     return eth->h_proto == bpf_htons(ETH_P_IP) && *(__u8 *)ip == 0x45 &&
            ip->protocol == IPPROTO_UDP && !(ip->frag_off & bpf_htons(0x3FFF)) &&
-           udp->dest == bpf_htons(INA_UDP_PORT) && (!own_ip || ip->daddr == own_ip);
+           udp->dest == bpf_htons(port) && (!own_ip || ip->daddr == own_ip);
 }
 
 SEC("tc")
@@ -807,13 +829,18 @@ int ina_port(struct __sk_buff *skb)
     __u32 head = skb->len < INA_OFF ? skb->len : INA_OFF;
     if (bpf_skb_pull_data(skb, head) < 0)
         return TC_ACT_SHOT;
-    if (c->one_armed) { /* a host's NIC: what is not INA for it is the host's */
-        if (is_ina(skb, c->own_ip))
+    __be32 own_ip = c->one_armed ? c->own_ip : 0;
+    if (c->one_armed || !c->forward_only) {
+        if (is_ina(skb, own_ip, INA_UDP_PORT))
             return ina(skb, in_port, c);
+#ifdef INA_ROCE
+        if (is_ina(skb, own_ip, ROCE_UDP_PORT))
+            return roce(skb, in_port, c);
+#endif
+    }
+    if (c->one_armed) { /* a host's NIC: what is not INA for it is the host's */
         count(C_PASSED_TO_HOST);
         return TC_ACT_OK;
     }
-    if (!c->forward_only && is_ina(skb, 0))
-        return ina(skb, in_port, c);
     return forward_frame(skb, in_port, c);
 }
