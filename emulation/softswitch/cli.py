@@ -119,9 +119,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--roce",
         action="store_true",
         help="also aggregate INA over RoCEv2 (RDMA WRITEs from RNICs, or hostlib's emulated "
-        "one) on UDP port 4791: of --listen's address, or every such datagram on "
-        "--interface ports (docs/protocol.md, 'INA over RoCEv2'); not with --datapath ebpf "
-        "yet",
+        "one) on UDP port 4791: of --listen's address, every such datagram on "
+        "--interface ports (in the kernel with --datapath ebpf), or those to the NIC's "
+        "address with --one-armed (docs/protocol.md, 'INA over RoCEv2')",
     )
     a("--device-id", type=int_in(0), default=0, help="P4Runtime device id (default 0)")
     a(
@@ -366,9 +366,6 @@ def _ports_error(args: argparse.Namespace, ports: dict[int, str]) -> str | None:
     """What is wrong with the port options together (None: nothing)."""
     if len(ports) != len(args.interface):
         return "--interface: a port is given twice"
-    if args.roce and (args.datapath == "ebpf" or args.one_armed):
-        return ("--roce: the eBPF data plane does not aggregate RoCEv2 yet (issue #40); "
-                "use --datapath python")
     if args.datapath == "ebpf":
         if not ports:
             return "--datapath ebpf needs --interface (the program runs on the ports)"
@@ -440,9 +437,8 @@ def _make_ebpf_server(
     from emulation.softswitch.ebpf.server import EbpfSwitchServer, interface_ipv4
 
     own_ip = interface_ipv4(args.one_armed) if args.one_armed else None
-    dataplane = EbpfDataplane(
-        args.lanes, args.slots, drops, forward_only=args.forward_only, one_armed=own_ip
-    )
+    dataplane = EbpfDataplane(args.lanes, args.slots, drops, forward_only=args.forward_only,
+                              one_armed=own_ip, roce=args.roce)  # fmt: skip
     try:
         return EbpfSwitchServer(
             dataplane, ports, args.p4runtime, device_id=args.device_id, links=dict(args.link),

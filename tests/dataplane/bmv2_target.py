@@ -429,10 +429,9 @@ class SoftPortsTarget(Bmv2Target):
         if os.geteuid() != 0:
             raise TargetUnavailable("needs root for veth pairs and raw sockets")
         ports = self._make_ports(vector)
-        roce = ("--roce",) if self.datapath == "python" else ()
         self._switch = SoftSwitchProcess(
             run_dir, name=f"switch-{vector.name}", lanes=vector.lanes, slots=SOFT_SLOTS,
-            interfaces=ports, extra_args=("--datapath", self.datapath, *roce),
+            interfaces=ports, extra_args=("--datapath", self.datapath, "--roce"),
         ).start()  # fmt: skip
         self._control = control_factory()(self._switch.p4runtime_address, None)
         self._control.push_pipeline(None, None)
@@ -463,8 +462,6 @@ class EbpfTarget(SoftPortsTarget):
 
         if (why := ebpf_unavailable()) is not None:
             raise TargetUnavailable(why)
-        if vector.roce:
-            raise TargetUnavailable("the eBPF data plane does not aggregate RoCEv2 yet (#40)")
         super().configure(vector, run_dir)
 
 
@@ -523,7 +520,7 @@ class OneArmedTarget(EbpfTarget):
         _bridge_fdb(SWITCH_MAC, nic_peer)
         self._switch = SoftSwitchProcess(
             run_dir, name=f"switch-{vector.name}", lanes=vector.lanes, slots=SOFT_SLOTS,
-            extra_args=("--one-armed", nic),
+            extra_args=("--one-armed", nic, "--roce"),
         ).start()  # fmt: skip
         self._control = control_factory()(self._switch.p4runtime_address, None)
         self._control.push_pipeline(None, None)
