@@ -10,8 +10,11 @@
  *   multicast to the job's replicas (bpf_clone_redirect per copy, bpf_redirect for the
  *   last), the unicast answer to a retransmission out of its ingress port, or the
  *   partial sum sent to the upstream switch (hierarchical aggregation);
+ * - with INA_ROCE (`inalab switch --roce`), IPv4/UDP to ROCE_UDP_PORT: INA over RoCEv2,
+ *   a UC RDMA WRITE aggregated as the soft switch's roce.py does, through the same slot
+ *   code, answered by WRITEs with their ICRC (roce.bpf.h);
  * - anything else: the forwarder table by destination MAC (a port, a flood group but
- *   the ingress port, or drop).
+ *   the ingress port, or drop: forward.bpf.h).
  * Frames leave through bpf_redirect to the egress port's device, so the port's egress
  * qdisc (HTB: the link's bandwidth) still shapes them. A port's emulated link loses and
  * duplicates frames on egress, and with its ingress flag on ingress too (links.py's
@@ -29,7 +32,7 @@
  *
  * One-armed (cfg.one_armed: a reduction server, `inalab switch --one-armed IFACE`): the
  * program sits on the ingress of a host's only NIC. INA packets to the host's address
- * (cfg.own_ip) are aggregated as above, and every answer leaves by that NIC to the next
+ * (cfg.own_ip), over UDP or (with INA_ROCE) RoCEv2, are aggregated as above, and every answer leaves by that NIC to the next
  * hop toward its worker (the MAC the worker's own packets came from, else the kernel's
  * routes and neighbour table: next_hop), so results are unicast datagrams from the
  * host's address; every other frame (ARP, SSH,
@@ -718,63 +721,7 @@ static __noinline int ina(struct __sk_buff *skb, __u32 in_port, struct ina_cfg *
 
 #include "roce.bpf.h" /* its maps always; its code with INA_ROCE (`inalab switch --roce`) */
 
-/* ------------------------------------------------------------------ forwarding */
-static __always_inline __u64 mac_key(const __u8 *m)
-{
-    return ((__u64)m[0] << 40) | ((__u64)m[1] << 32) | ((__u64)m[2] << 24) |
-           ((__u64)m[3] << 16) | ((__u64)m[4] << 8) | (__u64)m[5];
-}
-
-static __always_inline int flood(struct __sk_buff *skb, __u32 mgid, __u32 in_port)
-{
-    struct ina_group *g = bpf_map_lookup_elem(&groups, &mgid);
-    if (!g)
-        return TC_ACT_SHOT;
-    __u32 n = g->count;
-    for (__u32 i = 0; i < INA_MAX_REPLICAS; i++) {
-        if (i >= n)
-            break;
-        g = bpf_map_lookup_elem(&groups, &mgid);
-        if (!g)
-            break;
-        __u32 port = g->replicas[i].port;
-        if (port == in_port)
-            continue; /* forwarder.p4: no flooded copy back out of its ingress port */
-        struct ina_port *p;
-        __u32 ifindex = port_ifindex(port, &p);
-        if (!ifindex || !p)
-            continue;
-        send_out(skb, port, ifindex, p, 0);
-    }
-    return TC_ACT_SHOT;
-}
-
-static __always_inline int forward_frame(struct __sk_buff *skb, __u32 in_port,
-                                         struct ina_cfg *c)
-{
-    void *data = (void *)(long)skb->data;
-    void *end = (void *)(long)skb->data_end;
-    struct ethhdr *eth = data;
-    if ((void *)(eth + 1) > end)
-        return drop(C_NOT_FORWARDED);
-    __u64 mac = mac_key(eth->h_dest);
-    struct ina_fwd *f = bpf_map_lookup_elem(&forward, &mac);
-    __u32 kind = f ? f->kind : c->fwd_kind;
-    __u32 value = f ? f->value : c->fwd_value;
-    if (kind == FWD_PORT) {
-        struct ina_port *p;
-        __u32 ifindex = port_ifindex(value, &p);
-        if (!ifindex || !p)
-            return drop(C_NOT_FORWARDED);
-        count(C_FORWARDED);
-        return send_out(skb, value, ifindex, p, 1);
-    }
-    if (kind == FWD_FLOOD) {
-        count(C_FORWARDED);
-        return flood(skb, value, in_port);
-    }
-    return drop(C_NOT_FORWARDED);
-}
+#include "forward.bpf.h" /* the forwarder: mac_key, flood, forward_frame */
 
 /* ------------------------------------------------------------------ the classifier */
 /* Whether the frame is INA (IPv4 without options, not a fragment, UDP to `port`:
