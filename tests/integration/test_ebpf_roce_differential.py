@@ -188,3 +188,22 @@ def test_the_program_counts_and_answers_as_the_reference(
             step += 1
     counters = dp.counters()
     assert counters["completed"] > 0 and counters["drop_bad_icrc"] > 0, counters
+
+
+def test_replies_dropped_at_egress_leave_the_same_psn_gap(
+    planes: tuple[RoceFront, EbpfDataplane],
+) -> None:
+    front, dp = planes
+    rng = random.Random(7)
+    workers = [Worker(rank, rng) for rank in range(WORKERS)]
+    step = 0
+    for use, egress in enumerate((1.0, 0.0, 1.0, 0.0)):  # PSNs taken, then the gap seen
+        for plane in (front.pipeline, dp):
+            plane.set_drop_rates(egress=egress)
+        for w in workers:
+            for frame in w.message(0, use + 1, use % 2):  # one position: one PSN register
+                _check(front, dp, _frame(w.rank, ROCE_UDP_PORT, _sealed(frame, w.rank,
+                       ROCE_UDP_PORT)), w.rank, ROCE_UDP_PORT, step)  # fmt: skip
+                step += 1
+    counters = dp.counters()
+    assert counters["drop_sim_egress"] == 2 * M * WORKERS and counters["results_sent"] > 0
