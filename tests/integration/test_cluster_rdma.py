@@ -5,9 +5,8 @@ on its machine's address; rank 0 installs the job and its RoCEv2 queue pairs ove
 P4Runtime with mutual TLS on a reduction server on another machine. int32 results are
 exact and went through the server.
 
-The server is ``inalab switch --roce`` on a UDP socket (the Python data plane): the eBPF
-one-armed server does not serve RoCEv2 yet. When it does, ``FRONTS`` gains its
-``("--one-armed", "eth0")``.
+The server is ``inalab switch --roce``, the eBPF one-armed data plane on its machine's
+``eth0`` as the cluster recipe runs it, and the Python data plane on a UDP socket.
 """
 
 from __future__ import annotations
@@ -40,7 +39,10 @@ NET, AGG, RANKS, JOB = 83, 100, 3, 44
 LANES = 256
 """1 KiB packets: a RoCE path MTU that a 1500-byte link carries with its headers."""
 ELEMENTS, CALLS, SEED = 100_003, 2, 5
-FRONTS = [pytest.param(("--listen", f"10.{NET}.0.{AGG}:20033"), id="python-socket")]
+FRONTS = [
+    pytest.param(("--one-armed", "eth0"), id="ebpf-one-armed", marks=pytest.mark.ebpf),
+    pytest.param(("--listen", f"10.{NET}.0.{AGG}:20033"), id="python-socket"),
+]
 
 
 @pytest.fixture(scope="module")
