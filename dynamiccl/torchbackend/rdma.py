@@ -108,7 +108,8 @@ def _outcome(options: InaOptions, shared: str) -> dict[str, Any]:
 
 def open_device(options: InaOptions, pmtu: int, max_message: int) -> Any:
     """This rank's RDMA device on its address (:attr:`InaOptions.local_ip`): an emulated
-    RNIC, or the verbs device ``options.rdma_device`` names.
+    RNIC (:func:`hostlib.native.emulated_rnic`), or the verbs device
+    ``options.rdma_device`` names.
 
     Raises:
         InaSetupError: verbs cannot run here (the probe's one-line reason), or the
@@ -117,9 +118,9 @@ def open_device(options: InaOptions, pmtu: int, max_message: int) -> Any:
     """
     address = options.local_ip
     if options.rdma_device is None:
-        from hostlib.transport.rnic import EmulatedRnic
+        from hostlib.native import emulated_rnic
 
-        return EmulatedRnic(address, pmtu=pmtu)
+        return emulated_rnic(address, pmtu)  # the host engine's: native where built
     from hostlib.transport.verbs import VerbsDevice, verbs_unavailable
 
     named = f"{ENV_RDMA_DEVICE}={options.rdma_device}"

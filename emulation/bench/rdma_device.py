@@ -13,13 +13,9 @@ import ipaddress
 from pathlib import Path
 from typing import Any
 
-from hostlib import rocev2
-from hostlib.protocol import ROCE_BTH_SIZE, ROCE_ICRC_SIZE
-from hostlib.transport.rnic import EmulatedRnic
 from hostlib.transport.verbs import SYSFS, verbs_unavailable
 
 __all__ = [
-    "IcrcOptionalRnic",
     "RdmaDeviceError",
     "check_rdma_device",
     "open_rdma_device",
@@ -75,8 +71,9 @@ def check_rdma_device(device: str, workers: int, sysfs: Path = SYSFS) -> list[st
 def open_rdma_device(
     device: str | None, rank: int, address: str, pmtu: int, max_message: int
 ) -> Any:
-    """Rank ``rank``'s RDMA device: an emulated RNIC on ``address`` (``device`` None), else
-    a :class:`~hostlib.transport.verbs.VerbsDevice` on ``device``'s rank-th RoCEv2 address.
+    """Rank ``rank``'s RDMA device: an emulated RNIC on ``address`` (``device`` None; the
+    host engine's, :func:`hostlib.native.emulated_rnic`), else a
+    :class:`~hostlib.transport.verbs.VerbsDevice` on ``device``'s rank-th RoCEv2 address.
 
     Raises:
         ValueError: ``pmtu`` is not an RDMA MTU.
@@ -84,29 +81,12 @@ def open_rdma_device(
         RdmaDeviceError: the device has no address for this rank.
     """
     if device is None:
-        return IcrcOptionalRnic(address, pmtu=pmtu)
+        from hostlib.native import emulated_rnic
+
+        return emulated_rnic(address, pmtu)
     from hostlib.transport.verbs import VerbsDevice
 
     addresses = roce_addresses(device)
     if rank >= len(addresses):
         raise RdmaDeviceError(f"--rdma-device {device}: no RoCEv2 address for rank {rank}")
     return VerbsDevice(addresses[rank], pmtu=pmtu, max_message=max_message)
-
-
-class IcrcOptionalRnic(EmulatedRnic):
-    """An emulated RNIC whose ICRC check can be turned off, as hosts do for a P4 switch's
-    replies (their ICRC is 0: docs/rdma.md, "The ICRC and the MTU"). Off, a received
-    frame's ICRC is taken as right (rewritten before the RNIC's own checks, which then
-    pass), so every other check still runs.
-
-    Stands in for a ``check_icrc`` option of :class:`EmulatedRnic` itself.
-    """
-
-    check_icrc = True
-
-    def on_frame(self, data: memoryview, src: tuple[str, int]) -> None:
-        if not self.check_icrc and len(data) >= ROCE_BTH_SIZE + ROCE_ICRC_SIZE:
-            body = data[:-ROCE_ICRC_SIZE]
-            crc = rocev2.icrc(src[0], self.address, src[1], body)
-            data[-ROCE_ICRC_SIZE:] = crc.to_bytes(ROCE_ICRC_SIZE, "little")
-        super().on_frame(data, src)

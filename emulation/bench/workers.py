@@ -332,7 +332,9 @@ def _join_ina_rdma(plan: WorkerPlan, conn: Connection, num_workers: int) -> Any:
         switch = (str(msg[2][0]), ROCE_UDP_PORT)
         transport.connect_switch(switch[0], msg[4])
         if not msg[5] and hasattr(nic, "check_icrc"):
-            nic.check_icrc = False  # a verbs device's ICRC check is the RNIC's setting
+            # A P4 switch's replies carry ICRC 0 (docs/rdma.md); a verbs device's check is
+            # the RNIC's own setting.
+            nic.check_icrc = False
         spec = JobSpec(job_id=msg[1], rank=msg[3], num_workers=num_workers, switch=switch,
                        lanes=m * plan.lanes, slots=plan.slots // m)  # fmt: skip
         return InaSession(spec, transport, RetryPolicy(deadline=plan.timeout))
