@@ -48,6 +48,7 @@ __all__ = [
     "ENV_PORT",
     "ENV_PROFILE",
     "ENV_RDMA_DEVICE",
+    "ENV_RDMA_ICRC",
     "ENV_SLOTS",
     "ENV_SWITCH",
     "ENV_SWITCH_RANK",
@@ -145,6 +146,10 @@ is at most 2,048 and which divides :data:`ENV_SLOTS` (default
 ENV_RDMA_DEVICE = "INALAB_RDMA_DEVICE"
 """``rdma``: a verbs device (e.g. ``mlx5_0``, ``rxe0``) whose RoCEv2 GID holds this rank's
 address, instead of an emulated RNIC (:class:`hostlib.transport.verbs.VerbsDevice`)."""
+ENV_RDMA_ICRC = "INALAB_RDMA_ICRC"
+"""``rdma``: ``0`` turns the emulated RNIC's ICRC check off, for a P4 switch (bmv2, a
+Tofino) whose replies carry ICRC 0 (docs/rdma.md, "The ICRC and the MTU"); default
+``1``. A verbs device's check is the RNIC's own setting."""
 ENV_GLOO_IFNAME = "GLOO_SOCKET_IFNAME"
 """torch's own variable: the interfaces Gloo binds. Unset, the ``"ina"`` group sets it,
 for its process, to the interface this host's routes use toward ``MASTER_ADDR``
@@ -218,6 +223,8 @@ class InaOptions:
         msg_packets: ``rdma``: packets per message (:data:`ENV_MSG_PACKETS`).
         rdma_device: ``rdma``: a verbs device instead of an emulated RNIC
             (:data:`ENV_RDMA_DEVICE`).
+        check_icrc: ``rdma``: the emulated RNIC checks the replies' ICRC
+            (:data:`ENV_RDMA_ICRC`).
 
     Raises:
         ValueError: a field out of range, a job installed already without ``lanes``, or
@@ -245,6 +252,7 @@ class InaOptions:
     transport: str = "udp"
     msg_packets: int = DEFAULT_MSG_PACKETS
     rdma_device: str | None = None
+    check_icrc: bool = True
 
     def __post_init__(self) -> None:
         if not 0 <= self.job_id <= 0xFFFF:
@@ -360,6 +368,7 @@ class InaOptions:
                 transport=env.get(ENV_TRANSPORT, "").strip().lower() or "udp",
                 msg_packets=number(ENV_MSG_PACKETS) or DEFAULT_MSG_PACKETS,
                 rdma_device=env.get(ENV_RDMA_DEVICE) or None,
+                check_icrc=_flag(env, ENV_RDMA_ICRC, default=True),
             )
         except ValueError as exc:  # ProfileError is a ValueError
             raise InaSetupError(f"bad INALAB_* setting: {exc}") from None

@@ -120,7 +120,9 @@ def open_device(options: InaOptions, pmtu: int, max_message: int) -> Any:
     if options.rdma_device is None:
         from hostlib.native import emulated_rnic
 
-        return emulated_rnic(address, pmtu)  # the host engine's: native where built
+        nic = emulated_rnic(address, pmtu)  # the host engine's: native where built
+        nic.check_icrc = options.check_icrc
+        return nic
     from hostlib.transport.verbs import VerbsDevice, verbs_unavailable
 
     named = f"{ENV_RDMA_DEVICE}={options.rdma_device}"

@@ -28,6 +28,21 @@ def test_rdma_options_from_the_environment() -> None:
     assert (options.transport, options.msg_packets, options.rdma_device) == ("rdma", 4, None)
     assert InaOptions.from_env({**BASE, "INALAB_TRANSPORT": "UDP "}).transport == "udp"
     assert InaOptions.from_env({**BASE, "INALAB_TRANSPORT": ""}).transport == "udp"
+    assert (
+        options.check_icrc and not InaOptions.from_env({**BASE, "INALAB_RDMA_ICRC": "0"}).check_icrc
+    )
+
+
+def test_the_emulated_rnic_checks_the_icrc_as_told() -> None:
+    for flag, on in (("1", True), ("0", False)):
+        options = InaOptions.from_env(
+            {**BASE, "INALAB_RDMA_ICRC": flag, "INALAB_BIND": "127.0.7.1"}
+        )
+        nic = rdma.open_device(options, 1024, 2048)
+        try:
+            assert nic.check_icrc is on
+        finally:
+            nic.close()
 
 
 @pytest.mark.parametrize(
@@ -47,6 +62,7 @@ def test_rdma_options_from_the_environment() -> None:
           "INALAB_P4RUNTIME": "127.0.0.1:9559,127.0.0.2:9559"}, "rdma runs on one aggregator"),
         ({"INALAB_TRANSPORT": "udp", "INALAB_RDMA_DEVICE": "mlx5_0"},
          "INALAB_RDMA_DEVICE needs INALAB_TRANSPORT=rdma"),
+        ({"INALAB_RDMA_ICRC": "no"}, "INALAB_RDMA_ICRC='no': give 0 or 1"),
     ],
 )  # fmt: skip
 def test_bad_rdma_settings_are_one_clear_error(extra: dict[str, str], message: str) -> None:
