@@ -163,6 +163,7 @@ class Send:
     payload: bytes
     to: Forward | None = None
     icrc: str | None = None  # a RoCEv2 frame's ICRC when sent: "good" or "bad"
+    truncate: int | None = None  # a RoCEv2 frame cut to this many bytes once sealed
 
 
 @dataclass(frozen=True)
@@ -442,7 +443,8 @@ def _expect(value: Any, at: _Where, ctx: _Ctx) -> Expected:
 
 
 _ROCE_SEND = ({"job_id", "opcode", "psn", "seq"},
-              {"position", "exponent", "set", "slot", "qpn", "rkey", "dma_length", "icrc"})
+              {"position", "exponent", "set", "slot", "qpn", "rkey", "dma_length", "icrc",
+               "truncate"})
 _ROCE_EXPECT = ({"job_id", "opcode", "seq"}, {"position", "exponent", "reply"})
 
 
@@ -472,7 +474,10 @@ def _roce_send(value: Any, at: _Where, ctx: _Ctx) -> Send:
     s, r, job = _roce_fields(value, at, ctx, _ROCE_SEND)
     lanes = _lanes(s.get("lanes", []), at / "lanes", ctx)
     payload = request_frame(r, job, ctx.qpns, lanes)
-    return Send(r["port"], payload, ROCE, r.get("icrc", "good"))
+    cut = None
+    if "truncate" in r:
+        cut = _int(r["truncate"], at / "roce" / "truncate", 0, len(payload) - 1)
+    return Send(r["port"], payload, ROCE, r.get("icrc", "good"), cut)
 
 
 def _roce_expect(value: Any, at: _Where, ctx: _Ctx) -> Expected:
@@ -752,6 +757,8 @@ def _do_send(step: Step, target: Target, baseline: _Counters, vector: Vector) ->
         payload = s.payload
         if s.icrc is not None:
             payload = seal(payload, *target.roce_ips(s.port), s.icrc)
+        if s.truncate is not None:
+            payload = payload[: s.truncate]
         target.send(s.port, payload, s.to)
     return baseline
 
