@@ -7,14 +7,17 @@ The cluster (``tests/cluster.py``): four worker machines at ``--worker-mbit`` an
 aggregator machines on one Linux bridge, every link shaped by HTB. Three set-ups, one
 after another on fresh clusters: Gloo's ring allreduce (torch.distributed, TCP) between
 the workers; INA through one ``inalab switch --one-armed`` at ``--agg-mbit``; INA
-striped across two aggregators at half that rate each. Each runs ``--warmup`` + ``--calls``
-int32 allreduces of ``--size`` bytes per rank; a row's time is the slowest rank's mean
-over the timed calls. Bytes per call are the veths' counters over all calls divided by
-their number, beside the theory (INA: a worker sends and receives the message once, in
-frames of 4 x lanes bytes with INA's 16-byte header and UDP, IPv4 and Ethernet's 42; an
-aggregator n/K times that; ring: 2(n-1)/n of the message, TCP's headers not counted). With the
-kernel's BPF statistics on, the aggregator's program time per frame is read from its
-program's fdinfo (``run_time_ns / run_cnt``): where the aggregator's time goes.
+striped across two aggregators at half that rate each (``--setups``: which of them; its
+``rdma`` adds INA over RoCEv2 through one one-armed aggregator serving ``--roce``, the
+``"ina"`` torch backend's ranks on emulated RNICs, ``INALAB_TRANSPORT=rdma``). Each runs
+``--warmup`` + ``--calls`` int32 allreduces of ``--size`` bytes per rank; a row's time
+is the slowest rank's mean over the timed calls. Bytes per call are the veths' counters
+over all calls divided by their number, beside the theory (INA: a worker sends and
+receives the message once, in frames of 4 x lanes bytes with INA's 16-byte header and
+UDP, IPv4 and Ethernet's 42; an aggregator n/K times that; ring: 2(n-1)/n of the
+message, TCP's headers not counted). With the kernel's BPF statistics on, the
+aggregator's program time per frame is read from its program's fdinfo (``run_time_ns /
+run_cnt``): where the aggregator's time goes.
 """
 
 from __future__ import annotations
@@ -38,7 +41,13 @@ sys.path.insert(0, str(REPO))
 from cluster import Cluster, Machine, one_armed_server  # noqa: E402
 
 from emulation.argtypes import size as size_argument  # noqa: E402
-from hostlib.protocol import HEADER_SIZE  # noqa: E402
+from hostlib.protocol import (  # noqa: E402
+    HEADER_SIZE,
+    ROCE_BTH_SIZE,
+    ROCE_ICRC_SIZE,
+    ROCE_IMMDT_SIZE,
+    ROCE_RETH_SIZE,
+)
 
 WORKERS = 4
 JOB = 9
@@ -204,6 +213,66 @@ def ina(
     return row
 
 
+def ina_rdma(args: argparse.Namespace, size: int, tls: Path, run: Path) -> dict[str, Any]:
+    """INA over RoCEv2 through one ``inalab switch --one-armed eth0 --roce`` at
+    ``--agg-mbit``: ``"ina"`` torch ranks (``tests/torch_worker.py``) on emulated RNICs,
+    configured by ``INALAB_TRANSPORT=rdma`` and the other ``INALAB_*`` variables; rank 0
+    installs the job and its queue pairs."""
+    names = {f"w{r}": r + 1 for r in range(WORKERS)} | {"agg0": 100}
+    rates = dict.fromkeys(names, args.worker_mbit) | {"agg0": args.agg_mbit}
+    lanes, m = args.rdma_lanes, args.msg_packets
+    with Cluster(names, net=80, rates=rates, mtu=args.mtu) as c:
+        workers, agg = [c[f"w{r}"] for r in range(WORKERS)], c["agg0"]
+        files = f"{tls}/switch.crt,{tls}/switch.key,{tls}/ca.crt"
+        with one_armed_server(agg, run / "rdma-agg0", files, "--roce", "--lanes", str(lanes),
+                              "--slots", "256") as server:  # fmt: skip
+            host, port = server["data"]
+            base = {**os.environ, "PYTHONPATH": f"{REPO}:{REPO / 'tests'}",
+                    "GLOO_SOCKET_IFNAME": "eth0", "OMP_NUM_THREADS": "1",
+                    "WORLD_SIZE": str(WORKERS), "MASTER_ADDR": workers[0].ip,
+                    "MASTER_PORT": "29512", "INALAB_TRANSPORT": "rdma",
+                    "INALAB_MSG_PACKETS": str(m), "INALAB_SWITCH": f"{host}:{port}",
+                    "INALAB_P4RUNTIME": server["p4runtime"],
+                    "INALAB_P4RUNTIME_TLS": f"{tls}/ctl.crt,{tls}/ctl.key,{tls}/ca.crt",
+                    "INALAB_JOB": str(JOB), "INALAB_SLOTS": str(args.slots),
+                    "INALAB_DEADLINE": "60"}  # fmt: skip
+            spec = json.dumps({"elements": size // 4, "calls": args.warmup + args.calls,
+                               "seed": 1})  # fmt: skip
+            machines = [*workers, agg]
+            before = {mc.name: _counters(mc) for mc in machines}
+            procs = [
+                subprocess.Popen(w.command([sys.executable, str(REPO / "tests" / "torch_worker.py"),
+                                            spec]),
+                                 stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                                 env={**base, "RANK": str(r)})
+                for r, w in enumerate(workers)
+            ]  # fmt: skip
+            reports = []
+            for p in procs:
+                out, err = p.communicate(timeout=1800)
+                if p.returncode != 0:
+                    raise RuntimeError(f"a rank failed ({p.returncode}): {err[-3000:]}")
+                reports.append(json.loads(out.strip().splitlines()[-1]))
+        if len({tuple(r["sha256"]) for r in reports}) != 1:
+            raise RuntimeError("the ranks' results differ")
+        row = _row(f"ina over RoCEv2 (emulated RNIC), 1 aggregator at {args.agg_mbit:g} Mbit/s",
+                   reports, args.warmup, size)  # fmt: skip
+        _traffic(row, machines, before, args.warmup + args.calls)
+    row["theory_worker_each_way"] = rdma_bytes(size, lanes, m)
+    row["theory_aggregator_each_way"] = WORKERS * row["theory_worker_each_way"]
+    return row
+
+
+def rdma_bytes(size: int, lanes: int, m: int) -> int:
+    """Bytes on the wire each way per worker and call over RoCEv2: messages of ``m``
+    packets of ``lanes`` lanes (the last block padded to a whole message), each packet
+    with Ethernet, IPv4, UDP, BTH and ICRC (42 + 16), a message's first with a RETH (16)
+    and its last with an ImmDt (4)."""
+    messages = -(-size // 4 // (m * lanes))
+    return messages * (m * (WIRE_HEADERS + ROCE_BTH_SIZE + ROCE_ICRC_SIZE + 4 * lanes)
+                       + ROCE_RETH_SIZE + ROCE_IMMDT_SIZE)  # fmt: skip
+
+
 def gloo_worker(spec: dict[str, Any]) -> None:
     import torch
     import torch.distributed as dist
@@ -237,6 +306,13 @@ def main() -> int:
     parser.add_argument("--worker-mbit", type=float, default=1000.0)
     parser.add_argument("--agg-mbit", type=float, default=4000.0,
                         help="one aggregator's link; two get half each")  # fmt: skip
+    parser.add_argument("--setups", default="gloo,ina1,ina2",
+                        help="comma list of gloo, ina1, ina2 (one or two aggregators) and rdma"
+                        " (INA over RoCEv2, one aggregator) (default gloo,ina1,ina2)")  # fmt: skip
+    parser.add_argument("--rdma-lanes", type=int, default=1024,
+                        help="rdma: lanes per packet, a path MTU (default 1024)")  # fmt: skip
+    parser.add_argument("--msg-packets", type=int, default=2,
+                        help="rdma: packets per RDMA message (default 2)")  # fmt: skip
     parser.add_argument("--json", type=Path)
     args = parser.parse_args()
     size = args.size
@@ -245,7 +321,16 @@ def main() -> int:
         ips = ",".join(f"10.80.0.{100 + k}" for k in range(2))
         subprocess.run(["bash", str(REPO / "examples" / "make-certs.sh"), str(tls),
                         f"switch:{ips}", "ctl"], check=True, capture_output=True)  # fmt: skip
-        rows = [gloo(args, size), ina(args, size, 1, tls, run), ina(args, size, 2, tls, run)]
+        setups = {
+            "gloo": lambda: gloo(args, size),
+            "ina1": lambda: ina(args, size, 1, tls, run),
+            "ina2": lambda: ina(args, size, 2, tls, run),
+            "rdma": lambda: ina_rdma(args, size, tls, run),
+        }
+        chosen = args.setups.split(",")
+        if unknown := [s for s in chosen if s not in setups]:
+            parser.error(f"--setups: unknown {', '.join(unknown)} (of {', '.join(setups)})")
+        rows = [setups[s]() for s in chosen]
     for row in rows:
         print(json.dumps(row))
     if args.json:

@@ -2,8 +2,9 @@
 environment, as a cluster's rank under ``torchrun`` is (``INALAB_*``, ``RANK``,
 ``WORLD_SIZE``, ``MASTER_ADDR``, ``MASTER_PORT``): for tests that place ranks in network
 namespaces (``tests/cluster.py``). Runs ``calls`` int32 all_reduces of ``elements``
-elements and prints one JSON line: the rank, each result's sha256, and whether the
-calls went through the switch.
+elements, each after a barrier, and prints one JSON line: the rank, each result's
+sha256, each call's seconds, whether the calls went through the switch and on what
+transport.
 
     PYTHONPATH=.:tests python tests/torch_worker.py '{"elements": 100000, "calls": 3, "seed": 1}'
 
@@ -16,6 +17,7 @@ import hashlib
 import json
 import os
 import sys
+import time
 from datetime import timedelta
 
 import torch
@@ -31,16 +33,19 @@ def main(spec: dict) -> None:
                             timeout=timedelta(seconds=60))  # fmt: skip
     pg = dist.group.WORLD
     seq = pg.session.next_seq  # type: ignore[union-attr]
-    digests = []
+    digests, seconds = [], []
     for call in range(spec["calls"]):
         x = torch.from_numpy(inputs(spec["seed"], rank, call, spec["elements"], "int32"))
+        dist.barrier()  # every rank starts the call together, as cluster_bench's Gloo ranks
+        start = time.monotonic()
         dist.all_reduce(x)
+        seconds.append(time.monotonic() - start)
         digests.append(hashlib.sha256(x.numpy().tobytes()).hexdigest())
     through = pg.session.next_seq > seq  # type: ignore[union-attr]
     transport = type(pg.session.transport).__name__  # type: ignore[union-attr]
     dist.destroy_process_group()
-    print(json.dumps({"rank": rank, "sha256": digests, "through_switch": through,
-                      "transport": transport}), flush=True)  # fmt: skip
+    print(json.dumps({"rank": rank, "sha256": digests, "seconds": seconds,
+                      "through_switch": through, "transport": transport}), flush=True)  # fmt: skip
 
 
 if __name__ == "__main__":

@@ -108,3 +108,27 @@ def test_torch_ranks_on_their_machines_sum_exactly_over_roce(
     for out in outs:
         assert out["sha256"] == want and out["through_switch"], out
         assert out["transport"] == "RdmaTransport", out
+
+
+@pytest.mark.ebpf
+@pytest.mark.timeout(300)
+def test_the_cluster_bench_counts_roce_traffic_as_the_theory_says(tmp_path: Path) -> None:
+    out = tmp_path / "cluster.json"
+    proc = subprocess.run(
+        [sys.executable, str(REPO / "tests" / "cluster_bench.py"), "--size", "1M", "--calls",
+         "3", "--warmup", "0", "--setups", "rdma", "--json", str(out)],
+        capture_output=True, text=True, timeout=280,
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    (row,) = json.loads(out.read_text())["rows"]
+    assert row["setup"].startswith("ina over RoCEv2") and row["time_s"] > 0
+    # Every frame once each way (no loss here), plus the torch ranks' own TCP: the
+    # store and Gloo's barriers, most of it at rank 0's machine (the master).
+    worker = row["theory_worker_each_way"]
+    for r in range(4):
+        slack = 1.2 if r == 0 else 1.03
+        for way in ("sent", "received"):
+            assert worker <= row[f"w{r}_{way}_per_call"] <= slack * worker, (r, way, row)
+    aggregator = row["theory_aggregator_each_way"]
+    for way in ("sent", "received"):
+        assert aggregator <= row[f"agg0_{way}_per_call"] <= 1.05 * aggregator, (way, row)
