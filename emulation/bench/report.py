@@ -132,9 +132,17 @@ def merge_ranks(
                 cpu=worker_cpu(at),
                 collective=collective,
                 transport=transport,
+                sent_bytes=_sent_bytes(at),
             )
         )
     return rows
+
+
+def _sent_bytes(at: Sequence[Any]) -> int | None:
+    """The hosts' bytes per call: each host's head rank measured its link (the others
+    report ``None``); ``None`` when no rank had a link of its own."""
+    sent = [s for r in at if (s := getattr(r, "sent_bytes", None)) is not None]
+    return sum(sent) if sent else None
 
 
 # ----------------------------------------------------------------- table

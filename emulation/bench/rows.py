@@ -82,6 +82,11 @@ class Row:
     transport: str | None = None
     """``ina``: how its ranks reached the switch, ``udp`` or ``rdma`` (RoCEv2); ``None``
     for the other algorithms."""
+    sent_bytes: int | None = None
+    """Bytes per call the hosts put on their links (Ethernet frames, by the interfaces'
+    transmit counters over the timed calls), summed over hosts: headers, retransmissions
+    and (Gloo) TCP's acknowledgements included. ``None`` where ranks share no link of
+    their own (loopback)."""
 
     @property
     def algbw(self) -> float:
@@ -187,6 +192,7 @@ class Row:
                 chosen=None if chosen is None else _text(chosen),
                 collective=_text(doc.get("collective", "allreduce")),
                 transport=None if doc.get("transport") is None else _text(doc["transport"]),
+                sent_bytes=None if doc.get("sent_bytes") is None else _whole(doc["sent_bytes"]),
             )
         except KeyError as exc:
             raise ValueError(f"no {exc.args[0]!r}") from None
@@ -217,6 +223,7 @@ class Row:
             "late_timers": self.late_timers,
             **({"chosen": self.chosen} if self.chosen is not None else {}),
             **({"transport": self.transport} if self.transport is not None else {}),
+            **({"sent_bytes": self.sent_bytes} if self.sent_bytes is not None else {}),
             **({"cpu": self.cpu.to_json()} if self.cpu is not None else {}),
             **(
                 {"worker_cpu_s_per_gbit": self.worker_cpu_s_per_gbit}

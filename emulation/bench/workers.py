@@ -162,6 +162,9 @@ class SizeResult:
     late_timers: int = 0
     """Timers this rank served late and re-armed instead of retransmitting: it had
     not been running, nor (on one machine) had its peers (``Communicator.late_timers``)."""
+    sent_bytes: int | None = None
+    """Bytes per timed call out of this rank's host link (its interface's transmit
+    counter), measured by a host's head rank in an emulated network; else ``None``."""
 
 
 # ----------------------------------------------------------------- inputs and checks
@@ -622,15 +625,41 @@ def _run_size(
     late, late_timers = coll.late_answers, coll.late_timers
     for _ in range(plan.warmup):
         call()
+    link = _own_link(plan.placement)
+    tx0 = None if link is None else link_tx_bytes(link)
     y, (elapsed, cpu_s, t_start, t_end) = _timed(call, plan.iters, x)
+    sent = None if link is None or tx0 is None else (link_tx_bytes(link) - tx0) // plan.iters
     wrong, max_err = check_result(plan, ran, y, count)
     mean_us = elapsed / plan.iters * 1e6
     log.info("rank %d size %d (%s): %.1f us/call, %d wrong", plan.rank, nbytes, ran, mean_us, wrong)
     return SizeResult(
         nbytes, count, mean_us, wrong, max_err, coll.retransmits - resent, ran,
         cpu_s, t_start, t_end, coll.fast_retransmits - fast, coll.host_drops - drops,
-        coll.late_answers - late, coll.late_timers - late_timers,
+        coll.late_answers - late, coll.late_timers - late_timers, sent,
     )  # fmt: skip
+
+
+def _own_link(placement: Placement) -> str | None:
+    """The interface whose counters are this host's traffic: a host's head rank in its
+    own namespace measures it; on loopback (no namespace) the link carries everyone's."""
+    if placement.netns is None or placement.local_rank != 0:
+        return None
+    return placement.ifname
+
+
+def link_tx_bytes(ifname: str) -> int:
+    """The bytes ``ifname`` of this process's network namespace has sent
+    (``/proc/net/dev``, which shows the reading process's namespace).
+
+    Raises:
+        KeyError: no such interface here.
+    """
+    with open("/proc/net/dev") as f:
+        for line in f.readlines()[2:]:
+            name, _, counters = line.partition(":")
+            if name.strip() == ifname:
+                return int(counters.split()[8])  # rx: 8 fields, then tx bytes
+    raise KeyError(f"no interface {ifname!r} in /proc/net/dev")
 
 
 def _timed(
