@@ -59,6 +59,8 @@ Loopback runs have no ``emulation`` section: their network is ``loopback``."""
 
 SHOWN_DIFFERENCES: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("lanes", ("lanes",)),
+    ("INA transport", ("transport",)),
+    ("packets per RDMA message", ("msg_packets",)),
     ("slots", ("slots",)),
     ("ring/tree window", ("window",)),
     ("iters", ("sweep", "iters")),

@@ -353,3 +353,18 @@ def test_links_recorded_before_dup_and_reorder_compare_as_none_of_either(
     faulty.write_text(json.dumps(doc))
     status, _, err = _compare(new, faulty, capsys=capsys)
     assert status == 2 and "loss 0, dup 0.05 vs" in err
+
+
+def test_ina_over_udp_and_over_rdma_side_by_side_say_the_transport(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    udp = _bench_file(tmp_path / "udp.json", A_TIMES, "--workers", "2")
+    rdma = _bench_file(tmp_path / "rdma.json", {("ina", 4096): 80.0, ("ina", 16384): 500.0},
+                       "--workers", "2", "--transport", "rdma")  # fmt: skip
+    status, out, _ = _compare(udp, rdma, capsys=capsys)
+    lines = out.splitlines()
+    assert status == 0
+    assert "# differs: INA transport: udp udp, rdma rdma" in lines
+    assert "# differs: packets per RDMA message: udp 1, rdma 2" in lines
+    header = next(x for x in lines if "udp:ina" in x).split()
+    assert header[2:] == ["udp:ina", "udp:gloo", "rdma:ina", "speedup"]
