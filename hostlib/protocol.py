@@ -91,10 +91,11 @@ LANES_PER_PACKET = 64
 program has no loops); 64 lanes = 256 B payload, SwitchML's 256 B unit. The soft switch
 accepts any value up to :data:`MAX_LANES` as a start-up option (jumbo datagrams)."""
 
-TNA_LANES_PER_PACKET = 28
+TNA_LANES_PER_PACKET = 12
 """int32 lanes per packet of the Tofino (TNA) program, p4/tna/: one 32-bit register a lane,
-4 stateful ALUs a stage and 7 stages after the slot's bookkeeping (p4/README.md, "Tofino");
-a job on a Tofino switch runs with ``lanes=TNA_LANES_PER_PACKET``."""
+4 stateful ALUs a stage and the 3 stages left after RoCEv2's lookups and queue-pair state
+and the slot's bookkeeping (p4/tna/configuration.p4); a job on a Tofino switch runs with
+``lanes=TNA_LANES_PER_PACKET``."""
 
 TNA_SWITCH_SLOTS = 8192
 """Slots per set of the Tofino program's pool: SwitchML's, one 16,384-cell register per

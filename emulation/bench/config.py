@@ -170,7 +170,8 @@ class BenchConfig:
             hold a whole number of elements per rank.
         program: whose P4Info the loopback soft switch serves, so whose names the
             controller configures the job through: ``"v1model"`` (``p4/ina.p4``) or
-            ``"tna"`` (``p4/tna/``, a Tofino switch's; ``lanes`` must be its 28).
+            ``"tna"`` (``p4/tna/``, a Tofino switch's; ``lanes`` must be its
+            ``TNA_LANES_PER_PACKET``).
 
     Raises:
         ValueError: any field out of range.

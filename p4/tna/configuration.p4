@@ -14,10 +14,13 @@
 /* ---------------------------------------------------------------- lanes and pool */
 
 // int32 lanes per packet. One 32-bit register a lane, 4 stateful ALUs a stage, and the
-// stages after the slot's bookkeeping (p4/README.md, "Tofino: stages"): 7 stages of 4
-// lanes, the slot's exponent beside them. Written by gen_tna.py into values.p4 and
-// data_header.p4; hostlib.protocol.TNA_LANES_PER_PACKET holds the same number.
-const bit<32> TNA_LANES_PER_PACKET = 28;
+// stages left after the rest (ina_tna.resources.txt): RoCEv2 takes stages 0-4 (roce.p4:
+// its lookups, the queue pair's five registers in stages 3 and 4), the slot's bookkeeping
+// stages 4-8 (jobs, seq, missing workers, next step and final, the exponent), so stages
+// 9-11 hold the lanes: 12 (28 before RoCEv2, 7 stages of 4). Stage 8's free stateful ALUs
+// are no use: its 16 logical tables are taken. Written by gen_tna.py into values.p4 and data_header.p4;
+// hostlib.protocol.TNA_LANES_PER_PACKET holds the same number.
+const bit<32> TNA_LANES_PER_PACKET = 12;
 
 // UDP payload of a valid DATA packet: the 16-byte header and the lanes.
 const bit<32> TNA_PAYLOAD_BYTES = HEADER_SIZE + TNA_LANES_PER_PACKET * LANE_BYTES;
@@ -33,6 +36,32 @@ typedef bit<14> tna_index_t;
 
 // pool_index's slot bits (hostlib.protocol.SLOT_MASK); bit 15 is the set.
 const bit<16> SLOT_MASK = 0x7FFF;
+
+/* ---------------------------------------------------------------- RoCEv2 */
+
+// INA over RoCEv2 (roce.p4, roce_replies.p4; docs/protocol.md): a packet's payload is the
+// lanes alone, and a message of 2^msg_shift packets carries that many payloads.
+const bit<32> TNA_ROCE_PAYLOAD_BYTES = TNA_LANES_PER_PACKET * LANE_BYTES;
+// Messages of 1..32 packets (msg_shift 0..5, the const tables' entries): a message
+// covers consecutive slots of the 32-slot windows SwitchML-RDMA uses; bigger ones miss
+// the tables (DROP_BAD_LENGTH) and get no replies.
+const bit<32> TNA_ROCE_MSG_BYTES_1 = TNA_ROCE_PAYLOAD_BYTES;
+const bit<32> TNA_ROCE_MSG_BYTES_2 = 2 * TNA_ROCE_PAYLOAD_BYTES;
+const bit<32> TNA_ROCE_MSG_BYTES_4 = 4 * TNA_ROCE_PAYLOAD_BYTES;
+const bit<32> TNA_ROCE_MSG_BYTES_8 = 8 * TNA_ROCE_PAYLOAD_BYTES;
+const bit<32> TNA_ROCE_MSG_BYTES_16 = 16 * TNA_ROCE_PAYLOAD_BYTES;
+const bit<32> TNA_ROCE_MSG_BYTES_32 = 32 * TNA_ROCE_PAYLOAD_BYTES;
+// UDP length of each request opcode (UDP, BTH, [RETH], [ImmDt], the lanes, ICRC): a
+// gateway compares a field with a constant only.
+const bit<32> TNA_ROCE_UDP_BYTES = UDP_HEADER_BYTES + ROCE_BTH_BYTES + TNA_ROCE_PAYLOAD_BYTES + ROCE_ICRC_BYTES;
+const bit<32> TNA_ROCE_UDP_FIRST = TNA_ROCE_UDP_BYTES + ROCE_RETH_BYTES;
+const bit<32> TNA_ROCE_UDP_LAST_IMM = TNA_ROCE_UDP_BYTES + ROCE_IMMDT_BYTES;
+const bit<32> TNA_ROCE_UDP_ONLY_IMM = TNA_ROCE_UDP_BYTES + ROCE_RETH_BYTES + ROCE_IMMDT_BYTES;
+// expect_psn (roce.p4) holds the next PSN in bits 31..8, so that adding ROCE_QP_PSN_ONE
+// wraps as 24-bit PSNs do, and ROCE_QP_OPEN while a message is open: one comparison in
+// the stateful ALU checks both.
+const bit<32> ROCE_QP_OPEN = 1;
+const bit<32> ROCE_QP_PSN_ONE = 0x100;
 
 /* ---------------------------------------------------------------- passes */
 

@@ -2,16 +2,21 @@
  * ../ina.p4 (v1model) and of the soft switch's Pipeline.process in Tofino's terms.
  *
  * p4/README.md ("Tofino") gives the pass structure and the stage budget; each control's
- * file says what it does. A packet's way through ingress, by stage:
- *   0  header checks (gateways), jobs, workers, upstream, the drop simulator's draw
- *   1  masks (the sender's bit), seq (check, or advance in pass 2), drop simulator
- *   2  checks: the first failing check, or what the packet does with its slot's
- *      missing-workers register (join, peek, start, take)
- *   3  next_step: the packet's fate from the slot's missing workers; the final flag
- *   4- values: the lanes and the exponent (write, add, read), then results: where the
- *      packet goes, and the counters
+ * file says what it does. A packet's way through ingress, by stage
+ * (ina_tna.resources.txt):
+ *   0-2  a RoCEv2 frame's lookups (roce.p4: its queue pair, job, message shape), the
+ *        header checks (gateways), the drop simulator's draw (1: its decision)
+ *   3-4  the RoCEv2 queue pair's state, which gives the INA packet its pool index, seq
+ *        and exponent; jobs, workers, upstream
+ *   5    masks (the sender's bit), seq (check, or advance in pass 2)
+ *   6    checks: the first failing check, or what the packet does with its slot's
+ *        missing-workers register (join, peek, start, take)
+ *   7    next_step: the packet's fate from the slot's missing workers; the final flag
+ *   8-11 values: the exponent, then the lanes (write, add, read), 4 a stage; results:
+ *        where the packet goes, and the counters
  * A use's first packet is resubmitted once (seq.p4). Egress addresses each replica of a
- * multicast result, runs the egress drop simulator and counts what leaves.
+ * multicast result, makes it an RDMA WRITE if its job came over RoCEv2
+ * (roce_replies.p4), runs the egress drop simulator and counts what leaves.
  */
 #include <core.p4>
 #include <tna.p4>
@@ -31,6 +36,8 @@
 #include "results.p4"
 #include "forwarder.p4"
 #include "replicas.p4"
+#include "roce.p4"
+#include "roce_replies.p4"
 
 @pa_auto_init_metadata
 control InaIngress(inout tna_headers_t hdr,
@@ -63,6 +70,9 @@ control InaIngress(inout tna_headers_t hdr,
     TnaValues() values;
     TnaResults() results;
     TnaForwarder() forwarder;
+    TnaRoceRequests() roce_requests;
+    TnaRoceStep() roce_step;
+    TnaRoceVerdict() roce_verdict;
 
     apply {
         hdr.bridge.setValid();
@@ -73,6 +83,15 @@ control InaIngress(inout tna_headers_t hdr,
         } else {
             if (meta.second_pass == 0) {
                 received.count(0);
+            }
+            // RoCEv2 -> the INA DATA packet (roce.p4): the lookups, then the queue pair's
+            // step once the drop simulator let the packet in, which sets drop_reason.
+            if (meta.is_roce == 1) {
+                roce_requests.apply(hdr, meta);
+            }
+            drop_simulator.apply(meta);
+            if (meta.is_roce == 1) {
+                roce_step.apply(hdr, meta);
             }
             if (hdr.ina.version == PROTOCOL_VERSION) {
                 meta.version_ok = 1;
@@ -86,23 +105,31 @@ control InaIngress(inout tna_headers_t hdr,
             if (hdr.ina.num_lanes == (bit<16>)TNA_LANES_PER_PACKET) {
                 meta.lanes_ok = 1;
             }
-            if (hdr.ina_data.isValid()
-                    && hdr.udp.length == (bit<16>)(UDP_HEADER_BYTES + TNA_PAYLOAD_BYTES)
-                    && hdr.ipv4.total_len
-                       == (bit<16>)(IPV4_HEADER_BYTES + UDP_HEADER_BYTES + TNA_PAYLOAD_BYTES)) {
+            // roce.p4 checked a RoCEv2 frame's length (its headers differ).
+            if (hdr.ina_data.isValid() && (meta.is_roce == 1
+                    || (hdr.udp.length == (bit<16>)(UDP_HEADER_BYTES + TNA_PAYLOAD_BYTES)
+                        && hdr.ipv4.total_len
+                           == (bit<16>)(IPV4_HEADER_BYTES + UDP_HEADER_BYTES
+                                        + TNA_PAYLOAD_BYTES)))) {
                 meta.length_ok = 1;
             }
-            drop_simulator.apply(meta);
             upstream.apply(hdr, meta);
             jobs.apply(hdr, meta);
             workers.apply(hdr, meta);
             masks.apply(hdr, meta);
             meta.slot_diff = meta.slot - meta.slot_count;
+            // Pass 1's check changes nothing, and pass 2 follows a pass 1 that dropped
+            // nothing: seq need not wait for RoCEv2's verdict, the checks do.
             if (meta.job_hit == 1) {
                 seq.apply(hdr, meta);
             }
             meta.index = index.get({meta.abs_slot[15:15], meta.abs_slot[12:0]});
-            checks.apply(hdr, meta);
+            if (meta.is_roce == 1) {
+                roce_verdict.apply(meta);       // DROP_BAD_PSN etc. (roce.p4)
+            }
+            if (meta.drop_reason == TNA_NO_DROP) {
+                checks.apply(hdr, meta);
+            }
             if (meta.mode != MODE_NONE) {
                 next_step.apply(hdr, meta);
             }
@@ -139,12 +166,16 @@ control InaEgress(inout tna_headers_t hdr,
     Counter<bit<64>, bit<8>>(NUM_DROP_REASONS, CounterType_t.PACKETS) drops;
 
     TnaReplicas() replicas;
+    TnaRoceEgress() roce;
     TnaEgressDropSimulator() drop_simulator;
 
     apply {
         if (hdr.bridge.result == 1 || hdr.bridge.upward == 1) {
             if (hdr.bridge.multicast == 1) {
                 replicas.apply(hdr, meta, eg_intr_md);
+            }
+            if (hdr.bridge.roce == 1 && meta.no_replica == 0) {
+                roce.apply(hdr, meta, eg_intr_md);  // the WRITE, its PSN taken
             }
             if (meta.no_replica == 1) {
                 eg_dprsr_md.drop_ctl = 1;

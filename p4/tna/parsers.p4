@@ -4,9 +4,12 @@
  * options or fragments) after Tofino's intrinsic metadata, and the resubmit data of a
  * packet's second pass. A packet too short for the INA header or the lanes leaves the
  * header (or the lanes) invalid and goes on to ingress with parser_err set: ingress
- * counts it (DROP_TRUNCATED, DROP_BAD_LENGTH) as the soft switch does. Egress parses the
- * bridge header and the headers it rewrites (not the lanes) and recomputes the IPv4
- * checksum of every INA packet it sends.
+ * counts it (DROP_TRUNCATED, DROP_BAD_LENGTH) as the soft switch does. RoCEv2 (UDP to
+ * ROCE_UDP_PORT) is parsed as ../parsers.p4 parses it: BTH, the opcode's RETH and ImmDt,
+ * the lanes, the ICRC; roce.p4 turns it into an INA packet, so ingress deparses INA and
+ * the ICRC after the lanes. Egress parses the bridge header and the headers it rewrites
+ * (not the lanes) and recomputes the IPv4 checksum of every INA packet it sends; a reply
+ * to a RoCEv2 worker leaves with a BTH, RETH and ImmDt where the INA header was.
  */
 #ifndef _INA_TNA_PARSERS_P4_
 #define _INA_TNA_PARSERS_P4_
@@ -54,8 +57,87 @@ parser InaIngressParser(packet_in pkt,
         pkt.extract(hdr.udp);
         transition select(hdr.udp.dst_port) {
             INA_UDP_PORT: parse_ina;
+            ROCE_UDP_PORT: parse_bth;
             default: accept;
         }
+    }
+
+    // INA over RoCEv2 (roce.p4), as ../parsers.p4: the opcode says which headers follow;
+    // each opcode's state also sets the UDP length its frame must have.
+    state parse_bth {
+        meta.is_ina = 1;
+        meta.is_roce = 1;
+        pkt.extract(hdr.bth);
+        transition select(hdr.bth.opcode) {
+            ROCE_WRITE_FIRST: roce_first;
+            ROCE_WRITE_ONLY: roce_only;
+            ROCE_WRITE_ONLY_IMM: roce_only_imm;
+            ROCE_WRITE_MIDDLE: roce_middle;
+            ROCE_WRITE_LAST: roce_last;
+            ROCE_WRITE_LAST_IMM: roce_last_imm;
+            default: accept;                    // DROP_MALFORMED (roce_opcode_ok 0)
+        }
+    }
+
+    state roce_first {
+        meta.roce_opcode_ok = 1;
+        meta.roce_first = 1;
+        transition parse_reth;
+    }
+
+    state roce_only {
+        meta.roce_opcode_ok = 1;
+        meta.roce_first = 1;
+        meta.roce_last = 1;
+        transition parse_reth;
+    }
+
+    state roce_only_imm {
+        meta.roce_opcode_ok = 1;
+        meta.roce_first = 1;
+        meta.roce_imm = 1;
+        meta.roce_last = 1;
+        transition parse_reth_immdt;
+    }
+
+    state roce_middle {
+        meta.roce_opcode_ok = 1;
+        transition parse_roce_data;
+    }
+
+    state roce_last {
+        meta.roce_opcode_ok = 1;
+        meta.roce_last = 1;
+        transition parse_roce_data;
+    }
+
+    state roce_last_imm {
+        meta.roce_opcode_ok = 1;
+        meta.roce_imm = 1;
+        meta.roce_last = 1;
+        transition parse_immdt;
+    }
+
+    // A select on meta.roce_imm is not Tofino's (a select reads packet bits): two states.
+    state parse_reth {
+        pkt.extract(hdr.reth);
+        transition parse_roce_data;
+    }
+
+    state parse_reth_immdt {
+        pkt.extract(hdr.reth);
+        transition parse_immdt;
+    }
+
+    state parse_immdt {
+        pkt.extract(hdr.immdt);
+        transition parse_roce_data;
+    }
+
+    state parse_roce_data {
+        pkt.extract(hdr.ina_data);
+        pkt.extract(hdr.icrc);
+        transition accept;
     }
 
     state parse_ina {
@@ -118,6 +200,9 @@ control InaEgressDeparser(packet_out pkt,
         pkt.emit(hdr.ethernet);
         pkt.emit(hdr.ipv4);
         pkt.emit(hdr.udp);
+        pkt.emit(hdr.bth);                      // a RoCEv2 reply's (roce_replies.p4), then
+        pkt.emit(hdr.reth);                     // the lanes and the ICRC ingress left
+        pkt.emit(hdr.immdt);
         pkt.emit(hdr.ina);
     }
 }

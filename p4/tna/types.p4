@@ -5,6 +5,9 @@
 #ifndef _INA_TNA_TYPES_P4_
 #define _INA_TNA_TYPES_P4_
 
+// A RoCEv2 queue pair register's index (ROCE_QP_REGISTERS cells).
+typedef bit<14> roce_qp_index_t;
+
 // Ingress to egress: what ingress decided, prepended to the packet (the deparser emits
 // it, the egress parser takes it off).
 header bridge_h {
@@ -12,8 +15,10 @@ header bridge_h {
     bit<1> upward;        // leaves as DATA to the upstream switch
     bit<1> multicast;     // a replica of the job's group: replicas.p4 addresses it
     bit<1> flooded;       // ordinary traffic flooded: not back out of its ingress port
-    bit<3> pad0;
+    bit<1> roce;          // arrived as RoCEv2: egress makes each result a WRITE (roce_replies.p4)
+    bit<2> pad0;
     PortId_t ingress_port;
+    bit<8> roce_shift;    // the job's log2(packets per message) (roce_jobs)
 }
 
 // Pass 1 to pass 2 (Tofino 1's resubmit data is 64 bits).
@@ -77,12 +82,50 @@ struct tna_ingress_metadata_t {
     bit<1> take_result;   // the upstream's RESULT: multicast unless the slot was final
     bit<8> was_final;     // the final register before this packet (answer_upstream)
     tna_index_t index;    // the (set, slot) register index: {pool_set, abs_slot[12:0]}
+
+    // roce.p4 (RoCEv2 requests): the parser's opcode flags and expected UDP length ...
+    bit<1> is_roce;
+    bit<1> roce_opcode_ok;
+    bit<1> roce_first;
+    bit<1> roce_last;
+    bit<1> roce_imm;
+    bit<1> roce_len_ok;       // the UDP length the opcode's headers and the lanes make
+    bit<1> roce_short;        // no BTH, or a UDP length below BTH and ICRC
+    bit<1> roce_missing;      // the opcode's RETH or ImmDt is missing
+    bit<1> roce_qp_miss;
+    bit<1> roce_job_miss;
+    bit<1> roce_bad_source;
+    // ... roce_requests and roce_jobs ...
+    bit<16> roce_job;
+    bit<8> roce_rank;
+    roce_qp_index_t roce_reg;
+    bit<1> roce_dropped;      // a RoCEv2 check failed: roce_reason (ina_tna.p4 counts it
+    bit<8> roce_reason;       // unless the drop simulator dropped the packet first)
+    bit<32> roce_src_diff;    // ipv4 source ^ the queue pair's worker: 0 if it sent it
+    bit<8> roce_shift;
+    // ... roce_shapes (a FIRST's checks) and the queue pair's step
+    bit<1> roce_first_bad;    // a FIRST the shapes refused, for roce_first_reason
+    bit<8> roce_first_reason;
+    bit<16> roce_mask;        // packets per message - 1
+    bit<32> roce_psn_open;    // psn ++ ROCE_QP_OPEN: what expect_psn holds for this packet
+    bit<32> roce_next_open;   // (psn + 1) ++ ROCE_QP_OPEN: expect_psn if the packet ...
+    bit<1> roce_opens;        // ... leaves the message open (not its last, length right)
+    bit<8> roce_psn_ok;       // expect_psn's verdict (1: in sequence)
+    bit<8> roce_over;         // place's verdict (1: beyond the message's packets)
 }
 
 struct tna_egress_metadata_t {
     tna_draw_t draw;
     bit<8> sim_drop;
     bit<1> no_replica;
+    // roce_replies.p4
+    bit<8> reply_rank;
+    bit<16> roce_position;
+    bit<32> roce_dma_length;
+    roce_qp_index_t psn_reg;
+    bit<32> psn;
+    bit<1> roce_first;
+    bit<1> roce_last;
 }
 
 #endif  // _INA_TNA_TYPES_P4_

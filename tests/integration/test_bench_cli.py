@@ -20,6 +20,7 @@ import pytest
 
 from emulation.bench.sweep import BenchError, _Fleet
 from emulation.bench.workers import WorkerPlan
+from hostlib.protocol import TNA_LANES_PER_PACKET
 
 TINY = ["-b", "4K", "-e", "64K", "-f", "4", "-n", "2", "-w", "1", "--workers", "2"]
 
@@ -67,19 +68,20 @@ def test_ina_and_gloo_tiny_sweep(tmp_path: Path) -> None:
 
 def test_ina_through_a_switch_serving_the_tofino_programs_p4info(tmp_path: Path) -> None:
     # --program tna: the soft switch serves p4/tna/'s P4Info, the bench's controller
-    # installs the job through its names, and the hosts use its 28 lanes.
+    # installs the job through its names, and the hosts use its TNA_LANES_PER_PACKET lanes.
     out = tmp_path / "bench.json"
     proc = _bench(*TINY, "--program", "tna", "--algos", "ina", "-d", "int32",
                   "--json", str(out), "--run-dir", str(tmp_path))  # fmt: skip
     _ok(proc)
     doc = json.loads(out.read_text())
-    assert (doc["metadata"]["program"], doc["metadata"]["lanes"]) == ("tna", 28)
+    assert (doc["metadata"]["program"], doc["metadata"]["lanes"]) == ("tna", TNA_LANES_PER_PACKET)
     assert all(r["wrong"] == 0 and r["max_abs_err"] == 0 for r in doc["rows"])
     counters = doc["metadata"]["switch_counters"]["ina"]
     # received and completed are the Tofino program's counters of their own.
     assert counters["received"] == counters["aggregated"] > 0 and counters["completed"] > 0
     refused = _bench(*TINY, "--program", "tna", "--lanes", "64")
-    assert refused.returncode == 2 and "the Tofino program (--program tna) has 28" in refused.stderr
+    want = f"the Tofino program (--program tna) has {TNA_LANES_PER_PACKET}"
+    assert refused.returncode == 2 and want in refused.stderr
 
 
 @pytest.mark.parametrize(

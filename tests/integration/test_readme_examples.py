@@ -10,6 +10,8 @@ from pathlib import Path
 
 import pytest
 
+from hostlib.protocol import TNA_LANES_PER_PACKET
+
 REPO = Path(__file__).parents[2]
 DOCS = [REPO / "README.md", *sorted((REPO / "docs").glob("*.md"))]
 _EXAMPLE = re.compile(r"<!-- example: (\S+).*?-->\n```bash\n(.*?)```", re.DOTALL)
@@ -74,7 +76,7 @@ def test_tofino_example_configures_the_tofino_programs_names(tmp_path: Path) -> 
     assert "job 1: 2 workers, slots 0+16" in out
     assert "set 0: bitmap 00 ranks [] remaining 0 seq 0" in out
     assert "job 1 removed" in out
-    assert "lanes=28" in out and "Out of bounds values : 0 OK" in out
+    assert f"lanes={TNA_LANES_PER_PACKET}" in out and "Out of bounds values : 0 OK" in out
 
 
 @pytest.mark.timeout(120)

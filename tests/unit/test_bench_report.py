@@ -38,6 +38,7 @@ from emulation.bench.report import (
 )
 from emulation.bench.workers import count_wrong, make_input, reference
 from emulation.cli import build_parser
+from hostlib.protocol import TNA_LANES_PER_PACKET
 
 
 # ----------------------------------------------------------------- sizes
@@ -122,7 +123,8 @@ def test_bench_flag_defaults() -> None:
     assert args.lanes is None and args.program == "v1model"
     assert config_from_args(args).lanes == DEFAULT_BENCH_LANES
     tna = build_parser().parse_args(["bench", "--program", "tna"])
-    assert (config_from_args(tna).lanes, config_from_args(tna).program) == (28, "tna")
+    tna_config = config_from_args(tna)
+    assert (tna_config.lanes, tna_config.program) == (TNA_LANES_PER_PACKET, "tna")
     assert args.slots == DEFAULT_BENCH_SLOTS
     assert args.timeout == 10.0
     assert args.json is None and args.plot is None and not args.switch_only
