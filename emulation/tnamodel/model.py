@@ -56,6 +56,8 @@ from emulation.tnamodel.program import (
     load_constants,
     load_table,
 )
+from emulation.tnamodel.roce import RoceProgram, RoceReply, RoceRequest, parse_request
+from emulation.tnamodel.roce import registers as roce_registers
 from emulation.tnamodel.stateful import (
     PassState,
     Register,
@@ -78,7 +80,9 @@ class Bridge:
     upward: int = 0
     multicast: int = 0
     flooded: int = 0
+    roce: int = 0
     ingress_port: int = 0
+    roce_shift: int = 0
 
 
 @dataclass
@@ -132,6 +136,15 @@ TABLE_ACTIONS: dict[str, tuple[str, ...]] = {
     ),
     "Ingress.forwarder.forward": ("set_egress_port", "flood", "forward_drop"),
     "Egress.replicas.replicas": ("set_destination", "replica_miss"),
+    "Ingress.roce.roce_requests": ("set_roce_qp", "roce_qp_miss"),
+    "Ingress.roce.roce_jobs": ("set_roce_job", "roce_job_miss"),
+    "Ingress.roce.roce_shapes": ("roce_shape", "roce_first_bad"),
+    "Egress.roce.roce_replies": ("set_roce_reply", "roce_reply_miss"),
+    "Egress.roce.roce_positions": (
+        "roce_shift_0", "roce_shift_1", "roce_shift_2", "roce_shift_3", "roce_shift_4",
+        "roce_shift_5", "roce_shift_miss",
+    ),
+    "Egress.roce.roce_places": ("roce_only", "roce_first", "roce_middle", "roce_last"),
 }  # fmt: skip
 """The program's tables and the actions each may run (short names; the full name is
 the table's control and the action, e.g. ``Ingress.jobs.set_job``): what this model
@@ -167,8 +180,11 @@ class TnaModel:
     def __init__(
         self, lanes: int | None = None, slots: int | None = None, seed: int = 0, min_frame: int = 0
     ) -> None:
-        self.c = load_constants(P4_DIR / "configuration.p4", TNA_DIR / "configuration.p4")
-        self.lanes = self.c["TNA_LANES_PER_PACKET"] if lanes is None else lanes
+        # The program gen_tna.py writes for ``lanes``: what follows from them follows.
+        given = None if lanes is None else {"TNA_LANES_PER_PACKET": lanes}
+        files = (P4_DIR / "configuration.p4", TNA_DIR / "configuration.p4")
+        self.c = load_constants(*files, given=given)
+        self.lanes = self.c["TNA_LANES_PER_PACKET"]
         self.slots = self.c["TNA_SWITCH_SLOTS"] if slots is None else slots
         if not 1 <= self.lanes <= 99:
             raise ValueError(f"lanes {self.lanes} outside 1..99 (two-digit lane names)")
@@ -180,6 +196,8 @@ class TnaModel:
         self.registers = self._registers()
         self.tables = _Tables()
         self.const_tables = self._const_tables()
+        self.roce = RoceProgram(self.c, self.lanes, self.registers)
+        """roce.p4 and roce_replies.p4: their tables (``roce.tables``) and controls."""
         self.passes: list[str] = []
         """The passes the last frame took (``ingress pass 1``, ``ingress pass 2``,
         ``egress to port P rid R``), for tests of the pass structure."""
@@ -223,6 +241,7 @@ class TnaModel:
             )
             for n in range(self.lanes)
         ]
+        registers += roce_registers(self.c["ROCE_QP_REGISTERS"])
         return {r.name: r for r in registers}
 
     def _const_tables(self) -> dict[str, ConstTable]:
@@ -275,6 +294,36 @@ class TnaModel:
         set_destination(dst_mac, dst_ip, dst_port)."""
         dest = Destination(_mac(dst_mac), _ip(dst_ip), dst_port)
         self.tables.replicas[(job_id, egress_rid, egress_port)] = dest
+
+    def set_roce_qp(self, dest_qp: int, job_id: int, rank: int, qp_reg: int, ipv4_src: str) -> None:
+        """Ingress.roce.roce_requests: dest_qp -> set_roce_qp(job_id, rank, qp_reg, ipv4_src).
+
+        Raises:
+            TableError: a field outside its width.
+        """
+        _check_bits("dest_qp", dest_qp, 24)
+        _check_bits("rank", rank, 8)
+        _check_bits("qp_reg", qp_reg, 16)
+        self.roce.tables.requests[dest_qp] = RoceRequest(job_id, rank, qp_reg, _ip(ipv4_src))
+
+    def set_roce_job(self, job_id: int, msg_shift: int) -> None:
+        """Ingress.roce.roce_jobs: job_id -> set_roce_job(msg_shift)."""
+        _check_bits("msg_shift", msg_shift, 8)
+        self.roce.tables.jobs[job_id] = msg_shift
+
+    def set_roce_reply(
+        self, job_id: int, rank: int, position: int, qpn: int, rkey: int, va: int, psn_index: int
+    ) -> None:
+        """Egress.roce.roce_replies: (job_id, rank, position) -> set_roce_reply(qpn, rkey,
+        va, psn_index)."""
+        _check_bits("qpn", qpn, 24)
+        _check_bits("va", va, 64)
+        self.roce.tables.replies[(job_id, rank, position)] = RoceReply(qpn, rkey, va, psn_index)
+
+    def set_reply_psn(self, index: int, psn: int) -> None:
+        """Egress.roce.reply_psn[index] = psn: the worker queue pair's first reply PSN."""
+        _check_bits("psn", psn, 24)
+        self.registers["Egress.roce.reply_psn"].cells[index] = psn
 
     def set_egress_port(self, eth_dst: str, port: int) -> None:
         """Ingress.forwarder.forward: eth_dst -> set_egress_port(port)."""
@@ -372,6 +421,9 @@ class TnaModel:
         and the deparsed frame."""
         hdr = parse(frame, self.c["INA_UDP_PORT"], self.lanes)
         phv = Phv(hdr, Meta(second_pass=int(second_pass), drop_reason=self.c["TNA_NO_DROP"]))
+        if not hdr.is_ina and hdr.udp is not None and hdr.udp.dst_port == self.c["ROCE_UDP_PORT"]:
+            phv.meta.is_roce, hdr.is_ina = 1, True  # parsers.p4's parse_bth
+            phv.meta.roce = parse_request(hdr, self.c, self.lanes)
         state = PassState("ingress pass 2" if second_pass else "ingress pass 1")
         self.passes.append(state.name)
         bridge, tm = Bridge(ingress_port=port), _Tm()
@@ -396,9 +448,14 @@ class TnaModel:
         meta, c = phv.meta, self.c
         if not meta.second_pass:
             self._count("Ingress.received", 0)
+        if meta.is_roce:
+            self.roce.requests(phv, int.from_bytes(_ipv4(phv.hdr).src))
         self._header_flags(phv)
         meta.draw = self._random.getrandbits(31)
         meta.sim_drop = self._execute("Ingress.drop_simulator.probability", "below", phv, state)
+        if meta.is_roce and meta.roce is not None:
+            self.roce.step(phv, state)
+            bridge.roce, bridge.roce_shift = 1, meta.roce.shift
         self._upstream(phv)
         self._jobs(phv)
         self._workers(phv)
@@ -408,7 +465,10 @@ class TnaModel:
         if meta.job_hit:
             action = "advance" if meta.second_pass else "check"
             meta.seq_diff = self._execute("Ingress.seq", action, phv, state)
-        self._checks(phv, state)
+        if meta.is_roce:
+            self.roce.verdict(phv)
+        if meta.drop_reason == c["TNA_NO_DROP"]:
+            self._checks(phv, state)
         if meta.mode != c["MODE_NONE"]:
             self._next_step(phv, state)
         self._values(phv, state)
@@ -437,8 +497,12 @@ class TnaModel:
             meta.lanes_ok = int(ina.num_lanes == self.lanes)
         if hdr.lanes is not None and hdr.udp is not None and hdr.ipv4 is not None:
             udp_len = c["UDP_HEADER_BYTES"] + self.payload_bytes
-            meta.length_ok = int(
-                hdr.udp.length == udp_len and hdr.ipv4.total_len == c["IPV4_HEADER_BYTES"] + udp_len
+            meta.length_ok = int(  # roce.p4 checked a RoCEv2 frame's (other) lengths
+                meta.is_roce == 1
+                or (
+                    hdr.udp.length == udp_len
+                    and hdr.ipv4.total_len == c["IPV4_HEADER_BYTES"] + udp_len
+                )
             )
 
     def _upstream(self, phv: Phv) -> None:
@@ -626,6 +690,10 @@ class TnaModel:
             _eth(hdr).dst = dest.dst_mac.to_bytes(6)
             _ipv4(hdr).dst = dest.dst_ip.to_bytes(4)
             _udp(hdr).dst_port = dest.dst_port
+        if bridge.roce:
+            rank = rid if bridge.multicast else ina_or_zero(hdr).rank
+            if not self.roce.reply(phv, bridge.roce_shift, rank, state):
+                return None  # roce_reply_miss: dropped uncounted, as a replica miss
         phv.meta.draw = self._random.getrandbits(31)
         register = "Egress.drop_simulator.probability"
         if self.registers[register].execute("below", 0, phv, state):

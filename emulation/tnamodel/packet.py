@@ -95,6 +95,7 @@ class Headers:
     lanes: list[int] | None = None
     rest: bytes = b""
     is_ina: bool = False
+    roce: bytes = b""  # a RoCEv2 reply's BTH, RETH and ImmDt (after UDP: roce_replies.p4)
 
 
 def parse(frame: bytes, ina_port: int | None, lanes: int | None) -> Headers:
@@ -152,6 +153,7 @@ def deparse(hdr: Headers) -> bytes:
     if hdr.udp is not None:
         u = hdr.udp
         out += _UDP.pack(u.src_port, u.dst_port, u.length, u.checksum)
+    out += hdr.roce
     if hdr.ina is not None:
         i = hdr.ina
         out += _INA.pack(

@@ -14,7 +14,7 @@ from typing import NamedTuple
 
 from emulation.tnamodel.packet import Headers
 
-__all__ = ["Meta", "Phv", "Upstream"]
+__all__ = ["Meta", "Phv", "RoceMeta", "Upstream"]
 
 
 @dataclass
@@ -58,6 +58,51 @@ class Meta:
     was_final: int = 0
     index: int = 0
     no_replica: int = 0
+    is_roce: int = 0
+    roce: RoceMeta | None = None
+
+
+@dataclass
+class RoceMeta:
+    """A RoCEv2 frame in ingress (p4/tna/roce.p4): the headers the parser extracted (a
+    missing RETH or ImmDt reads as zeros, ``reth``/``immdt`` say which were there) and
+    the ``roce_*`` metadata of tna_ingress_metadata_t."""
+
+    bth: bool = False
+    opcode: int = 0
+    dest_qp: int = 0
+    psn: int = 0
+    reth: bool = False
+    va: int = 0
+    rkey: int = 0
+    dma_length: int = 0
+    immdt: bool = False
+    data: bool = False  # the lanes and the ICRC
+    opcode_ok: int = 0
+    first: int = 0
+    last: int = 0
+    imm: int = 0
+    len_ok: int = 0
+    short: int = 0
+    missing: int = 0
+    qp_miss: int = 0
+    job_miss: int = 0
+    bad_source: int = 0
+    dropped: int = 0
+    reason: int = 0
+    job: int = 0
+    rank: int = 0
+    reg: int = 0
+    src_diff: int = 0
+    shift: int = 0
+    first_bad: int = 0
+    first_reason: int = 0
+    mask: int = 0
+    psn_open: int = 0
+    next_open: int = 0
+    opens: int = 0
+    psn_ok: int = 0
+    over: int = 0
 
 
 class Upstream(NamedTuple):

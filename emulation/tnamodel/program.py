@@ -94,18 +94,21 @@ class ConstTable:
         return self.lookup(keys) or self.default
 
 
-def load_constants(*files: Path) -> dict[str, int]:
+def load_constants(*files: Path, given: dict[str, int] | None = None) -> dict[str, int]:
     """Every ``const bit<N> NAME = VALUE;`` of ``files``, later files seeing earlier names.
 
     Values may be numbers or expressions of numbers and earlier constants (``+ - *``).
+    ``given`` fixes constants to other values, and what is computed from them follows
+    (the model of the program generated for another ``TNA_LANES_PER_PACKET``).
 
     Raises:
         ProgramError: a value the model cannot evaluate.
     """
+    given = given or {}
     constants: dict[str, int] = {}
     for path in files:
         for name, text in _CONST_RE.findall(path.read_text()):
-            constants[name] = _evaluate(text, constants, path)
+            constants[name] = given[name] if name in given else _evaluate(text, constants, path)
     return constants
 
 

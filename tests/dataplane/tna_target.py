@@ -6,7 +6,11 @@ frames the bmv2 target builds, handed to ``TnaModel.process``; what it returns i
 on the egress port. The tables are written as the controller writes the program's
 (the same tables, actions and parameters): jobs, workers, a multicast group per job
 with one replica per rank (rid = rank), the replicas' destinations, the upstream entry,
-and a host route per port in the forwarder. The model has the vector's lanes.
+and a host route per port in the forwarder. The model has the vector's lanes. A RoCEv2
+job's ranks are bound at (their address, 4791) and its queue pairs written as
+controller/roce.py writes them (roce_steps.switch_qpns's order, each worker queue pair's
+first PSN in reply_psn); frames go both ways as an RNIC sends them (UDP 4791, IPv4
+identification 0, DF).
 """
 
 from __future__ import annotations
@@ -15,19 +19,21 @@ import struct
 from collections import deque
 from pathlib import Path
 
+from roce_steps import endpoint
 from runner import (
     COUNTERS,
+    ROCE,
     Forward,
     PortIdentity,
     Received,
-    TargetUnavailable,
     Vector,
     VectorFailure,
     port_identity,
 )
 
+from controller.roce import ROCE_QPN_BASE
 from emulation.tnamodel import TnaModel
-from hostlib.protocol import INA_UDP_PORT
+from hostlib.protocol import INA_UDP_PORT, LANE_BYTES, ROCE_UDP_PORT
 
 SWITCH_MAC = "02:00:00:00:00:fe"
 SWITCH_IP = "10.0.0.254"
@@ -47,21 +53,23 @@ class TnaModelTarget:
         self._queues: dict[int, deque[bytes]] = {}
 
     def configure(self, vector: Vector, run_dir: Path) -> None:
-        if vector.roce:
-            raise TargetUnavailable("p4/tna/ does not parse RoCEv2 yet (issue #40)")
         self._model = model = TnaModel(lanes=vector.lanes, seed=self._seed)
         self._queues = {port: deque() for port in vector.ports}
         for port in vector.ports:
             model.set_egress_port(port_identity(port).mac, port)
-        base = 0
+        base, qp_reg = 0, 0
         for mgid, job in enumerate(vector.jobs, start=1):
             model.set_job(job.job_id, len(job.workers), base, job.slot_count, mgid)
             base += job.slot_count
             model.set_group(mgid, [(port, rank) for rank, port in enumerate(job.workers)])
             for rank, port in enumerate(job.workers):
                 me = port_identity(port)
-                model.worker_hit(job.job_id, rank, me.ip, me.udp_port)
+                sport = me.udp_port if job.msg_packets is None else ROCE_UDP_PORT
+                model.worker_hit(job.job_id, rank, me.ip, sport)
                 model.set_destination(job.job_id, rank, port, me.mac, me.ip, me.udp_port)
+            if job.msg_packets is not None:
+                qp_reg = _add_roce_job(model, job.job_id, job.workers, job.slot_count,
+                                       job.msg_packets, qp_reg)  # fmt: skip
             if job.upstream is not None:
                 up = port_identity(job.upstream.port)
                 model.set_upstream(
@@ -76,6 +84,8 @@ class TnaModelTarget:
         me = port_identity(port)
         if to is None:
             frame = udp_frame(me, SWITCH_MAC, SWITCH_IP, INA_UDP_PORT, payload)
+        elif to == ROCE:
+            frame = udp_frame(me, SWITCH_MAC, SWITCH_IP, ROCE_UDP_PORT, payload, roce=True)
         else:
             peer = port_identity(to.port)
             frame = udp_frame(me, peer.mac, peer.ip, to.udp_dport, payload)
@@ -106,17 +116,38 @@ class TnaModelTarget:
         return self._model
 
 
-def udp_frame(me: PortIdentity, dst_mac: str, dst_ip: str, dport: int, payload: bytes) -> bytes:
-    """An Ethernet/IPv4/UDP frame from port identity ``me`` (no options, UDP checksum 0)."""
-    udp = struct.pack("!HHHH", me.udp_port, dport, 8 + len(payload), 0)
+def _add_roce_job(
+    model: TnaModel, job_id: int, workers: tuple[int, ...], slots: int, m: int, reg: int
+) -> int:
+    """A RoCEv2 job's tables as controller/roce.py's Roce.install writes them, from
+    register ``reg``; the next free register."""
+    model.set_roce_job(job_id, m.bit_length() - 1)
+    msg_bytes = m * model.lanes * LANE_BYTES
+    for rank, port in enumerate(workers):
+        for position in range(slots // m):
+            ep = endpoint(port, position, msg_bytes)
+            model.set_roce_qp(ROCE_QPN_BASE + reg, job_id, rank, reg, port_identity(port).ip)
+            model.set_roce_reply(job_id, rank, position, ep.qpn, ep.rkey, ep.va, reg)
+            model.set_reply_psn(reg, ep.psn)
+            reg += 1
+    return reg
+
+
+def udp_frame(
+    me: PortIdentity, dst_mac: str, dst_ip: str, dport: int, payload: bytes, roce: bool = False
+) -> bytes:
+    """An Ethernet/IPv4/UDP frame from port identity ``me`` (no options, UDP checksum 0);
+    ``roce``: as an RNIC sends it (source port 4791, IPv4 identification 0 and DF)."""
+    sport = ROCE_UDP_PORT if roce else me.udp_port
+    udp = struct.pack("!HHHH", sport, dport, 8 + len(payload), 0)
     ip = bytearray(
         struct.pack(
             "!BBHHHBBH4s4s",
             0x45,
             0,
             20 + len(udp) + len(payload),
-            1,
-            0,
+            0 if roce else 1,
+            0x4000 if roce else 0,
             64,
             17,
             0,
@@ -152,6 +183,14 @@ def datagram(port: int, frame: bytes) -> Received:
         if dport != me.udp_port:
             raise VectorFailure(f"port {port}: result to UDP {dport}, not {me.udp_port}")
         return Received(payload, None)
+    if ip[12:16] == _ip(SWITCH_IP) and sport == ROCE_UDP_PORT:
+        ident, flags = struct.unpack_from("!HH", ip, 4)
+        if (dport, ident, flags >> 13) != (ROCE_UDP_PORT, 0, 2):
+            raise VectorFailure(
+                f"port {port}: a RoCEv2 reply to UDP {dport}, IPv4 id {ident} flags "
+                f"{flags >> 13}: expected 4791, 0, DF (the IPv4 header the ICRC covers)"
+            )
+        return Received(payload, ROCE)
     src = next((p for p in range(1, 251) if _ip(port_identity(p).ip) == ip[12:16]), None)
     if src is None:
         raise VectorFailure(f"port {port} got a frame from unknown IP {ip[12:16].hex()}")

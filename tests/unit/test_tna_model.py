@@ -37,6 +37,9 @@ WRITERS = {
     "Egress.replicas.set_destination": "set_destination",
     "Ingress.forwarder.set_egress_port": "set_egress_port",
     "Ingress.forwarder.flood": "flood",
+    "Ingress.roce.set_roce_qp": "set_roce_qp",
+    "Ingress.roce.set_roce_job": "set_roce_job",
+    "Egress.roce.set_roce_reply": "set_roce_reply",
 }
 """Table actions the control plane writes, and the model's method that writes each."""
 
@@ -314,9 +317,16 @@ def test_the_stateful_check_fails_on_another_program(model: TnaModel) -> None:
         "Ingress.final: next_step_final_clear next_step_final_read next_step_final_take",
         "Ingress.exponents.exponent: values_exponent_max values_exponent_read "
         "values_exponent_write",
+        "Ingress.roce.expect_psn: roce_step_psn_close roce_step_psn_first roce_step_psn_next "
+        "roce_step_psn_next_close",
+        "Ingress.roce.place: roce_step_place_first roce_step_place_next",
+        "Ingress.roce.base: roce_step_base_first roce_step_base_next roce_step_base_peek",
+        "Ingress.roce.seq: roce_step_seq_first roce_step_seq_read",
+        "Ingress.roce.exponent: roce_step_exponent_first roce_step_exponent_read",
+        "Egress.roce.reply_psn: roce_take_psn",
     ]
     good = "\n".join(lines + lanes + rest)
-    instances += ["checks", "next_step"]
+    instances += ["checks", "next_step", "roce_step", "roce"]
     assert stateful_problems(model, good, instances) == []
     no_advance = good.replace("seq_advance ", "")
     assert stateful_problems(model, no_advance, instances) == [
