@@ -110,8 +110,8 @@ class Roce:
 
     @staticmethod
     def served_by(p4info: P4Info) -> bool:
-        """Whether the program declares RoCEv2's tables (``p4/``'s does; ``p4/tna/``'s does
-        not yet)."""
+        """Whether the program declares RoCEv2's tables (``p4/``'s and ``p4/tna/``'s do, by
+        the same names, keys and actions)."""
         try:
             p4info.table(_RoceJobs.table_name)
         except P4InfoError:

@@ -141,8 +141,9 @@ class SwitchController:
         self.slots = Slots(self.registers, p4info)
         self.stats = Stats(client, p4info)
         self.roce = Roce(client, p4info, self.registers) if Roce.served_by(p4info) else None
-        """A job's RoCEv2 queue pairs (p4/roce.p4): install after :meth:`add_job`;
-        :meth:`remove_job` removes them. None for a program without RoCEv2 (p4/tna/'s)."""
+        """A job's RoCEv2 queue pairs (p4/roce.p4, p4/tna/roce.p4): install after
+        :meth:`add_job`; :meth:`remove_job` removes them. None for a program without
+        RoCEv2's tables."""
 
     @classmethod
     def connect(

@@ -22,13 +22,20 @@ from test_controller_golden import RecordingService, _check
 
 from controller.client import P4RuntimeError
 from controller.p4info import TNA_P4INFO_PATH, P4Info
+from controller.roce import ROCE_QPN_BASE
 from controller.switch import SwitchController, WorkerAddress
 from emulation.cli import main as inalab
 from emulation.softswitch import SoftSwitchProcess
 from emulation.softswitch.p4runtime import is_tofino, serve_p4runtime, softswitch_p4info
 from emulation.softswitch.pipeline import Pipeline
 from hostlib import InaSession, JobSpec
-from hostlib.protocol import TNA_LANES_PER_PACKET, TNA_SWITCH_SLOTS
+from hostlib.protocol import (
+    ROCE_QP_REGISTERS,
+    ROCE_UDP_PORT,
+    TNA_LANES_PER_PACKET,
+    TNA_SWITCH_SLOTS,
+)
+from hostlib.transport.rdma import RdmaEndpoint
 from hostlib.transport.udp import UdpTransport
 
 LANES = TNA_LANES_PER_PACKET
@@ -185,3 +192,35 @@ def test_the_switch_refuses_sizes_the_tofino_program_lacks(
 def test_the_p4info_file_is_where_the_controller_finds_it() -> None:
     checkout = Path(__file__).resolve().parents[2]
     assert checkout / "p4/tna/ina_tna.p4info.txtpb" == TNA_P4INFO_PATH
+
+
+def test_the_tofino_path_installs_and_removes_a_jobs_roce_tables(
+    served: tuple[RecordingService, str, Pipeline],
+) -> None:
+    # p4/tna/ declares p4/roce.p4's RoCEv2 tables and PSN register under the same names,
+    # keys and actions: the one controller installs them through the TNA P4Info.
+    service, address, pipeline = served
+    tna = P4Info.load(TNA_P4INFO_PATH)
+    for name in ("Ingress.roce.roce_requests", "Ingress.roce.roce_jobs",
+                 "Egress.roce.roce_replies"):  # fmt: skip
+        assert tna.table(name) is not None
+    assert tna.register("Egress.roce.reply_psn").size == ROCE_QP_REGISTERS
+    endpoints = [[RdmaEndpoint(0x100 + 2 * r + u, 0xA0 + r, 0x1000 * u, 7 + u) for u in range(2)]
+                 for r in range(2)]  # fmt: skip
+    workers = [WorkerAddress(f"10.0.0.{r + 1}", ROCE_UDP_PORT) for r in range(2)]
+    with SwitchController.connect(address) as ctl:
+        assert is_tofino(ctl.p4info) and ctl.roce is not None
+        ctl.add_job(7, workers, slot_count=2)
+        service.writes.clear()
+        installed = ctl.roce.install(7, [w.ip for w in workers], endpoints, msg_packets=1)
+        _check("roce_install_tna", service.writes)
+        assert installed.switch_qpns == ((ROCE_QPN_BASE, ROCE_QPN_BASE + 1),
+                                         (ROCE_QPN_BASE + 2, ROCE_QPN_BASE + 3))  # fmt: skip
+        assert [(e.rank, e.position, e.qpn) for e in ctl.roce.read_replies(7)] == [
+            (0, 0, 0x100), (0, 1, 0x101), (1, 0, 0x102), (1, 1, 0x103),
+        ]  # fmt: skip
+        assert ctl.registers.read("Egress.roce.reply_psn", [0, 1, 3]) == [7, 8, 8]
+        assert ctl.roce.msg_packets(7) == 1
+        ctl.remove_job(7)
+        assert ctl.roce.read_requests() == [] and ctl.roce.msg_packets(7) is None
+        assert pipeline.jobs() == []
