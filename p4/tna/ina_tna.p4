@@ -70,7 +70,7 @@ control InaIngress(inout tna_headers_t hdr,
     TnaValues() values;
     TnaResults() results;
     TnaForwarder() forwarder;
-    TnaRoceRequests() roce_requests;
+    TnaRoceRequests() roce_lookup;
     TnaRoceStep() roce_step;
     TnaRoceVerdict() roce_verdict;
 
@@ -87,7 +87,7 @@ control InaIngress(inout tna_headers_t hdr,
             // RoCEv2 -> the INA DATA packet (roce.p4): the lookups, then the queue pair's
             // step once the drop simulator let the packet in, which sets drop_reason.
             if (meta.is_roce == 1) {
-                roce_requests.apply(hdr, meta);
+                roce_lookup.apply(hdr, meta);
             }
             drop_simulator.apply(meta);
             if (meta.is_roce == 1) {

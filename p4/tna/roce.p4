@@ -40,6 +40,7 @@
 // The frame's lookups and header checks: stateless, so they run before the ingress drop
 // simulator decides (stages 0-2).
 control TnaRoceRequests(inout tna_headers_t hdr, inout tna_ingress_metadata_t meta) {
+    @hidden  // called from apply only: not a table's, so not the P4Info's
     action drop(bit<8> reason) {
         meta.roce_dropped = 1;
         meta.roce_reason = reason;
