@@ -191,7 +191,7 @@ class _LoopbackSwitch:
         from controller.client import P4RuntimeError
 
         if self._ctl.roce is None:
-            raise FabricError("the switch's program has no RoCEv2 tables (p4/tna/ has none yet)")
+            raise FabricError("the switch's program has no RoCEv2 tables")
         try:
             return list(self._ctl.roce.install(job_id, ips, endpoints, m).switch_qpns)
         except (ValueError, P4RuntimeError) as exc:
