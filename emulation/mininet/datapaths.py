@@ -19,17 +19,20 @@ emulates its delay or loss in that shaper's class it cannot be reordered too.
 
 Each soft switch runs the eBPF data plane (:mod:`emulation.softswitch.ebpf`) or the Python
 one: ``datapath: auto`` (the default) picks eBPF where this machine can run it, no pcap
-was asked for (the frames never reach the switch process) and none of the switch's
-links needs the delay line; a topology or ``inalab emulate --datapath`` may ask for one
-explicitly, and asking for what cannot be is an error. Every choice comes with the
+was asked for (the Python data plane records what it processes; ``--datapath ebpf
+--pcap`` records the eBPF one's ports with tcpdump instead, :mod:`.capture`) and none
+of the switch's links needs the delay line; a topology or ``inalab emulate --datapath``
+may ask for one explicitly, and asking for what cannot be is an error. Every choice comes with the
 reason, which the emulator prints.
 """
 
 from __future__ import annotations
 
+import shutil
 from dataclasses import dataclass
 from pathlib import Path
 
+from emulation.mininet.capture import TCPDUMP
 from emulation.topology import Link, Switch, Topology
 
 __all__ = ["DatapathChoice", "LinkPlan", "link_specs", "netem_available", "plan_links"]
@@ -124,14 +127,15 @@ def plan_links(
         ebpf_reason: why the eBPF data plane cannot run here (None: it can).
         override: ``python``/``ebpf``/``auto`` for every soft switch (``inalab emulate
             --datapath``); None keeps each switch's own ``datapath``.
-        pcap: the soft switches are to record their ports.
+        pcap: the soft switches are to record their ports (the Python data plane in
+            process; the eBPF one by tcpdump on each port).
 
     Raises:
         ValueError: what was asked for cannot be: jitter without netem, delay or loss on a
             link with no soft switch at either end without netem, duplication or
             reordering on such a link, reordering on a link without a rate or with
             netem's delay or loss, or an ``ebpf`` switch that cannot run it here,
-            records a pcap, or has a link with delay; a switch with a link that
+            records a pcap without tcpdump, or has a link with delay; a switch with a link that
             duplicates or reorders frames that cannot run ``ebpf``.
     """
     for link in topo.links:
@@ -185,8 +189,8 @@ def _choose(
     why_not = None
     if ebpf_reason is not None:
         why_not = ebpf_reason
-    elif pcap:
-        why_not = "--pcap records frames in the switch process, which eBPF frames never reach"
+    elif pcap and shutil.which(TCPDUMP) is None:
+        why_not = "--pcap records the eBPF data plane's ports with tcpdump, not on PATH"
     elif delayed:
         why_not = (
             f"port {delayed[0]}'s link has a delay and this kernel has no netem: only the "
@@ -209,4 +213,7 @@ def _choose(
         return DatapathChoice("ebpf", "asked for")
     if why_not is not None:
         return DatapathChoice("python", why_not)
+    if pcap:
+        return DatapathChoice("python", "--pcap: the Python data plane records what it "
+                              "processes (--datapath ebpf: tcpdump on its ports)")  # fmt: skip
     return DatapathChoice("ebpf", "the kernel data plane runs here")

@@ -95,7 +95,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "ahead of an earlier one that the other core received")  # fmt: skip
     add("--switch-slots", type=int_in(1, 1 << 15), default=1024,
         help="each switch's slot pool per set (default 1024)")  # fmt: skip
-    add("--pcap", action="store_true", help="switches record their ports into RUN_DIR/NAME.pcap")
+    add("--pcap", action="store_true",
+        help="switches record their ports: RUN_DIR/NAME.pcap (the Python data plane), "
+        "RUN_DIR/NAME-ethN.pcap (eBPF, by tcpdump), RUN_DIR/pcaps/ (bmv2)")  # fmt: skip
     add("--datapath", choices=("auto", "python", "ebpf"),
         help="every soft switch's data plane: ebpf (a TC program on its ports, in the "
         "kernel), python (the pipeline in the switch process; its links may delay), or "

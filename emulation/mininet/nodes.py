@@ -22,6 +22,7 @@ from emulation.bmv2 import (
     check_bmv2_switch,
     find_bmv2,
 )
+from emulation.mininet.capture import PortCapture
 from emulation.softswitch.process import SoftSwitchProcess
 
 __all__ = ["SWITCH_CLASSES", "bmv2_switch_class", "soft_switch_class"]
@@ -55,6 +56,7 @@ def soft_switch_class() -> type:
             self.forward_only, self.links, self.pcap, self.seed = forward_only, links, pcap, seed
             self.datapath, self.roce = datapath, roce
             self.process: SoftSwitchProcess | None = None
+            self.capture: PortCapture | None = None  # --pcap on the eBPF data plane
 
         def _args(self) -> tuple[str, ...]:
             args: list[str] = ["--datapath", self.datapath]
@@ -66,7 +68,7 @@ def soft_switch_class() -> type:
                 args += ["--link", f"{port}:{spec}"]
             if self.links:
                 args += ["--link-stats", str(self.run_dir / f"{self.name}.links.json")]
-            if self.pcap:
+            if self.pcap and self.datapath == "python":  # eBPF's frames: tcpdump's
                 args += ["--pcap", str(self.run_dir / f"{self.name}.pcap")]
             return tuple(args)
 
@@ -74,6 +76,8 @@ def soft_switch_class() -> type:
             interfaces = {
                 self.ports[intf]: intf.name for intf in self.intfList() if intf.name != "lo"
             }
+            if self.pcap and self.datapath == "ebpf":
+                self.capture = PortCapture(self.run_dir, interfaces).start()
             self.process = SoftSwitchProcess(
                 self.run_dir, name=self.name, lanes=self.lanes, slots=self.slots,
                 seed=self.seed, interfaces=interfaces, extra_args=self._args(),
@@ -85,6 +89,8 @@ def soft_switch_class() -> type:
                 if code not in (0, None):
                     log.warning("switch %s exited %s; log %s", self.name, code,
                                 self.process.log_path)  # fmt: skip
+            if self.capture is not None:
+                self.capture.stop()
             super().stop(deleteIntfs)
 
     return SoftMininetSwitch

@@ -12,6 +12,7 @@ adds them on loopback for any switch).
 from __future__ import annotations
 
 import json
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -104,3 +105,58 @@ def test_a_job_on_several_switches_is_refused_before_the_network(tmp_path: Path)
     proc = _emulate("leaf_spine_hier.yaml", tmp_path / "run", "bench", "--transport", "rdma")
     assert proc.returncode == 2, proc.stderr
     assert "hierarchical aggregation is INA over UDP only" in proc.stderr
+
+
+CAPTURED = [
+    pytest.param(
+        "star4.yaml",
+        ("--datapath", "ebpf", "--bw", "200", "--link-loss", "0.03", "--link-dup", "0.03",
+         "--link-reorder", "0.03"),
+        (),
+        "s1-eth*.pcap",
+        id="ebpf",
+        marks=pytest.mark.ebpf,
+    ),
+    pytest.param("star4_bmv2.yaml", (), ("--loss", "0.03"), "pcaps/s1-eth*.pcap", id="bmv2",
+                 marks=pytest.mark.bmv2),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize(("topology", "network", "bench", "pattern"), CAPTURED)
+def test_a_lossy_run_s_port_captures_pass_scapy_s_checks(
+    tmp_path: Path, topology: str, network: tuple[str, ...], bench: tuple[str, ...], pattern: str
+) -> None:
+    """The switch's ports recorded under loss (eBPF: tcpdump on each port; bmv2: its own
+    per-port captures), every RoCEv2 frame checked by scapy (``inalab pcap``): ICRCs
+    (scapy's from the soft switch and the hosts, 0 from bmv2), each worker's PSNs
+    consecutive as they reach the switch (repeated only by an ingress duplicate), one
+    R_Key per worker on the switch's replies, whose PSN gaps are frames the switch or the
+    link dropped after numbering them."""
+    from emulation.bench import rocepcap
+
+    if "ebpf" in network and shutil.which("tcpdump") is None:
+        pytest.skip("the eBPF data plane's ports are recorded by tcpdump: not on PATH")
+    run, out = tmp_path / "run", tmp_path / "b.json"
+    proc = _emulate(topology, run, *network, "--pcap", "bench", "--transport", "rdma",
+                    "-b", "16K", "-e", "256K", "-f", "4", "-n", "2", "-w", "1", "-d", "int32",
+                    "--algos", "ina", *bench, "--json", str(out))  # fmt: skip
+    counters = _exact(_doc(proc, out), [16384, 65536, 262144])
+    switch = json.loads((run / "manifest.json").read_text())["switches"]["s1"]
+    switch_ip = switch["ina_address"]["ip"]
+    captures = sorted(run.glob(pattern))
+    assert len(captures) >= 4, sorted(p.name for p in run.rglob("*.pcap"))
+    zero = [switch_ip] if "bmv2" in topology else []
+    checks = [rocepcap.check_pcap(p, zero) for p in captures]
+    assert all(c.problems == [] for c in checks), [c.problems[:3] for c in checks]
+    streams = {k: s for c in checks for k, s in c.streams.items()}
+    workers = {src for src, _, _ in streams if src != switch_ip}
+    assert len(workers) == 4 and sum(c.frames for c in checks) > 1000
+    into = [s for (src, _, _), s in streams.items() if src != switch_ip]
+    assert all(s.missing == 0 and s.late == 0 for s in into)  # the hosts' own sends
+    replies = {k: s for k, s in streams.items() if k[0] == switch_ip}
+    for worker in workers:
+        assert len({r for (_, dst, _), s in replies.items() if dst == worker for r in s.rkeys}) == 1
+    lost = sum(s.missing for s in replies.values())
+    assert lost > 0
+    if "bmv2" in topology:  # no link faults: every gap is the switch's egress loss
+        assert lost <= counters["drop_sim_egress"]

@@ -40,6 +40,20 @@ def test_auto_keeps_python_and_says_why() -> None:
     assert "pcap" in recorded.datapaths["s1"].reason
 
 
+def test_pcap_on_the_ebpf_data_plane_is_tcpdump_s_and_needs_it(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setattr("shutil.which", lambda name: f"/usr/sbin/{name}")
+    asked = plan_links(_topo(), netem=False, ebpf_reason=None, override="ebpf", pcap=True)
+    assert asked.datapaths["s1"] == DatapathChoice("ebpf", "asked for")
+    faulty = plan_links(_topo({"dup": 0.01, "bw": 100}), netem=False, ebpf_reason=None, pcap=True)
+    assert faulty.datapaths["s1"].datapath == "ebpf"
+    monkeypatch.setattr("shutil.which", lambda name: None)
+    with pytest.raises(ValueError, match="datapath ebpf: --pcap records the eBPF data plane's "
+                       "ports with tcpdump, not on PATH"):  # fmt: skip
+        plan_links(_topo(), netem=False, ebpf_reason=None, override="ebpf", pcap=True)
+
+
 def test_netem_takes_the_links_and_frees_the_switches() -> None:
     plan = plan_links(_topo({"delay": "2ms", "jitter": "1ms"}), netem=True, ebpf_reason=None)
     assert plan.netem and plan.specs == {}
@@ -108,7 +122,6 @@ def test_duplication_and_reordering_go_to_the_ebpf_ports_on_any_kernel() -> None
         ({"reorder": 0.1, "bw": 10}, {}, {"override": "python"}, "the Python data plane was"),
         ({"dup": 0.1}, {"datapath": "python"}, {}, "the Python data plane was asked for"),
         ({"dup": 0.1}, {}, {"ebpf_reason": NO_EBPF}, NO_EBPF),
-        ({"dup": 0.1}, {}, {"pcap": True}, "--pcap records frames"),
         ({"reorder": 0.1, "bw": 10, "delay": "1ms"}, {}, {}, "port 1's link has a delay"),
     ],
 )

@@ -146,12 +146,6 @@ def test_a_topology_without_jobs_can_only_stay_up(tmp_path: Path) -> None:
         ("star4.yaml", ("--jitter", "1"), USER, "link h1-s1 asks for jitter, which needs netem"),
         (
             "star4.yaml",
-            ("--datapath", "ebpf", "--pcap"),
-            USER,
-            "switch s1: datapath ebpf: --pcap records frames in the switch process",
-        ),
-        (
-            "star4.yaml",
             ("--datapath", "ebpf"),
             Machine(root=True, netem=False, ebpf_reason="the eBPF data plane needs libbpf"),
             "switch s1: datapath ebpf: the eBPF data plane needs libbpf",
