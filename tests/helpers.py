@@ -600,3 +600,14 @@ def load_script(path: Path, name: str) -> ModuleType:
     sys.modules[name] = module
     spec.loader.exec_module(module)
     return module
+
+
+def gid_table(root: Path, entries: list[tuple[str, int, int, str, str]]) -> Path:
+    """A copy of /sys/class/infiniband's layout: (device, port, index, gid, type)."""
+    for device, port, index, gid, kind in entries:
+        port_dir = root / device / "ports" / str(port)
+        (port_dir / "gids").mkdir(parents=True, exist_ok=True)
+        (port_dir / "gid_attrs" / "types").mkdir(parents=True, exist_ok=True)
+        (port_dir / "gids" / str(index)).write_text(gid + "\n")
+        (port_dir / "gid_attrs" / "types" / str(index)).write_text(kind + "\n")
+    return root

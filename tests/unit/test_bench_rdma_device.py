@@ -9,6 +9,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from helpers import gid_table
 
 from emulation.bench import rdma_device
 from emulation.bench.rdma_device import RdmaDeviceError, check_rdma_device, roce_addresses
@@ -17,19 +18,8 @@ from hostlib.transport.verbs import verbs_unavailable
 V4 = "0000:0000:0000:0000:0000:ffff:0a00:00{:02x}"
 
 
-def _gid_table(root: Path, entries: list[tuple[str, int, int, str, str]]) -> Path:
-    """A copy of /sys/class/infiniband's layout: (device, port, index, gid, type)."""
-    for device, port, index, gid, kind in entries:
-        port_dir = root / device / "ports" / str(port)
-        (port_dir / "gids").mkdir(parents=True, exist_ok=True)
-        (port_dir / "gid_attrs" / "types").mkdir(parents=True, exist_ok=True)
-        (port_dir / "gids" / str(index)).write_text(gid + "\n")
-        (port_dir / "gid_attrs" / "types" / str(index)).write_text(kind + "\n")
-    return root
-
-
 def _table(tmp_path: Path) -> Path:
-    return _gid_table(tmp_path, [
+    return gid_table(tmp_path, [
         ("rxe0", 1, 0, "fe80:0000:0000:0000:0000:0000:0000:0001", "RoCE v2"),  # not IPv4
         ("rxe0", 1, 1, V4.format(1), "IB/RoCE v1"),
         ("rxe0", 1, 2, V4.format(1), "RoCE v2"),

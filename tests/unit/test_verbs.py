@@ -8,6 +8,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+from helpers import gid_table
 
 from hostlib.transport.base import TransportError
 from hostlib.transport.verbs import SYSFS, VerbsDevice, roce_gid, verbs_unavailable
@@ -27,20 +28,9 @@ def test_the_probe_says_in_one_line_why_verbs_cannot_run() -> None:
         VerbsDevice("10.0.0.1")
 
 
-def _gid_table(root: Path, entries: list[tuple[str, int, int, str, str]]) -> Path:
-    """A copy of /sys/class/infiniband's layout: (device, port, index, gid, type)."""
-    for device, port, index, gid, kind in entries:
-        port_dir = root / device / "ports" / str(port)
-        (port_dir / "gids").mkdir(parents=True, exist_ok=True)
-        (port_dir / "gid_attrs" / "types").mkdir(parents=True, exist_ok=True)
-        (port_dir / "gids" / str(index)).write_text(gid + "\n")
-        (port_dir / "gid_attrs" / "types" / str(index)).write_text(kind + "\n")
-    return root
-
-
 def test_the_roce_v2_gid_of_an_address_is_found(tmp_path: Path) -> None:
     v4 = "0000:0000:0000:0000:0000:ffff:0a00:0005"  # ::ffff:10.0.0.5
-    root = _gid_table(tmp_path, [
+    root = gid_table(tmp_path, [
         ("rxe0", 1, 0, "fe80:0000:0000:0000:0200:00ff:fe00:0005", "IB/RoCE v1"),
         ("rxe0", 1, 1, v4, "IB/RoCE v1"),
         ("rxe0", 1, 2, v4, "RoCE v2"),
@@ -52,7 +42,7 @@ def test_the_roce_v2_gid_of_an_address_is_found(tmp_path: Path) -> None:
 
 def test_no_roce_v2_gid_is_one_clear_error(tmp_path: Path) -> None:
     v4 = "0000:0000:0000:0000:0000:ffff:0a00:0005"
-    root = _gid_table(tmp_path, [("rxe0", 1, 1, v4, "IB/RoCE v1")])
+    root = gid_table(tmp_path, [("rxe0", 1, 1, v4, "IB/RoCE v1")])
     with pytest.raises(TransportError, match=r"found rxe0 port 1 index 1: IB/RoCE v1"):
         roce_gid("10.0.0.5", root)
     with pytest.raises(TransportError, match="no device under"):
