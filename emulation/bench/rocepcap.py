@@ -22,23 +22,27 @@ Don't Fragment) are thereby checked too. What a capture must show:
 from __future__ import annotations
 
 import argparse
-import struct
 import sys
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from hostlib.protocol import ROCE_BTH_SIZE, ROCE_ICRC_SIZE, ROCE_RETH_SIZE, ROCE_UDP_PORT
-from hostlib.rocev2 import IMM_OPCODES, RETH_OPCODES
+from hostlib.protocol import (
+    ROCE_BTH_SIZE,
+    ROCE_ICRC_SIZE,
+    ROCE_IMMDT_SIZE,
+    ROCE_RETH_SIZE,
+    ROCE_UDP_PORT,
+    RoceOpcode,
+)
+from hostlib.rocev2 import IMM_OPCODES, RETH, RETH_OPCODES
 
 __all__ = ["PcapCheck", "PcapError", "Stream", "add_arguments", "check_frames", "check_pcap",
            "run"]  # fmt: skip
 
 PROG = "inalab pcap"
 _PSN_MOD = 1 << 24
-_INA_OPCODES = frozenset(range(0x26, 0x2C))  # UC RDMA WRITE FIRST .. ONLY with immediate
-_ONE_MESSAGE = frozenset((0x2A, 0x2B))  # ONLY, ONLY with immediate
-_RETH = struct.Struct("!QII")
+_INA_OPCODES = frozenset(RoceOpcode)  # UC RDMA WRITE FIRST .. ONLY with immediate
 
 
 class PcapError(Exception):
@@ -154,7 +158,7 @@ def _check_one(pkt: object, number: int, zero: set[str], check: PcapCheck) -> No
     stream = check.streams.setdefault((ip.src, ip.dst, bth.dqpn), Stream())
     stream.take(bth.psn)
     if bth.opcode in RETH_OPCODES:
-        va, rkey, length = _RETH.unpack_from(body, ROCE_BTH_SIZE)
+        va, rkey, length = RETH.unpack_from(body, ROCE_BTH_SIZE)
         stream.rkeys.add(rkey)
         stream.va_low = min(stream.va_low, va)
         stream.va_high = max(stream.va_high, va + length)
@@ -165,11 +169,10 @@ def _frame_problem(opcode: int, body: bytes) -> str | None:
     if opcode not in _INA_OPCODES:
         return f"opcode {opcode:#x} is not a UC RDMA WRITE"
     headers = ROCE_BTH_SIZE + ROCE_ICRC_SIZE
-    headers += ROCE_RETH_SIZE * (opcode in RETH_OPCODES) + 4 * (opcode in IMM_OPCODES)
+    headers += ROCE_RETH_SIZE * (opcode in RETH_OPCODES)
+    headers += ROCE_IMMDT_SIZE * (opcode in IMM_OPCODES)
     if len(body) < headers or (len(body) - headers) % 4:
         return f"{len(body)} bytes: not BTH, its extensions, whole lanes and an ICRC"
-    if opcode in _ONE_MESSAGE and opcode not in RETH_OPCODES:
-        return "an ONLY without RETH"
     return None
 
 
