@@ -100,14 +100,15 @@ from dynamiccl.torchbackend.collnet import (
 from dynamiccl.torchbackend.exchange import Exchange, GroupExchange, StoreExchange
 from dynamiccl.torchbackend.gloo import GLOO_COLLECTIVES, gloo_group, gloo_interface
 from dynamiccl.torchbackend.group import BACKEND_NAME, InaProcessGroup, register_backend
-from dynamiccl.torchbackend.options import DEFAULT_COLLNET_BYTES as DEFAULT_COLLNET_BYTES
 from dynamiccl.torchbackend.options import (
+    DEFAULT_CC_TARGET,
     DEFAULT_DEADLINE,
     ENV_AGENT_FROZEN,
     ENV_AGENT_SAVE,
     ENV_AGENT_STATE,
     ENV_AGENT_SYNC_EVERY,
     ENV_BIND,
+    ENV_CC_TARGET,
     ENV_CHOOSER,
     ENV_COLLNET,
     ENV_COLLNET_BYTES,
@@ -134,6 +135,7 @@ from dynamiccl.torchbackend.options import (
     chooser_from_env,
     parse_addr,
 )
+from dynamiccl.torchbackend.options import DEFAULT_COLLNET_BYTES as DEFAULT_COLLNET_BYTES
 from dynamiccl.torchbackend.session import connect_peers, connect_session, remove_job
 from dynamiccl.torchbackend.tensors import INA_DTYPES as INA_DTYPES
 from dynamiccl.torchbackend.tensors import ina_allreduce_
@@ -142,12 +144,14 @@ from dynamiccl.torchbackend.tensors import ina_allreduce_
 # __all__: imported as themselves above, they stay importable from here, still unlisted.
 __all__ = [
     "BACKEND_NAME",
+    "DEFAULT_CC_TARGET",
     "DEFAULT_DEADLINE",
     "ENV_AGENT_FROZEN",
     "ENV_AGENT_SAVE",
     "ENV_AGENT_STATE",
     "ENV_AGENT_SYNC_EVERY",
     "ENV_BIND",
+    "ENV_CC_TARGET",
     "ENV_CHOOSER",
     "ENV_COLLNET",
     "ENV_COLLNET_BYTES",

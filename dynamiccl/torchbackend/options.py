@@ -10,6 +10,7 @@ job (:class:`Aggregator`), their reading from the environment
 
 from __future__ import annotations
 
+import math
 import os
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -26,6 +27,7 @@ if TYPE_CHECKING:
     from controller.tls import TlsFiles
 
 __all__ = [
+    "DEFAULT_CC_TARGET",
     "DEFAULT_COLLNET_BYTES",
     "DEFAULT_DEADLINE",
     "DEFAULT_MSG_PACKETS",
@@ -34,6 +36,7 @@ __all__ = [
     "ENV_AGENT_STATE",
     "ENV_AGENT_SYNC_EVERY",
     "ENV_BIND",
+    "ENV_CC_TARGET",
     "ENV_CHOOSER",
     "ENV_COLLNET",
     "ENV_COLLNET_BYTES",
@@ -132,6 +135,12 @@ error naming the switch or peer (default :data:`DEFAULT_DEADLINE`, or the proces
 timeout where that is shorter). A dead switch answers nothing, and neither does a live
 one while a rank has not entered the call: raise it where ranks can enter a collective
 further apart than this (one rank saving a checkpoint while the others wait)."""
+ENV_CC_TARGET = "INALAB_CC_TARGET"
+"""Milliseconds of queueing an INA call's packets may meet above the least round trip
+seen before this rank's congestion window shrinks (:mod:`hostlib.congestion`), a number
+above 0, or ``off``: no congestion control (default :data:`DEFAULT_CC_TARGET`, as
+``inalab bench --cc-target``'s). Raise it where the path's delay varies more than that
+without a queue (a VM's scheduling); ring and tree calls have no congestion window."""
 ENV_TRANSPORT = "INALAB_TRANSPORT"
 """How INA ranks reach the switch: ``udp`` (default) or ``rdma``: RoCEv2 WRITEs from an
 emulated RNIC bound to this rank's address (:data:`ENV_BIND` or the route's source), UDP
@@ -166,6 +175,9 @@ DEFAULT_DEADLINE: float = RetryPolicy.deadline
 """The no-progress deadline of :data:`ENV_DEADLINE`, hostlib's own
 (:attr:`hostlib.ina.RetryPolicy.deadline`): seconds, not ``init_process_group``'s 30
 minutes, so a dead switch ends every rank's call within it."""
+DEFAULT_CC_TARGET: float = RetryPolicy.cc_target
+"""The congestion target of :data:`ENV_CC_TARGET`, in seconds, hostlib's own
+(:attr:`hostlib.ina.RetryPolicy.cc_target`)."""
 
 
 class InaSetupError(RuntimeError):
@@ -203,6 +215,9 @@ class InaOptions:
         deadline: seconds without progress before a call fails (:data:`ENV_DEADLINE`);
             ``None``: :data:`DEFAULT_DEADLINE`, or the process group's timeout where that
             is shorter (:meth:`no_progress_deadline`).
+        cc_target: seconds of queueing above the least round trip before an INA call's
+            congestion window shrinks (:data:`ENV_CC_TARGET`; ``math.inf``: no
+            congestion control); ``None``: :data:`DEFAULT_CC_TARGET`.
         chooser: what runs each call, per collective and size (:func:`resolve_action`).
         remove_on_shutdown: rank 0 removes the job when the group shuts down (only a job
             it installed).
@@ -253,6 +268,7 @@ class InaOptions:
     msg_packets: int = DEFAULT_MSG_PACKETS
     rdma_device: str | None = None
     check_icrc: bool = True
+    cc_target: float | None = None
 
     def __post_init__(self) -> None:
         if not 0 <= self.job_id <= 0xFFFF:
@@ -261,6 +277,8 @@ class InaOptions:
             raise ValueError(f"slots {self.slots} must be positive")
         if self.deadline is not None and self.deadline <= 0:
             raise ValueError(f"deadline {self.deadline} must be positive")
+        if self.cc_target is not None and not self.cc_target > 0:
+            raise ValueError(f"congestion target {self.cc_target} must be positive (inf: off)")
         if not 0 <= self.bind_port <= 0xFFFF:
             raise ValueError(f"bind port {self.bind_port} outside 0..65535")
         if self.collnet_bytes < 64:
@@ -306,6 +324,15 @@ class InaOptions:
         if self.deadline is not None:
             return self.deadline
         return min(DEFAULT_DEADLINE, timeout.total_seconds())
+
+    def retry_policy(self, timeout: timedelta) -> RetryPolicy:
+        """The retry policy of this rank's sessions (INA, ring and tree): hostlib's, with
+        :meth:`no_progress_deadline` and, where set, :attr:`cc_target` (only INA calls
+        have a congestion window)."""
+        deadline = self.no_progress_deadline(timeout)
+        if self.cc_target is None:
+            return RetryPolicy(deadline=deadline)
+        return RetryPolicy(deadline=deadline, cc_target=self.cc_target)
 
     @property
     def installed(self) -> bool:
@@ -369,6 +396,7 @@ class InaOptions:
                 msg_packets=number(ENV_MSG_PACKETS) or DEFAULT_MSG_PACKETS,
                 rdma_device=env.get(ENV_RDMA_DEVICE) or None,
                 check_icrc=_flag(env, ENV_RDMA_ICRC, default=True),
+                cc_target=_cc_target(env),
             )
         except ValueError as exc:  # ProfileError is a ValueError
             raise InaSetupError(f"bad INALAB_* setting: {exc}") from None
@@ -422,6 +450,27 @@ def _flag(env: Mapping[str, str], name: str, default: bool) -> bool:
     if value not in ("", "0", "1"):
         raise ValueError(f"{name}={value!r}: give 0 or 1")
     return default if value == "" else value == "1"
+
+
+def _cc_target(env: Mapping[str, str]) -> float | None:
+    """:data:`ENV_CC_TARGET` in seconds: milliseconds above 0, or ``off`` (``math.inf``);
+    absent or empty: ``None``.
+
+    Raises:
+        ValueError: another value.
+    """
+    text = env.get(ENV_CC_TARGET, "").strip()
+    if not text:
+        return None
+    if text.lower() == "off":
+        return math.inf
+    try:
+        ms = float(text)
+    except ValueError:
+        ms = math.nan
+    if not 0 < ms < math.inf:
+        raise ValueError(f"{ENV_CC_TARGET}={text!r}: give milliseconds above 0, or off")
+    return ms / 1000.0
 
 
 def chooser_from_env(env: Mapping[str, str]) -> Chooser:

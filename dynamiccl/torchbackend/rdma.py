@@ -25,7 +25,7 @@ from dynamiccl.torchbackend.options import (
     InaSetupError,
     rdma_lanes_problems,
 )
-from hostlib.ina import JobSpec, RetryPolicy
+from hostlib.ina import JobSpec
 from hostlib.protocol import LANE_BYTES, ROCE_UDP_PORT
 from hostlib.session import InaSession
 from hostlib.transport.base import TransportError
@@ -67,7 +67,7 @@ def connect_rdma_session(options: InaOptions, exchange: Exchange, timeout: timed
         transport.connect_switch(switch_ip, info["qpns"][second.rank])
         spec = JobSpec(options.job_id, second.rank, second.world_size,
                        (switch_ip, ROCE_UDP_PORT), m * lanes, options.slots // m)  # fmt: skip
-        policy = RetryPolicy(deadline=options.no_progress_deadline(timeout))
+        policy = options.retry_policy(timeout)
         return InaSession(spec, transport, policy)
     except BaseException:
         transport.close()

@@ -19,7 +19,7 @@ from typing import Any
 from dynamiccl.torchbackend.exchange import Exchange
 from dynamiccl.torchbackend.options import InaOptions, InaSetupError
 from dynamiccl.torchbackend.rdma import connect_rdma_session
-from hostlib.ina import JobSpec, RetryPolicy
+from hostlib.ina import JobSpec
 from hostlib.p2p import PeerSpec
 from hostlib.peers import RingAllreduce
 from hostlib.session import InaSession, StripedInaSession
@@ -73,12 +73,12 @@ def connect_session(
                 raise InaSetupError(f"job {options.job_id}: {info['error']}")
             # Rank 0 installed the group's ranks in order, on every aggregator.
             lanes, rank, workers = int(info["lanes"]), exchange.rank, exchange.world_size
-        deadline = options.no_progress_deadline(timeout)
+        policy = options.retry_policy(timeout)
         sessions = [
             InaSession(
                 JobSpec(options.job_id, rank, workers, switch, lanes, options.slots),
                 transport,
-                RetryPolicy(deadline=deadline),
+                policy,
             )
             for (switch, _), transport in zip(aggregators, transports, strict=True)
         ]
@@ -169,8 +169,7 @@ def connect_peers(
         every = None if gathered is None else json.dumps([json.loads(a) for a in gathered])
         addrs = tuple((str(host), int(port)) for host, port in json.loads(exchange.share(every)))
         spec = PeerSpec(exchange.rank, addrs, lanes, window)
-        deadline = options.no_progress_deadline(timeout)
-        return RingAllreduce(spec, transport, RetryPolicy(deadline=deadline))
+        return RingAllreduce(spec, transport, options.retry_policy(timeout))
     except BaseException:
         transport.close()
         raise

@@ -7,6 +7,7 @@ raises on a wrong result, which fails the spawn and the test.
 
 from __future__ import annotations
 
+import math
 import os
 import socket
 from collections.abc import Iterator
@@ -25,6 +26,7 @@ import torch.multiprocessing as mp  # noqa: E402
 
 from dynamiccl.ddp import InaHookState, ina_allreduce_hook  # noqa: E402
 from dynamiccl.torch_backend import (  # noqa: E402
+    DEFAULT_CC_TARGET,
     DEFAULT_DEADLINE,
     Aggregator,
     InaOptions,
@@ -366,6 +368,36 @@ def test_the_no_progress_deadline_is_seconds_not_the_groups_30_minutes() -> None
         InaOptions.from_env(env | {"INALAB_DEADLINE": "0"})
     with pytest.raises(InaSetupError, match="bad INALAB"):
         InaOptions.from_env(env | {"INALAB_DEADLINE": "soon"})
+
+
+def test_the_congestion_target_is_milliseconds_or_off() -> None:
+    """#41: INALAB_CC_TARGET, as ``inalab bench --cc-target``; the sessions' policy."""
+    env = {"INALAB_SWITCH": "10.0.0.1:9999", "INALAB_P4RUNTIME": "10.0.0.1:50051",
+           "INALAB_JOB": "3"}  # fmt: skip
+    timeout = dist.default_pg_timeout
+    default = InaOptions.from_env(env)
+    assert default.cc_target is None
+    assert InaOptions.from_env(env | {"INALAB_CC_TARGET": ""}).cc_target is None
+    policy = default.retry_policy(timeout)
+    assert (policy.cc_target, policy.deadline) == (DEFAULT_CC_TARGET, DEFAULT_DEADLINE)
+    assert DEFAULT_CC_TARGET == 0.005
+    wide = InaOptions.from_env(env | {"INALAB_CC_TARGET": "20", "INALAB_DEADLINE": "120"})
+    assert wide.cc_target == 0.02
+    policy = wide.retry_policy(timeout)
+    assert (policy.cc_target, policy.deadline) == (0.02, 120.0)
+    assert InaOptions.from_env(env | {"INALAB_CC_TARGET": "0.5"}).cc_target == 0.0005
+    for off in ("off", " OFF "):
+        options = InaOptions.from_env(env | {"INALAB_CC_TARGET": off})
+        assert options.cc_target == math.inf
+        assert options.retry_policy(timeout).cc_target == math.inf
+    for bad in ("0", "-1", "abc", "inf", "nan"):
+        with pytest.raises(InaSetupError) as info:
+            InaOptions.from_env(env | {"INALAB_CC_TARGET": bad})
+        assert str(info.value) == (
+            f"bad INALAB_* setting: INALAB_CC_TARGET={bad!r}: give milliseconds above 0, or off"
+        )
+    with pytest.raises(ValueError, match="congestion target"):
+        InaOptions(switch=("10.0.0.1", 9999), p4runtime="10.0.0.1:50051", job_id=3, cc_target=0)
 
 
 def test_gloo_binds_the_interface_toward_the_master() -> None:
