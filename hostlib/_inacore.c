@@ -27,6 +27,7 @@
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
 
+#include "_congestion.h"
 #include "_netcore.h"
 
 #include <errno.h>
@@ -114,6 +115,15 @@ typedef struct {
     Py_ssize_t nfast, capfast;
     /* statistics */
     int64_t sent, retransmitted, fast_retransmitted, stale, foreign, late_timers;
+    /* congestion control (hostlib.congestion): the session's window, the packets it
+       holds back, which results are in, the oldest packet without its result, and per
+       slot whether its packet's round trip is a sample */
+    CcWindow cc;
+    int cc_on;
+    Held held;
+    uint8_t *got;
+    int64_t una;
+    char *sample;
     int batch_results;                /* results a nap waits for in run() (0: never) */
     int64_t naps, receives, received; /* run(): naps, recvmmsg calls, their datagrams */
     size_t psize;
@@ -423,6 +433,7 @@ static int32_t send_new(InaCore *c, int64_t index, double now) {
     c->outstanding[slot] = index;
     c->sent_at[slot] = now;
     c->resent[slot] = 0;
+    c->sample[slot] = (char)(c->cc_on && c->done > 0);
     /* Before the call's first result the peers may still be entering the call
        (RetryPolicy.timeout). */
     c->slot_rto[slot] = c->done || c->rto >= c->first_timeout ? c->rto : c->first_timeout;
@@ -440,6 +451,21 @@ static int resend(InaCore *c, int32_t slot, int64_t index, double now) {
     return 0;
 }
 
+/* A copy of `slot`'s packet for the next on_timer (or run()'s queue_fast). */
+static int fast_copy(InaCore *c, int32_t slot) {
+    if (c->nfast == c->capfast) { /* grows by doubling: no allocation per packet */
+        Py_ssize_t cap = 2 * c->capfast;
+        uint8_t *b = realloc(c->fastbuf, (size_t)cap * c->psize);
+        if (!b) return -1;
+        c->fastbuf = b;
+        c->capfast = cap;
+    }
+    memcpy(c->fastbuf + (size_t)c->nfast * c->psize, c->slotbuf + (size_t)slot * c->psize,
+           c->psize);
+    c->nfast++;
+    return 0;
+}
+
 static int detect_losses(InaCore *c, double now) {
     int64_t threshold = c->high_tx - c->reorder;
     while (c->otail > c->ohead) {
@@ -448,16 +474,7 @@ static int detect_losses(InaCore *c, double now) {
         c->ohead++;
         if (c->outstanding[o.slot] == o.index && c->slot_tx[o.slot] == o.tx) {
             if (resend(c, o.slot, o.index, now) < 0) return -1;
-            if (c->nfast == c->capfast) { /* grows by doubling: no allocation per packet */
-                Py_ssize_t cap = 2 * c->capfast;
-                uint8_t *b = realloc(c->fastbuf, (size_t)cap * c->psize);
-                if (!b) return -1;
-                c->fastbuf = b;
-                c->capfast = cap;
-            }
-            memcpy(c->fastbuf + (size_t)c->nfast * c->psize,
-                   c->slotbuf + (size_t)o.slot * c->psize, c->psize);
-            c->nfast++;
+            if (fast_copy(c, o.slot) < 0) return -1;
             c->fast_retransmitted++;
         }
     }
@@ -465,9 +482,9 @@ static int detect_losses(InaCore *c, double now) {
 }
 
 
-/* One received datagram. Returns the index of the packet to send next (its slot's buffer
-   must be free: see send_next), -2 when nothing is to be sent, -1 when out of memory. */
-static int64_t take(InaCore *c, const uint8_t *d, size_t len, double now) {
+/* One received datagram. Returns 0 when it was a result of this call (the packet its
+   slot sends next is held: see release), -2 when it was not, -1 when out of memory. */
+static int take(InaCore *c, const uint8_t *d, size_t len, double now) {
     if (len != c->psize) { c->foreign++; return -2; }
     if (d[0] != ((PROTOCOL_VERSION << 4) | PTYPE_RESULT) || (int)get16(d + 2) != c->job_id ||
         (int)get16(d + 6) != c->lanes) {
@@ -482,8 +499,14 @@ static int64_t take(InaCore *c, const uint8_t *d, size_t len, double now) {
     c->outstanding[slot] = -1;
     c->done++;
     c->last_progress = now;
+    c->got[index] = 1;
+    while (c->una < c->npackets && c->got[c->una]) c->una++;
     if (!c->resent[slot]) { /* Karn's rule */
-        rtt_update(c, now - c->sent_at[slot]);
+        double rtt = now - c->sent_at[slot];
+        rtt_update(c, rtt);
+        /* not while this worker stalled: on one machine all stalled, no queue grew */
+        if (c->sample[slot] && c->clock.stalled == c->stall_at[slot])
+            cc_sample(&c->cc, rtt, now, c->srtt, c->window);
         if (c->slot_tx[slot] > c->high_tx) c->high_tx = c->slot_tx[slot];
     }
     int64_t block = c->is_float ? index - c->window : index;
@@ -501,13 +524,56 @@ static int64_t take(InaCore *c, const uint8_t *d, size_t len, double now) {
     if (c->is_float && index < c->nblocks) c->global_exp[index] = exp;
     if (detect_losses(c, now) < 0) return -1;
     int64_t nxt = index + c->window;
-    return nxt < c->npackets ? nxt : -2;
+    if (nxt < c->npackets) held_push(&c->held, nxt);
+    return 0;
 }
 
 /* Build and send packet `index` into its slot (whose buffer the caller has freed). */
 static int send_next(InaCore *c, int64_t index, double now) {
     build(c, index);
     return send_new(c, index, now) < 0 ? -1 : 0;
+}
+
+/* hostlib.ina.InaAllreduce._release: send the held packets the congestion window lets
+   go, oldest first; their slots go to `slots` (room for window entries). `ready`, when
+   given, is called with each slot before its buffer is rebuilt (run(): a buffer still in
+   the send queue is sent first). Returns how many, -1 on no memory or ready's error. */
+static Py_ssize_t release(InaCore *c, double now, int32_t *slots,
+                          int (*ready)(void *, int32_t), void *arg) {
+    int limit = cc_limit(&c->cc, c->window);
+    Py_ssize_t k = 0;
+    while (c->held.n && (limit >= c->window || c->held.v[0] < c->una + limit)) {
+        int64_t index = held_pop(&c->held);
+        int32_t slot = (int32_t)(index % c->window);
+        if (ready && ready(arg, slot) != 0) return -1;
+        if (send_next(c, index, now) < 0) return -1;
+        slots[k++] = slot;
+    }
+    return k;
+}
+
+/* The call's start: every slot's first packet held, then let go as the window allows. */
+static Py_ssize_t start_release(InaCore *c, double now, int32_t *slots,
+                                int (*ready)(void *, int32_t), void *arg) {
+    for (int64_t i = 0; i < c->window; i++) held_push(&c->held, i);
+    return release(c, now, slots, ready, arg);
+}
+
+/* One datagram taken: the packets it lets go, the first in `*first` (-1: none), the rest
+   copied behind the fast retransmissions (as hostlib.ina's on_datagram leaves them to
+   on_timer). 0, or -1 on no memory. */
+static int take_and_release(InaCore *c, const uint8_t *d, size_t len, double now,
+                            int32_t *first, int32_t *slots, int (*ready)(void *, int32_t),
+                            void *arg) {
+    *first = -1;
+    int r = take(c, d, len, now);
+    if (r != 0) return r == -1 ? -1 : 0;
+    Py_ssize_t k = release(c, now, slots, ready, arg);
+    if (k < 0) return -1;
+    for (Py_ssize_t i = 1; i < k; i++)
+        if (fast_copy(c, slots[i]) < 0) return -1;
+    if (k) *first = slots[0];
+    return 0;
 }
 
 static double next_wakeup(InaCore *c) {
@@ -547,6 +613,8 @@ static Py_ssize_t expire(InaCore *c, double now, int32_t *slots) {
         }
         double rto = slot_rto * c->backoff;
         c->slot_rto[t.slot] = rto < c->max_timeout ? rto : c->max_timeout;
+        /* the session's, until an unambiguous sample (RFC 6298) */
+        if (c->slot_rto[t.slot] > c->rto) c->rto = c->slot_rto[t.slot];
         if (resend(c, t.slot, t.index, now) < 0) return -1;
         slots[k++] = t.slot;
     }
@@ -596,7 +664,7 @@ static void InaCore_dealloc(InaCore *c) {
     free(c->local_exp); free(c->global_exp); free(c->slotbuf); free(c->outstanding);
     free(c->sent_at); free(c->slot_rto); free(c->slot_deadline); free(c->resent);
     free(c->queued); free(c->rearmed); free(c->stall_at); free(c->slot_tx); free(c->heap);
-    free(c->order); free(c->fastbuf);
+    free(c->order); free(c->fastbuf); free(c->held.v); free(c->got); free(c->sample);
     Py_TYPE(c)->tp_free((PyObject *)c);
 }
 
@@ -605,19 +673,25 @@ static int InaCore_init(InaCore *c, PyObject *args, PyObject *kw) {
                             "out", "uses", "first_seq", "rto", "srtt", "rttvar", "samples",
                             "min_timeout", "max_timeout", "backoff", "deadline", "late_timer",
                             "stream_min_bytes", "batch_results", "stall_check", "first_timeout",
-                            NULL};
+                            "cwnd", "base_rtt", "cut_at", "cuts", "cc_target", "cc_beta",
+                            "cc_max_cut", NULL};
     PyObject *data, *out, *uses;
     long long first_seq, samples, stream_min = STREAM_MIN_BYTES;
     double stall_check = 0.0025;
+    long long cuts = 0;
     c->batch_results = BATCH_RESULTS;
     c->first_timeout = 0.0;
-    if (!PyArg_ParseTupleAndKeywords(args, kw, "iiiiiOOOLdddLddddd|Lidd", names, &c->job_id,
-                                     &c->rank, &c->num_workers, &c->lanes, &c->window, &data,
-                                     &out, &uses, &first_seq, &c->rto, &c->srtt, &c->rttvar,
-                                     &samples, &c->min_timeout, &c->max_timeout, &c->backoff,
-                                     &c->deadline_s, &c->late_timer, &stream_min,
-                                     &c->batch_results, &stall_check, &c->first_timeout))
+    c->cc = (CcWindow){INFINITY, INFINITY, -INFINITY, 0, INFINITY, 0.8, 0.5};
+    if (!PyArg_ParseTupleAndKeywords(
+            args, kw, "iiiiiOOOLdddLddddd|LidddddLddd", names, &c->job_id, &c->rank,
+            &c->num_workers, &c->lanes, &c->window, &data, &out, &uses, &first_seq, &c->rto,
+            &c->srtt, &c->rttvar, &samples, &c->min_timeout, &c->max_timeout, &c->backoff,
+            &c->deadline_s, &c->late_timer, &stream_min, &c->batch_results, &stall_check,
+            &c->first_timeout, &c->cc.cwnd, &c->cc.base_rtt, &c->cc.cut_at, &cuts,
+            &c->cc.target, &c->cc.beta, &c->cc.max_cut))
         return -1;
+    c->cc.cuts = cuts;
+    c->cc_on = isfinite(c->cc.target);
     if (c->started || c->have_data) {
         PyErr_SetString(PyExc_RuntimeError, "InaCore is initialised once");
         return -1;
@@ -678,12 +752,16 @@ static int InaCore_init(InaCore *c, PyObject *args, PyObject *kw) {
     c->slot_tx = calloc(w, sizeof(int64_t));
     c->capfast = (Py_ssize_t)w;
     c->fastbuf = malloc(w * c->psize);
+    c->held.v = malloc(w * sizeof(int64_t));
+    c->got = calloc((size_t)c->npackets, 1);
+    c->sample = calloc(w, 1);
     if (c->is_float) {
         c->local_exp = malloc((size_t)c->nblocks);
         c->global_exp = malloc((size_t)c->nblocks);
     }
     if (!c->slotbuf || !c->outstanding || !c->sent_at || !c->slot_rto || !c->slot_deadline ||
         !c->resent || !c->queued || !c->rearmed || !c->stall_at || !c->slot_tx || !c->fastbuf ||
+        !c->held.v || !c->got || !c->sample ||
         (c->is_float && (!c->local_exp || !c->global_exp))) {
         PyErr_NoMemory();
         return -1;
@@ -718,14 +796,17 @@ static PyObject *InaCore_start(InaCore *c, PyObject *arg) {
     c->started = 1;
     c->last_progress = now;
     c->clock.seen = now;
+    int32_t *slots = malloc((size_t)c->window * sizeof(int32_t));
+    if (!slots) return PyErr_NoMemory();
+    Py_ssize_t k = start_release(c, now, slots, NULL, NULL);
+    if (k < 0) { free(slots); return PyErr_NoMemory(); }
     PyObject *list = PyList_New(0);
-    if (!list) return NULL;
-    for (int64_t i = 0; i < c->window; i++) {
-        if (send_next(c, i, now) < 0) { Py_DECREF(list); return PyErr_NoMemory(); }
-        PyObject *b = packet_bytes(c, c->slotbuf + (size_t)i * c->psize);
-        if (!b || PyList_Append(list, b) < 0) { Py_XDECREF(b); Py_DECREF(list); return NULL; }
-        Py_DECREF(b);
+    for (Py_ssize_t i = 0; list && i < k; i++) {
+        PyObject *b = packet_bytes(c, c->slotbuf + (size_t)slots[i] * c->psize);
+        if (!b || PyList_Append(list, b) < 0) { Py_XDECREF(b); Py_CLEAR(list); }
+        Py_XDECREF(b);
     }
+    free(slots);
     return list;
 }
 
@@ -734,12 +815,14 @@ static PyObject *InaCore_on_datagram(InaCore *c, PyObject *args) {
     double now;
     if (!PyArg_ParseTuple(args, "y*d", &d, &now)) return NULL;
     observe(c, now);
-    int64_t nxt = take(c, d.buf, (size_t)d.len, now);
+    int32_t *slots = malloc((size_t)c->window * sizeof(int32_t)), first = -1;
+    int r = slots ? take_and_release(c, d.buf, (size_t)d.len, now, &first, slots, NULL, NULL)
+                  : -1;
     PyBuffer_Release(&d);
-    if (nxt == -1) return PyErr_NoMemory();
-    if (nxt < 0) Py_RETURN_NONE;
-    if (send_next(c, nxt, now) < 0) return PyErr_NoMemory();
-    return packet_bytes(c, c->slotbuf + (size_t)(nxt % c->window) * c->psize);
+    free(slots);
+    if (r < 0) return PyErr_NoMemory();
+    if (first < 0) Py_RETURN_NONE;
+    return packet_bytes(c, c->slotbuf + (size_t)first * c->psize);
 }
 
 static PyObject *InaCore_on_timer(InaCore *c, PyObject *arg) {
@@ -784,6 +867,7 @@ typedef struct {
     struct iovec siov[BATCH];
     int32_t sslot[BATCH]; /* the slot whose buffer an entry sends, -1: a fastbuf copy */
     unsigned nq;
+    int err; /* slot_ready's */
 } SendQueue;
 
 /* Send every queued datagram; a full socket buffer waits for room. 0 or an errno. */
@@ -807,7 +891,6 @@ static int flush(SendQueue *q) {
     for (unsigned k = 0; k < q->nq; k++)
         if (q->sslot[k] >= 0) c->queued[q->sslot[k]] = 0;
     q->nq = 0;
-    c->nfast = 0;
     return 0;
 }
 
@@ -831,33 +914,41 @@ static int enqueue_slot(SendQueue *q, int32_t slot) {
     return enqueue(q, q->c->slotbuf + (size_t)slot * q->c->psize, slot);
 }
 
-/* Build and queue packet `index`, flushing first if its slot's buffer is still queued. */
-static int queue_next(SendQueue *q, int64_t index, double now) {
-    InaCore *c = q->c;
-    int32_t slot = (int32_t)(index % c->window);
-    if (c->queued[slot]) {
-        int err = flush(q);
-        if (err) return err;
-    }
-    if (send_next(c, index, now) < 0) return ENOMEM;
-    return enqueue_slot(q, slot);
+/* release()'s `ready`: a slot's buffer still in the queue is sent before it is rebuilt;
+   the error stays in q->err. */
+static int slot_ready(void *arg, int32_t slot) {
+    SendQueue *q = arg;
+    if (q->c->queued[slot]) q->err = flush(q);
+    return q->err;
+}
+
+/* Packets let go (release): queued in order. ENOMEM, a send's errno, or 0. */
+static int queue_released(SendQueue *q, Py_ssize_t k, const int32_t *slots) {
+    if (k < 0) return q->err ? q->err : ENOMEM;
+    int err = 0;
+    for (Py_ssize_t i = 0; i < k && !err; i++) err = enqueue_slot(q, slots[i]);
+    return err;
 }
 
 /* Fast retransmissions found by the last datagram: sent at once (their copies live in
    fastbuf, which may grow, so they never wait in the queue across datagrams). */
 static int queue_fast(SendQueue *q) {
     InaCore *c = q->c;
+    if (!c->nfast) return 0;
     for (Py_ssize_t k = 0; k < c->nfast; k++) {
         int err = enqueue(q, c->fastbuf + (size_t)k * c->psize, -1);
         if (err) return err;
     }
-    return c->nfast ? flush(q) : 0;
+    int err = flush(q);
+    c->nfast = 0; /* sent: fastbuf is free again */
+    return err;
 }
 
 /* How long run() sleeps before its next receive (BATCH_RESULTS); 0: no nap. */
 static double nap_seconds(const InaCore *c, int results, const Spacing *sp, double until) {
     int64_t left = c->npackets - c->done;
-    int64_t flight = left < c->window ? left : c->window;
+    int64_t limit = cc_limit(&c->cc, c->window);
+    int64_t flight = left < limit ? left : limit;
     return flight < 2 * (int64_t)results ? 0.0 : spacing_nap(sp, results, until);
 }
 
@@ -882,7 +973,7 @@ static int run_loop(InaCore *c, int fd, uint8_t *rbuf, size_t rsize, double *now
     c->started = 1;
     c->last_progress = now;
     c->clock.seen = now;
-    for (int64_t i = 0; i < c->window && !err; i++) err = queue_next(q, i, now);
+    err = queue_released(q, start_release(c, now, slots, slot_ready, q), slots);
     if (!err) err = flush(q);
     double check_at = now + SIGNAL_CHECK_S;
     Spacing sp = {0.0, 0.0};
@@ -913,9 +1004,13 @@ static int run_loop(InaCore *c, int fd, uint8_t *rbuf, size_t rsize, double *now
             c->received += n;
         }
         for (int k = 0; k < n && !err; k++) {
-            int64_t nxt = take(c, rbuf + (size_t)k * rsize, rmsg[k].msg_len, now);
-            if (nxt == -1) { err = ENOMEM; break; }
-            if (nxt >= 0) err = queue_next(q, nxt, now);
+            int32_t first;
+            if (take_and_release(c, rbuf + (size_t)k * rsize, rmsg[k].msg_len, now, &first,
+                                 slots, slot_ready, q) < 0) {
+                err = q->err ? q->err : ENOMEM;
+                break;
+            }
+            if (first >= 0) err = enqueue_slot(q, first);
             if (!err) err = queue_fast(q);
         }
         if (!err) err = flush(q);
@@ -970,7 +1065,32 @@ static PyObject *InaCore_get_done(InaCore *c, void *Py_UNUSED(x)) {
     return PyBool_FromLong(c->done == c->npackets);
 }
 
+static PyObject *state_counters(InaCore *c);
+
+/* A float into a dict (the state's congestion window), 0 or -1. */
+static int put_float(PyObject *d, const char *key, double v) {
+    PyObject *o = PyFloat_FromDouble(v);
+    int r = o ? PyDict_SetItemString(d, key, o) : -1;
+    Py_XDECREF(o);
+    return r;
+}
+
 static PyObject *InaCore_get_state(InaCore *c, void *Py_UNUSED(x)) {
+    PyObject *d = state_counters(c);
+    if (!d) return NULL;
+    PyObject *cuts = PyLong_FromLongLong(c->cc.cuts);
+    if (!cuts || PyDict_SetItemString(d, "cuts", cuts) < 0 ||
+        put_float(d, "cwnd", c->cc.cwnd) < 0 || put_float(d, "base_rtt", c->cc.base_rtt) < 0 ||
+        put_float(d, "cut_at", c->cc.cut_at) < 0) {
+        Py_XDECREF(cuts);
+        Py_DECREF(d);
+        return NULL;
+    }
+    Py_DECREF(cuts);
+    return d;
+}
+
+static PyObject *state_counters(InaCore *c) {
     return Py_BuildValue(
         "{s:L,s:L,s:i,s:d,s:d,s:d,s:L,s:L,s:L,s:L,s:L,s:L,s:L,s:L,s:O,s:L,s:L,s:L}",
         "npackets",

@@ -32,6 +32,10 @@ Loss recovery: a packet still without its result when the result of a transmissi
 :func:`reorder_threshold` sends after it arrives is sent again at once (fast
 retransmission, :meth:`InaAllreduce._detect_losses`); the per-slot RFC 6298 timer is
 the backstop, for a call's last packets above all.
+
+Congestion: a packet whose slot is free may still wait for the session's congestion
+window (:mod:`hostlib.congestion`), which shrinks when round trips show a queue; it never
+changes which slot, set or seq a packet has.
 """
 
 from __future__ import annotations
@@ -43,6 +47,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from hostlib.congestion import CongestionWindow, check_congestion
 from hostlib.errors import InaError, InaTimeoutError
 from hostlib.protocol import (
     DEFAULT_SLOTS_PER_JOB,
@@ -128,10 +133,12 @@ class JobSpec:
 
 @dataclass(frozen=True)
 class RetryPolicy:
-    """Retransmission timing (seconds). The timeout adapts to the measured round trip
-    (srtt + 4 rttvar, Karn's rule) within ``[min_timeout, max_timeout]`` and doubles per
-    retransmission of a packet; ``deadline`` is the longest time without any new result
-    before :class:`InaTimeoutError`.
+    """Retransmission timing (seconds) and congestion control. The timeout adapts to the
+    measured round trip (srtt + 4 rttvar, Karn's rule) within ``[min_timeout,
+    max_timeout]`` and doubles per retransmission of a packet; the doubled timeout stays
+    the session's until an unambiguous sample (RFC 6298, 5.5-5.7). ``deadline`` is the
+    longest time without any new result before :class:`InaTimeoutError`. The ``cc_``
+    fields steer the INA engines' congestion window (:mod:`hostlib.congestion`).
 
     Raises:
         ValueError: non-positive times, or min > max.
@@ -168,6 +175,16 @@ class RetryPolicy:
     """The longest an engine sleeps while its call runs (its heartbeat), so that a stall
     is measured wherever it falls in a timer's life, not only after the timer's deadline;
     a stall shorter than this can go unseen."""
+    cc_target: float = 0.005
+    """The queueing delay an INA worker's packets may meet above the least round trip
+    seen before its congestion window shrinks (``math.inf``: no congestion control).
+    5 ms: a whole window of 8 KiB packets queues 0.5 ms on a 1 Gbit/s link, and this
+    VM's scheduling adds a few ms now and then; a queue of 4 hosts' windows behind one
+    100 Mbit/s link (fat_tree_k4) is 21 ms."""
+    cc_beta: float = 0.8
+    """How hard a sample above the target cuts: by ``beta`` times its excess share."""
+    cc_max_cut: float = 0.5
+    """The largest share one cut takes off the window."""
 
     def __post_init__(self) -> None:
         if min(self.timeout, self.min_timeout, self.max_timeout, self.deadline) <= 0:
@@ -178,6 +195,7 @@ class RetryPolicy:
             raise ValueError("stall_check must be positive")
         if self.min_timeout > self.max_timeout or self.backoff < 1.0:
             raise ValueError("need min_timeout <= max_timeout and backoff >= 1")
+        check_congestion(self.cc_target, self.cc_beta, self.cc_max_cut)
 
     @property
     def heartbeat(self) -> float:
@@ -232,12 +250,14 @@ class _Stats:
 
 @dataclass
 class _Rtt:
-    """Round-trip estimator (RFC 6298) shared by all slots of a session."""
+    """Round-trip estimator (RFC 6298) shared by all slots of a session, and the
+    session's congestion window (INA engines)."""
 
     rto: float
     srtt: float = 0.0
     rttvar: float = 0.0
     samples: int = field(default=0)
+    cc: CongestionWindow = field(default_factory=CongestionWindow)
 
     def update(self, rtt: float, policy: RetryPolicy, flight: int = 1) -> None:
         """Take one round-trip sample. ``flight``: the packets in flight when it was
@@ -408,6 +428,15 @@ class InaAllreduce:
         self._order: deque[tuple[int, int, int]] = deque()  # (tx, slot, index)
         self._reorder = reorder_threshold(w)
         self._fast: list[memoryview] = []  # found lost by a result, sent by on_timer
+        # Congestion control (hostlib.congestion): packets whose slot is free but which
+        # the congestion window holds back (a heap of indices), which results are in,
+        # the oldest packet without its result, and per slot whether the round trip of
+        # its packet is a sample (sent after the call's first result).
+        self._held: list[int] = []
+        self._got = bytearray(self.npackets)
+        self._una = 0
+        self._sample = [False] * w
+        self._cc_on = math.isfinite(policy.cc_target)
 
     # ------------------------------------------------------------------ plan
     def _build_wire(self) -> np.ndarray:
@@ -451,7 +480,8 @@ class InaAllreduce:
         """The first window of packets to send."""
         self._last_progress = now
         self._clock.seen = now
-        return [self._send(index, now) for index in range(self.window)]
+        self._held = list(range(self.window))  # ascending: a heap
+        return self._release(now)
 
     def on_datagram(self, data: memoryview, now: float) -> memoryview | None:
         """Take one received datagram; return the next packet to send, if any."""
@@ -471,18 +501,43 @@ class InaAllreduce:
         self._accept(slot, index, exp, data, now)
         self._detect_losses(now)
         nxt = index + self.window
-        if nxt >= self.npackets:
+        if nxt < self.npackets:
+            heapq.heappush(self._held, nxt)
+        out = self._release(now)
+        if not out:
             return None
-        if self.is_float:
-            self._fill(nxt)
-        return self._send(nxt, now)
+        self._fast.extend(out[1:])  # sent by the next on_timer, as fast retransmissions
+        return out[0]
+
+    def _release(self, now: float) -> list[memoryview]:
+        """Send the held packets the congestion window lets go, oldest first."""
+        w = self.window
+        limit = self.rtt.cc.limit(w)
+        held, out = self._held, []
+        while held and (limit >= w or held[0] < self._una + limit):
+            index = heapq.heappop(held)
+            if self.is_float and index >= w:
+                self._fill(index)
+            out.append(self._send(index, now))
+        return out
 
     def _accept(self, slot: int, index: int, exp: int, data: memoryview, now: float) -> None:
         self._outstanding[slot] = -1
         self._done += 1
         self._last_progress = now
+        got = self._got
+        got[index] = 1
+        while self._una < self.npackets and got[self._una]:
+            self._una += 1
         if not self._resent[slot]:  # Karn's rule: a retransmitted packet's result is ambiguous
-            self.rtt.update(now - self._sent_at[slot], self.policy)
+            rtt, policy = now - self._sent_at[slot], self.policy
+            self.rtt.update(rtt, policy)
+            # Not while this worker stalled: on one machine all stalled, no queue grew.
+            if self._sample[slot] and self._clock.stalled == self._stall_at[slot]:
+                self.rtt.cc.on_sample(
+                    rtt, now, self.rtt.srtt, self.window, policy.cc_target, policy.cc_beta,
+                    policy.cc_max_cut,
+                )  # fmt: skip
             if self._slot_tx[slot] > self._high_tx:
                 self._high_tx = self._slot_tx[slot]
         block = index - self.window if self.is_float else index
@@ -507,6 +562,7 @@ class InaAllreduce:
         self._outstanding[slot] = index
         self._sent_at[slot] = now
         self._resent[slot] = False
+        self._sample[slot] = self._cc_on and self._done > 0
         # Before the call's first result the peers may still be entering the call.
         rto = self.rtt.rto if self._done else max(self.rtt.rto, self.policy.timeout)
         self._slot_rto[slot] = rto
@@ -584,9 +640,10 @@ class InaAllreduce:
                 heapq.heappush(timers, (now + rto, slot, index))
                 self.stats.late_timers += 1
                 continue
-            self._slot_rto[slot] = min(
-                self._slot_rto[slot] * self.policy.backoff, self.policy.max_timeout
-            )
+            rto = min(rto * self.policy.backoff, self.policy.max_timeout)
+            self._slot_rto[slot] = rto
+            if rto > self.rtt.rto:  # the session's, until an unambiguous sample (RFC 6298)
+                self.rtt.rto = rto
             out.append(self._resend(slot, index, now))
         return out
 

@@ -240,12 +240,15 @@ class NativeInaAllreduce:
             self._out = np.empty(data.size, dtype=self._data.dtype)
         else:
             self._out = out_buffer(out, self._data)
+        cc = self.rtt.cc
         self._core = _core.InaCore(
             spec.job_id, spec.rank, spec.num_workers, spec.lanes, slots, self._data,
             self._out, uses, first_seq, self.rtt.rto, self.rtt.srtt, self.rtt.rttvar,
             self.rtt.samples, policy.min_timeout, policy.max_timeout, policy.backoff,
             policy.deadline, policy.late_timer, stall_check=policy.stall_check,
-            first_timeout=policy.timeout,
+            first_timeout=policy.timeout, cwnd=cc.cwnd, base_rtt=cc.base_rtt,
+            cut_at=cc.cut_at, cuts=cc.cuts, cc_target=policy.cc_target,
+            cc_beta=policy.cc_beta, cc_max_cut=policy.cc_max_cut,
             **({} if stream_min_bytes is None else {"stream_min_bytes": stream_min_bytes}),
             **({} if batch_results is None else {"batch_results": batch_results}),
         )  # fmt: skip
@@ -305,11 +308,13 @@ class NativeInaAllreduce:
             self._sync(None)
 
     def _sync(self, value: Any) -> Any:
-        """Copy the core's counters and RTT estimate out (the session's estimator is
-        shared across its calls, as the Python engine's is)."""
+        """Copy the core's counters, RTT estimate and congestion window out (the
+        session's are shared across its calls, as the Python engine's are)."""
         s = self._core.state
         self.rtt.rto, self.rtt.srtt, self.rtt.rttvar = s["rto"], s["srtt"], s["rttvar"]
         self.rtt.samples = s["samples"]
+        cc = self.rtt.cc
+        cc.cwnd, cc.base_rtt, cc.cut_at, cc.cuts = s["cwnd"], s["base_rtt"], s["cut_at"], s["cuts"]
         st = self.stats
         st.sent, st.retransmitted = s["sent"], s["retransmitted"]
         st.fast_retransmitted, st.stale, st.foreign = (

@@ -26,7 +26,7 @@ HOSTLIB_LAYERS: tuple[tuple[str, ...], ...] = (
     # the wire and what needs nothing else of ours
     ("hostlib.protocol", "hostlib.units", "hostlib.quantize", "hostlib.actions",
      "hostlib.scapy_layer", "hostlib.shmbarrier", "hostlib.p2pwire", "hostlib.errors",
-     "hostlib.rocev2"),
+     "hostlib.rocev2", "hostlib.congestion"),
     ("hostlib.transport",),  # and its modules
     # engines: one call's per-packet state machines (Python and native)
     ("hostlib.ina", "hostlib.native", "hostlib.p2p", "hostlib.ring", "hostlib.tree"),

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import functools
 import platform
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -31,6 +32,8 @@ LANES = 8
 CAN_STREAM = platform.machine() == "x86_64" and " avx2" in Path("/proc/cpuinfo").read_text()
 """Whether the native core can stream results here (x86-64 with AVX2)."""
 POLICY = RetryPolicy(timeout=0.002, min_timeout=0.0005, max_timeout=0.02, deadline=5.0)
+CC_POLICY = replace(POLICY, cc_target=50e-6)
+"""A congestion target the fake network's reordering and stalls overshoot: windows cut."""
 LINKS = [
     LinkModel(),
     LinkModel(loss=0.05),
@@ -69,8 +72,10 @@ class Recorder:
 
 
 def _session(engine: type, seed: int, dtype: type) -> tuple[list[Any], list[Any]]:
-    """Three calls of a random job on a fresh switch; (per-worker logs, results)."""
+    """Three calls of a random job on a fresh switch; (per-worker logs, results). Odd
+    seeds run with a congestion target that cuts windows."""
     rng = np.random.default_rng(seed)
+    policy = CC_POLICY if seed % 2 else POLICY
     workers = 1 + seed % 8
     slots = (1, 2, 3, 4, 8)[seed % 5]
     link = LINKS[seed % 3]
@@ -92,7 +97,7 @@ def _session(engine: type, seed: int, dtype: type) -> tuple[list[Any], list[Any]
             for _ in range(3):
                 net.stall(net.now + float(rng.uniform(0, 0.01)), float(rng.uniform(0, 0.04)))
         engines = {
-            a: engine(specs[r], inputs[r], uses[r], POLICY, rtts[r], seqs[r], window=window)
+            a: engine(specs[r], inputs[r], uses[r], policy, rtts[r], seqs[r], window=window)
             for r, a in enumerate(addrs)
         }
         recorders = {a: Recorder(engines[a], logs[r]) for r, a in enumerate(addrs)}
@@ -113,7 +118,20 @@ def _session(engine: type, seed: int, dtype: type) -> tuple[list[Any], list[Any]
         )
     results.extend(uses)
     results.append(np.array([(t.rto, t.srtt, t.rttvar, t.samples) for t in rtts]))
+    results.append(np.array([(t.cc.cwnd, t.cc.base_rtt, t.cc.cut_at, t.cc.cuts) for t in rtts]))
     return logs, results
+
+
+def test_the_congestion_seeds_cut_and_hold_windows() -> None:
+    """The differential seeds with CC_POLICY do exercise the window: cuts, and calls
+    whose window held packets back (a window below the call's at the end)."""
+    cuts, limited = 0, 0
+    for seed in range(1, 40, 2):
+        _, results = _session(InaAllreduce, seed, np.int32)
+        cc = results[-1]
+        cuts += int(cc[:, 3].sum())
+        limited += int(np.isfinite(cc[:, 0]).sum())
+    assert cuts > 20 and limited > 5, (cuts, limited)
 
 
 @pytest.mark.parametrize("dtype", [np.int32, np.float32])

@@ -1,0 +1,81 @@
+/*
+ * The congestion window of an INA call (hostlib.congestion, the specification), for the
+ * native core (_inacore.c): the window's update per round-trip sample, in the same order
+ * of operations as hostlib.congestion.CongestionWindow.on_sample, and the heap of
+ * packets whose slot is free but which the window holds back (hostlib.ina's _held).
+ */
+#ifndef INALAB_CONGESTION_H
+#define INALAB_CONGESTION_H
+
+#include <math.h>
+#include <stdint.h>
+
+typedef struct {
+    double cwnd;     /* packets; INFINITY: no limit */
+    double base_rtt; /* the least round trip seen */
+    double cut_at;   /* when cwnd was last cut */
+    int64_t cuts;
+    double target, beta, max_cut; /* RetryPolicy.cc_target, cc_beta, cc_max_cut */
+} CcWindow;
+
+/* CongestionWindow.limit: the packets a call of `window` slots may have in flight. */
+static inline int cc_limit(const CcWindow *k, int window) {
+    if (k->cwnd >= (double)window) return window;
+    int n = (int)k->cwnd;
+    return n < 1 ? 1 : n;
+}
+
+/* CongestionWindow.on_sample */
+static inline void cc_sample(CcWindow *k, double rtt, double now, double srtt, int window) {
+    if (rtt < k->base_rtt) k->base_rtt = rtt;
+    double w = k->cwnd < (double)window ? k->cwnd : (double)window;
+    double bound = k->base_rtt + k->target;
+    if (rtt <= bound) {
+        w = w + 1.0 / w;
+        k->cwnd = w >= (double)window ? INFINITY : w;
+    } else if (now - k->cut_at >= srtt) {
+        double factor = 1.0 - k->beta * (rtt - bound) / rtt;
+        if (factor < 1.0 - k->max_cut) factor = 1.0 - k->max_cut;
+        w = w * factor;
+        k->cwnd = w > 1.0 ? w : 1.0;
+        k->cut_at = now;
+        k->cuts++;
+    }
+}
+
+/* A min-heap of packet indices, as Python's heapq keeps hostlib.ina's _held (the same
+   sift rules are not needed: only the order of pops is observable, and a min-heap of
+   distinct indices pops them in ascending order either way). Room for `cap` entries: a
+   call holds at most one packet per slot. */
+typedef struct {
+    int64_t *v;
+    int64_t n;
+} Held;
+
+static inline void held_push(Held *h, int64_t x) {
+    int64_t i = h->n++;
+    while (i > 0) {
+        int64_t parent = (i - 1) / 2;
+        if (h->v[parent] <= x) break;
+        h->v[i] = h->v[parent];
+        i = parent;
+    }
+    h->v[i] = x;
+}
+
+static inline int64_t held_pop(Held *h) {
+    int64_t top = h->v[0], last = h->v[--h->n], i = 0, n = h->n;
+    for (;;) {
+        int64_t l = 2 * i + 1, r = l + 1, m = i;
+        int64_t best = last;
+        if (l < n && h->v[l] < best) { m = l; best = h->v[l]; }
+        if (r < n && h->v[r] < best) m = r;
+        if (m == i) break;
+        h->v[i] = h->v[m];
+        i = m;
+    }
+    if (n) h->v[i] = last;
+    return top;
+}
+
+#endif

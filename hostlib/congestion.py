@@ -1,0 +1,96 @@
+"""Congestion control of INA traffic: how many of a call's slots a worker keeps in flight.
+
+Layer: hostlib engines (below :mod:`hostlib.ina`, which owns the packet plan). The
+window of an INA call is its slots: every worker uses the same, and packet ``p`` goes
+to slot ``p % W``. The congestion window ``cwnd`` does not change that plan; it only
+holds packets back: a packet whose slot is free is sent when ``cwnd >= W`` or it lies
+below ``una + cwnd`` (``una``: the worker's oldest packet without its result), TCP's
+sequence window. No worker can wait on another forever: the oldest unfinished packet
+of the job lies at or above every worker's ``una``, so once each worker has that
+result of its own, each may send it (``cwnd >= 1``).
+
+The signal is delay, not ECN. Every engine already times each packet's result (Karn's
+rule keeps the samples unambiguous); a sample above the least round trip seen plus
+:attr:`~hostlib.ina.RetryPolicy.cc_target` means a queue, and ``cwnd`` is cut, at most
+once per smoothed round trip, in proportion to the excess (Swift, SIGCOMM'20):
+``cwnd *= max(1 - beta (rtt - target) / rtt, 1 - max_cut)``. Below the target it grows
+by one packet per window of results (``cwnd += 1 / cwnd``), and at ``W`` the limit is
+off. ECN (ATP's AIMD) needs a mark from the queue, and the queues that build here are
+the Linux qdiscs of the emulated links, ahead of the switch programs that would OR a
+mark into the result: the delay is measurable on every data plane as it is. Losses are
+not a signal: fast retransmission and the timers recover them, and random loss should
+not shrink the window (the emulated links lose packets at random).
+
+Packets sent before a call's first result are not samples: their results also wait for
+the ranks still entering the call (:attr:`~hostlib.ina.RetryPolicy.timeout`). Nor are
+packets in flight while their worker stalled (:class:`~hostlib.ina.StallClock`): on one
+machine (a VM whose vCPUs the hypervisor took) the switch and the peers stalled with it,
+and no queue grew.
+
+The native core (``hostlib/_inacore.c``, ``cc_sample``) repeats :meth:`CongestionWindow.
+on_sample` in the same order of operations; the differential test holds them together.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+__all__ = ["CongestionWindow", "check_congestion"]
+
+
+def check_congestion(target: float, beta: float, max_cut: float) -> None:
+    """Refuse a congestion policy out of range.
+
+    Raises:
+        ValueError: ``target`` not positive (``math.inf``: off), ``beta`` not in (0, 1],
+            or ``max_cut`` not in (0, 1).
+    """
+    if not target > 0:
+        raise ValueError(f"cc_target {target} must be positive (math.inf: off)")
+    if not 0 < beta <= 1:
+        raise ValueError(f"cc_beta {beta} outside (0, 1]")
+    if not 0 < max_cut < 1:
+        raise ValueError(f"cc_max_cut {max_cut} outside (0, 1)")
+
+
+@dataclass
+class CongestionWindow:
+    """A session's congestion window, carried across its calls as its RTT estimate is.
+
+    ``cwnd`` is in packets; ``math.inf`` is no limit (the call's whole window).
+    """
+
+    cwnd: float = math.inf
+    base_rtt: float = math.inf
+    """The least round trip seen: the path without a queue."""
+    cut_at: float = -math.inf
+    """When ``cwnd`` was last cut: the next cut waits a smoothed round trip."""
+    cuts: int = 0
+
+    def limit(self, window: int) -> int:
+        """Packets a call of ``window`` slots may have in flight."""
+        if self.cwnd >= window:
+            return window
+        return max(1, int(self.cwnd))
+
+    def on_sample(
+        self, rtt: float, now: float, srtt: float, window: int, target: float, beta: float,
+        max_cut: float,
+    ) -> None:  # fmt: skip
+        """One unambiguous round trip ``rtt`` taken at ``now`` (``srtt`` already holds it)."""
+        if rtt < self.base_rtt:
+            self.base_rtt = rtt
+        w = self.cwnd if self.cwnd < window else float(window)
+        bound = self.base_rtt + target
+        if rtt <= bound:
+            w = w + 1.0 / w
+            self.cwnd = math.inf if w >= window else w
+        elif now - self.cut_at >= srtt:
+            factor = 1.0 - beta * (rtt - bound) / rtt
+            if factor < 1.0 - max_cut:
+                factor = 1.0 - max_cut
+            w = w * factor
+            self.cwnd = w if w > 1.0 else 1.0
+            self.cut_at = now
+            self.cuts += 1
