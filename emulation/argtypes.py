@@ -13,6 +13,7 @@ import argparse
 from emulation.softswitch.argtypes import int_in, parse_delay_ms, probability
 
 __all__ = [
+    "cc_target",
     "delay",
     "int_in",
     "parse_delay_ms",
@@ -29,6 +30,20 @@ def delay(text: str) -> float:
         return parse_delay_ms(text)
     except ValueError as exc:
         raise argparse.ArgumentTypeError(str(exc)) from None
+
+
+def cc_target(text: str) -> float:
+    """Parse a congestion target in milliseconds (> 0), or ``off``; return seconds
+    (``math.inf`` for off: :attr:`hostlib.ina.RetryPolicy.cc_target`)."""
+    if text.strip().lower() == "off":
+        return float("inf")
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"invalid target {text!r}: milliseconds or off") from None
+    if not 0 < value < float("inf"):
+        raise argparse.ArgumentTypeError(f"target {value} ms must be positive (or off)")
+    return value / 1000.0
 
 
 def positive_float(text: str) -> float:

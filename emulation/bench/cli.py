@@ -13,6 +13,7 @@ import argparse
 import dataclasses
 import json
 import logging
+import math
 import os
 import platform
 import socket
@@ -23,7 +24,7 @@ from importlib import metadata
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from emulation.argtypes import int_in, positive_float, probability, size
+from emulation.argtypes import cc_target, int_in, positive_float, probability, size
 from emulation.bench.config import (
     ALGORITHMS,
     AUTO_CHOICES,
@@ -31,6 +32,7 @@ from emulation.bench.config import (
     DEFAULT_ALGORITHMS,
     DEFAULT_BENCH_LANES,
     DEFAULT_BENCH_SLOTS,
+    DEFAULT_CC_TARGET,
     DEFAULT_EMULATED_SLOTS,
     DEFAULT_EMULATED_WINDOW,
     DEFAULT_MSG_PACKETS,
@@ -196,6 +198,15 @@ def add_arguments(parser: argparse.ArgumentParser, emulated: bool = False) -> No
     )
     add("--seed", type=int, default=0, help="seed of inputs and the drop simulator")
     add("--timeout", type=positive_float, default=10.0, help="host no-progress deadline (s)")
+    add(
+        "--cc-target",
+        type=cc_target,
+        default=DEFAULT_CC_TARGET,
+        metavar="MS|off",
+        help="INA hosts' congestion control: the queueing (ms) their packets may meet above "
+        f"the least round trip before the window shrinks (default {DEFAULT_CC_TARGET * 1e3:g};"
+        " off: a fixed window, as before it; docs/protocol.md 'Congestion control')",
+    )
     if not emulated:  # inalab emulate has its own, before the action
         add("--run-dir", type=Path, help="directory for logs (default: a new temp dir)")
     add(
@@ -353,6 +364,7 @@ def config_from_args(
             loss=args.loss,
             seed=args.seed,
             timeout=args.timeout,
+            cc_target=args.cc_target,
             pcap_count=args.pcap_count,
             ranks_per_host=ranks_per_host
             if ranks_per_host is not None
@@ -519,9 +531,7 @@ def _print_tables(
             print("#")
 
 
-def _policy(
-    args: argparse.Namespace, cfg: BenchConfig, topology: TopologySummary | None
-) -> Policy:
+def _policy(args: argparse.Namespace, cfg: BenchConfig, topology: TopologySummary | None) -> Policy:
     """auto's decision maker: dynamiccl's policy from ``--profile`` without exploration,
     so its choice at a size is a pure function of the profile and the network.
 
@@ -601,8 +611,10 @@ def _banner(cfg: BenchConfig, where: str, loopback: str | None = None, links: st
     return (
         f"# inalab bench: {_what(cfg.collective)}, {cfg.workers} workers on {where}, {cfg.dtype},"
         f" sizes {sizes} ({len(cfg.sizes)}), iters {cfg.iters}, warmup {cfg.warmup},"
-        f" seed {cfg.seed}\n" + (f"# links: {links}\n" if links else "")
-        + (f"{loopback_note(loopback)}\n" if loopback is not None else "") + "#"
+        f" seed {cfg.seed}\n"
+        + (f"# links: {links}\n" if links else "")
+        + (f"{loopback_note(loopback)}\n" if loopback is not None else "")
+        + "#"
     )
 
 
@@ -695,6 +707,7 @@ def _metadata(args: argparse.Namespace, cfg: BenchConfig, run_dir: Path) -> dict
         "dtype": cfg.dtype,
         "seed": cfg.seed,
         "timeout_s": cfg.timeout,
+        "cc_target_s": cfg.cc_target if math.isfinite(cfg.cc_target) else None,
         "sweep": {
             "minbytes": cfg.sizes[0],
             "maxbytes": align_down(args.maxbytes, ELEMENT_BYTES[cfg.dtype]),

@@ -11,8 +11,12 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from dynamiccl.model import ALGORITHMS as AUTO_CHOICES
+from hostlib.ina import RetryPolicy
 from hostlib.protocol import LANE_BYTES, MAX_LANES, MAX_WORKERS, ROCE_PMTUS, TNA_LANES_PER_PACKET
 from hostlib.units import format_size, parse_size  # re-exported: the bench's size syntax
+
+DEFAULT_CC_TARGET = RetryPolicy.cc_target
+"""The INA hosts' congestion target unless ``--cc-target`` says otherwise."""
 
 __all__ = [
     "ALGORITHMS",
@@ -22,6 +26,7 @@ __all__ = [
     "DEFAULT_ALGORITHMS",
     "DEFAULT_BENCH_LANES",
     "DEFAULT_BENCH_SLOTS",
+    "DEFAULT_CC_TARGET",
     "DEFAULT_EMULATED_SLOTS",
     "ELEMENT_BYTES",
     "INA_ALGORITHMS",
@@ -162,6 +167,8 @@ class BenchConfig:
         loss: drop probability at switch ingress and, per replica, at egress.
         seed: seeds inputs and the switch's drop simulator.
         timeout: seconds a host waits without progress before failing the run.
+        cc_target: the INA hosts' congestion target, seconds of queueing above the
+            least round trip (``math.inf``: off; :attr:`hostlib.ina.RetryPolicy.cc_target`).
         pcap_count: packets the switch records into ``switch.pcap`` in the run
             directory (0: no capture).
         ranks_per_host: on loopback, consecutive ranks grouped into one emulated host
@@ -189,6 +196,7 @@ class BenchConfig:
     loss: float = 0.0
     seed: int = 0
     timeout: float = 10.0
+    cc_target: float = DEFAULT_CC_TARGET
     pcap_count: int = 0
     ranks_per_host: int = 1
     collective: str = "allreduce"
@@ -257,6 +265,8 @@ class BenchConfig:
             problems.append(f"pcap_count {self.pcap_count} must be >= 0")
         if not self.timeout > 0:
             problems.append(f"timeout {self.timeout} must be positive")
+        if not self.cc_target > 0:
+            problems.append(f"cc_target {self.cc_target} must be positive (inf: off)")
         if problems:
             raise ValueError("; ".join(problems))
 

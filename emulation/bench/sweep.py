@@ -255,6 +255,7 @@ def _plans(
             slots=cfg.slots,
             window=cfg.p2p_window,
             timeout=cfg.timeout,
+            cc_target=cfg.cc_target,
             gloo_init=gloo_init,
             log_path=str(run_dir / f"{algo}-rank{r}.log"),
             log_level=log_level,

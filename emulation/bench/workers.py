@@ -38,6 +38,8 @@ from typing import Any, Protocol
 
 import numpy as np
 
+from hostlib.ina import RetryPolicy
+
 __all__ = [
     "GLOO_ATOL_FRACTION",
     "GLOO_RTOL",
@@ -123,10 +125,16 @@ class WorkerPlan:
     msg_packets: int = 1
     rdma_device: str | None = None
     """``rdma``: the verbs device to run on instead of an emulated RNIC."""
+    cc_target: float = RetryPolicy.cc_target
+    """INA's congestion target (:attr:`hostlib.ina.RetryPolicy.cc_target`)."""
 
     @property
     def p2p_window(self) -> int:
         return self.window if self.window is not None else self.slots
+
+    def retry_policy(self) -> RetryPolicy:
+        """The hosts' retry and congestion policy of this plan."""
+        return RetryPolicy(deadline=self.timeout, cc_target=self.cc_target)
 
 
 @dataclass(frozen=True)
@@ -316,7 +324,7 @@ def _join_ina_rdma(plan: WorkerPlan, conn: Connection, num_workers: int) -> Any:
     coordinator, which installs the job's queue pairs and sends back the switch's, and
     whether its replies carry an ICRC to check (a P4 switch's do not)."""
     from emulation.bench.rdma_device import open_rdma_device
-    from hostlib import InaSession, JobSpec, RetryPolicy
+    from hostlib import InaSession, JobSpec
     from hostlib.protocol import LANE_BYTES, ROCE_UDP_PORT
     from hostlib.transport.rdma import RdmaTransport
 
@@ -340,7 +348,7 @@ def _join_ina_rdma(plan: WorkerPlan, conn: Connection, num_workers: int) -> Any:
             nic.check_icrc = False
         spec = JobSpec(job_id=msg[1], rank=msg[3], num_workers=num_workers, switch=switch,
                        lanes=m * plan.lanes, slots=plan.slots // m)  # fmt: skip
-        return InaSession(spec, transport, RetryPolicy(deadline=plan.timeout))
+        return InaSession(spec, transport, plan.retry_policy())
     except BaseException:
         transport.close()
         raise
@@ -350,7 +358,7 @@ def _join_ina(plan: WorkerPlan, conn: Connection, num_workers: int) -> Any:
     """This rank's INA session: its address to the coordinator, the job back (the
     switch, and the rank its packets carry there); one of ``num_workers`` contributions
     (the quantization's headroom)."""
-    from hostlib import InaSession, JobSpec, RetryPolicy
+    from hostlib import InaSession, JobSpec
     from hostlib.transport.udp import UdpTransport
 
     if plan.transport == "rdma":
@@ -362,7 +370,7 @@ def _join_ina(plan: WorkerPlan, conn: Connection, num_workers: int) -> Any:
         msg = expect(conn, "job")
         spec = JobSpec(job_id=msg[1], rank=msg[3], num_workers=num_workers,
                        switch=tuple(msg[2]), lanes=plan.lanes, slots=plan.slots)  # fmt: skip
-        return InaSession(spec, transport, RetryPolicy(deadline=plan.timeout))
+        return InaSession(spec, transport, plan.retry_policy())
     except BaseException:
         transport.close()
         raise
@@ -371,7 +379,7 @@ def _join_ina(plan: WorkerPlan, conn: Connection, num_workers: int) -> Any:
 def _join_peers(plan: WorkerPlan, conn: Connection, kind: str) -> Any:
     """This rank's ring or tree session, on a socket of its own, with INA's packet size
     (``lanes``) and the plan's ring window."""
-    from hostlib import PeerSpec, RetryPolicy, RingAllreduce, TreeAllreduce
+    from hostlib import PeerSpec, RingAllreduce, TreeAllreduce
     from hostlib.transport.udp import UdpTransport
 
     make = {"ring": RingAllreduce, "tree": TreeAllreduce}[kind]
@@ -380,7 +388,7 @@ def _join_peers(plan: WorkerPlan, conn: Connection, kind: str) -> Any:
         conn.send(("addr", tuple(transport.local_addr)))
         addrs = tuple((str(a[0]), int(a[1])) for a in expect(conn, "peers")[1])
         spec = PeerSpec(plan.rank, addrs, lanes=plan.lanes, window=plan.p2p_window)
-        return make(spec, transport, RetryPolicy(deadline=plan.timeout))
+        return make(spec, transport, plan.retry_policy())
     except BaseException:
         transport.close()
         raise
