@@ -15,12 +15,16 @@ from hostlib.ina import RetryPolicy
 from hostlib.protocol import LANE_BYTES, MAX_LANES, MAX_WORKERS, ROCE_PMTUS, TNA_LANES_PER_PACKET
 from hostlib.units import format_size, parse_size  # re-exported: the bench's size syntax
 
+BENCH_JOB_ID = 1
+"""The job id a bench installs on its switch unless its config says otherwise."""
+
 DEFAULT_CC_TARGET = RetryPolicy.cc_target
 """The INA hosts' congestion target unless ``--cc-target`` says otherwise."""
 
 __all__ = [
     "ALGORITHMS",
     "AUTO_CHOICES",
+    "BENCH_JOB_ID",
     "COLLECTIVES",
     "COLLECTIVE_ALGORITHMS",
     "DEFAULT_ALGORITHMS",
@@ -167,6 +171,8 @@ class BenchConfig:
         loss: drop probability at switch ingress and, per replica, at egress.
         seed: seeds inputs and the switch's drop simulator.
         timeout: seconds a host waits without progress before failing the run.
+        job_id: the id of the INA job on the switch (several benches on one fabric
+            need their own).
         cc_target: the INA hosts' congestion target, seconds of queueing above the
             least round trip (``math.inf``: off; :attr:`hostlib.ina.RetryPolicy.cc_target`).
         pcap_count: packets the switch records into ``switch.pcap`` in the run
@@ -197,6 +203,7 @@ class BenchConfig:
     seed: int = 0
     timeout: float = 10.0
     cc_target: float = DEFAULT_CC_TARGET
+    job_id: int = BENCH_JOB_ID
     pcap_count: int = 0
     ranks_per_host: int = 1
     collective: str = "allreduce"
@@ -265,6 +272,8 @@ class BenchConfig:
             problems.append(f"pcap_count {self.pcap_count} must be >= 0")
         if not self.timeout > 0:
             problems.append(f"timeout {self.timeout} must be positive")
+        if not 0 <= self.job_id <= 0xFFFF:
+            problems.append(f"job_id {self.job_id} outside 0..65535")
         if not self.cc_target > 0:
             problems.append(f"cc_target {self.cc_target} must be positive (inf: off)")
         if problems:

@@ -30,8 +30,9 @@ from multiprocessing.process import BaseProcess
 from pathlib import Path
 from typing import Any
 
-from emulation.bench.config import (
+from emulation.bench.config import (  # BENCH_JOB_ID: re-exported, its old home
     AUTO_CHOICES,
+    BENCH_JOB_ID,
     PEER_ALGORITHMS,
     SWITCH_ALGORITHMS,
     BenchConfig,
@@ -54,9 +55,6 @@ __all__ = [
 ]
 
 log = logging.getLogger(__name__)
-
-BENCH_JOB_ID = 1
-"""Job id of the bench's INA job: the switch is the bench's own, so any id will do."""
 
 _JOIN_S = 30.0
 """How long finished workers get to exit (Gloo tears down its process group) before the
@@ -299,13 +297,13 @@ def _run_udp(
             log_path = switch.log_path if switch is not None else None
             with _Fleet(algo, plans, stall_limit(cfg), log_path, extra) as fleet:
                 if switch is not None:
-                    _join_switch(fleet, switch, plans, collnet=algo == "collnet")
+                    _join_switch(fleet, switch, plans, cfg.job_id, collnet=algo == "collnet")
                 for _ in range(_PEER_SESSIONS.get(algo, 0)):
                     _join_peers(fleet)
                 per_rank = fleet.drive(len(cfg.sizes), progress, choices, partial)
             if switch is not None:
                 result.switch_counters[algo] = switch.counters()
-                switch.remove(BENCH_JOB_ID)
+                switch.remove(cfg.job_id)
         return per_rank
     except FabricError as exc:
         raise BenchError(str(exc)) from exc
@@ -315,7 +313,7 @@ def _run_udp(
 
 
 def _join_switch(
-    fleet: _Fleet, switch: InaSwitch, plans: Sequence[WorkerPlan], collnet: bool
+    fleet: _Fleet, switch: InaSwitch, plans: Sequence[WorkerPlan], job_id: int, collnet: bool
 ) -> None:
     """Install the job with the INA workers' addresses; tell each rank where to send and
     the rank its packets carry (a CollNet non-head: ``None``s)."""
@@ -325,18 +323,18 @@ def _join_switch(
         heads = list(range(len(plans)))
     reported = fleet.gather("addr")
     addrs = [(str(reported[r][1][0]), int(reported[r][1][1])) for r in heads]
-    dests = switch.install(BENCH_JOB_ID, addrs, [plans[r].placement for r in heads])
+    dests = switch.install(job_id, addrs, [plans[r].placement for r in heads])
     if plans[0].transport == "rdma":  # the queue pairs: RdmaSession's exchange
         endpoints = [[RdmaEndpoint(*e) for e in reported[r][2]] for r in heads]
-        qpns = switch.install_roce(BENCH_JOB_ID, [a[0] for a in addrs], endpoints,
+        qpns = switch.install_roce(job_id, [a[0] for a in addrs], endpoints,
                                    plans[0].msg_packets)  # fmt: skip
         for rank, (to, as_rank) in zip(heads, dests, strict=True):
-            fleet.send(rank, ("job", BENCH_JOB_ID, to, as_rank, qpns[heads.index(rank)],
+            fleet.send(rank, ("job", job_id, to, as_rank, qpns[heads.index(rank)],
                               switch.roce_icrc))  # fmt: skip
         return
     for rank in range(len(plans)):
         dest = dests[heads.index(rank)] if rank in heads else (None, None)
-        fleet.send(rank, ("job", BENCH_JOB_ID, *dest))
+        fleet.send(rank, ("job", job_id, *dest))
 
 
 def _join_peers(fleet: _Fleet) -> None:

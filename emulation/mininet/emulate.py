@@ -65,7 +65,6 @@ __all__ = [
 PROG = "inalab emulate"
 
 
-
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     """Declare ``inalab emulate``'s options and its ``bench`` and ``up`` actions."""
     from emulation.bench.cli import add_arguments as bench_arguments
@@ -108,6 +107,17 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "separated by ':', searched instead of PATH, which sudo resets (pass yours with "
         '--p4-tools "$PATH")')  # fmt: skip
     add("--job", type=int, help="the topology job the bench uses (default: its first)")
+    add("--jobs", type=_job_ids, metavar="ID,ID[,...]",
+        help="bench: these topology jobs (on hosts of their own) each alone, then all at "
+        "once on the one fabric; a table of each job's time per call together against "
+        "alone (docs/emulation.md 'Several jobs at once')")  # fmt: skip
+    add(
+        "--stagger",
+        type=float,
+        default=0.0,
+        metavar="S",
+        help="--jobs: job k starts k*S seconds after the first when together (default 0)",
+    )
     add("--cli", action="store_true", help="open Mininet's CLI once the network is up")
     # Sub-usages read "inalab emulate TOPOLOGY bench", as the command is typed.
     sub = parser.add_subparsers(dest="action", metavar="ACTION", prog=f"{parser.prog} TOPOLOGY")
@@ -233,9 +243,13 @@ def run(args: argparse.Namespace) -> int:
         topo = apply_overrides(topo, args.bw, args.delay, args.link_loss, lanes, args.jitter,
                                args.link_dup, args.link_reorder)  # fmt: skip
         job = _job(topo, args.job) if args.action in _JOB_ACTIONS else None
+        if args.jobs is not None:
+            args.jobs = _jobs(args, topo)
         if args.action == "bench":  # a bad flag is refused before any network exists
             assert job is not None
             _check_bench_flags(args, topo, job)
+            for each in args.jobs or ():
+                _check_bench_flags(args, topo, each)
         elif args.action == "replay":
             assert job is not None
             _check_replay_flags(args, topo, job)
@@ -391,6 +405,32 @@ def _job(topo: Topology, job_id: int | None) -> TopologyJob:
     raise _Refused(f"topology {topo.name} has no job {job_id}")
 
 
+def _job_ids(text: str) -> list[int]:
+    """``--jobs``: job ids, comma separated."""
+    try:
+        return [int(x) for x in text.split(",")]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"invalid job ids {text!r}: e.g. 4,5") from None
+
+
+def _jobs(args: argparse.Namespace, topo: Topology) -> list[TopologyJob]:
+    """The ``--jobs`` of ``topo``, checked (:func:`emulation.mininet.multijob.check_jobs`).
+
+    Raises:
+        _Refused: not with bench, with --job or a --bw sweep, or jobs that cannot share.
+    """
+    from emulation.mininet.multijob import check_jobs
+
+    if args.action != "bench":
+        raise _Refused("--jobs runs the bench: inalab emulate T --jobs 4,5 bench ...")
+    if args.job is not None or args.bw_sweep or args.stagger < 0:
+        raise _Refused("--jobs goes without --job and one --bw rate; --stagger >= 0")
+    jobs = [_job(topo, j) for j in args.jobs]
+    if (why := check_jobs(jobs)) is not None:
+        raise _Refused(why)
+    return jobs
+
+
 _JOB_ACTIONS = ("bench", "calibrate", "switch-only", "run", "replay", "wire-floor")
 """Actions that install a job of their own (the topology's jobs are not installed)."""
 
@@ -438,6 +478,10 @@ def _run(
         elif args.action == "replay":
             assert job is not None
             status = _replay(args, em, job, run_dir)
+        elif bench and args.jobs:
+            from emulation.mininet.multijob import run_jobs
+
+            status = run_jobs(args, em, args.jobs, run_dir)
         elif bench:
             assert job is not None
             status = _bench(args, em, job, run_dir)

@@ -184,7 +184,7 @@ def test_the_command_exits_0_with_the_report() -> None:
     proc = _inalab("emulate", "topologies/star8.yaml", "--bw", "200", "check")
     assert proc.returncode == 0, proc.stderr
     assert proc.stderr == ""
-    assert "star8 is valid: 8 hosts, 1 switch, 8 links, 3 jobs" in proc.stdout
+    assert "star8 is valid: 8 hosts, 1 switch, 8 links, 4 jobs" in proc.stdout
     assert "every link 200 Mbit/s" in proc.stdout
     assert "# run dir" not in proc.stdout  # nothing was made
 

@@ -1,0 +1,211 @@
+"""``inalab emulate T --jobs A,B,... bench``: several jobs on one fabric at once.
+
+Layer: emulation.mininet, beside ``emulate``'s single-job bench. Each topology job runs
+the bench's sweep (:func:`emulation.bench.sweep.run_sweep`) on its own hosts, under its
+own job id on the switches: first each alone, one after the other, then all together
+(job k starting ``k * --stagger`` seconds after the first). Its time per call together
+against alone is what sharing the fabric cost it. The switches' slot pool is
+``emulate``'s ``--switch-slots``: jobs whose ``--slots`` do not all fit fail to install
+(today's static partition: a job's slot range is its own for its whole run).
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import sys
+import threading
+import time
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any, cast
+
+from emulation.bench.config import BenchConfig
+from emulation.bench.rows import Row
+from emulation.mininet.fabric import EmulatedFabric
+from emulation.mininet.network import Emulation
+from emulation.topology import TopologyJob
+
+__all__ = ["SCHEMA", "JobRun", "check_jobs", "run_jobs"]
+
+PROG = "inalab emulate"
+
+SCHEMA = "inalab-multijob/1"
+"""The JSON document's schema: ``jobs``, each with its ``alone`` and ``together`` rows."""
+
+
+@dataclasses.dataclass
+class JobRun:
+    """One topology job's part: its sweep's config and rows, alone and together."""
+
+    job: TopologyJob
+    cfg: BenchConfig
+    start_after: float
+    alone: list[Row] = dataclasses.field(default_factory=list)
+    together: list[Row] = dataclasses.field(default_factory=list)
+    error: str | None = None
+    """Why its run failed (a run of the other jobs goes on)."""
+
+
+def check_jobs(jobs: Sequence[TopologyJob]) -> str | None:
+    """Why these jobs cannot run together (None: they can): fewer than two, one twice, or
+    a host in two of them (each host's ranks belong to one job)."""
+    ids = [j.job_id for j in jobs]
+    if len(ids) < 2:
+        return "--jobs needs two jobs or more (one job: --job)"
+    if len(set(ids)) != len(ids):
+        return f"--jobs {','.join(map(str, ids))}: a job given twice"
+    seen: dict[str, int] = {}
+    for job in jobs:
+        for host in job.workers:
+            if host in seen:
+                return (f"host {host} is in jobs {seen[host]} and {job.job_id}: give jobs "
+                        "on hosts of their own")  # fmt: skip
+            seen[host] = job.job_id
+    return None
+
+
+def run_jobs(
+    args: argparse.Namespace, em: Emulation, jobs: Sequence[TopologyJob], run_dir: Path
+) -> int:
+    """Run the jobs alone, then together; print the table, write ``--json``. 0 when
+    every run finished with right results, 1 otherwise, 2 on bad flags."""
+    from emulation.bench.cli import UsageError, config_from_args
+
+    if args.loss:
+        print(f"{PROG}: error: --jobs with --loss: the drop simulator is a switch's, not a "
+              "job's (use emulate's --link-loss)", file=sys.stderr)  # fmt: skip
+        return 2
+    runs = []
+    for k, job in enumerate(jobs):
+        fabric = EmulatedFabric(em, job)
+        try:
+            cfg = config_from_args(args, workers=fabric.workers, ranks_per_host=1)
+            cfg = dataclasses.replace(cfg, job_id=job.job_id)
+            fabric.check(cfg)
+        except (UsageError, ValueError) as exc:
+            print(f"{PROG}: error: job {job.job_id}: {exc}", file=sys.stderr)
+            return 2
+        if "auto" in cfg.algos:
+            print(f"{PROG}: error: --jobs runs fixed algorithms, not auto", file=sys.stderr)
+            return 2
+        runs.append(JobRun(job, cfg, k * args.stagger))
+    print(f"# {len(runs)} jobs: " + "; ".join(_describe(r) for r in runs), flush=True)
+    for run in runs:
+        print(f"# job {run.job.job_id} alone ...", flush=True)
+        run.alone = _sweep(em, run, run_dir / f"job{run.job.job_id}-alone")
+    print("# all jobs together ...", flush=True)
+    _together(em, runs, run_dir)
+    _print_table(runs)
+    if args.json is not None:
+        args.json.write_text(json.dumps(_document(runs, args), indent=1) + "\n")
+        print(f"# json: {args.json}")
+    failed = [r for r in runs if r.error is not None]
+    for run in failed:
+        print(f"{PROG}: job {run.job.job_id} failed: {run.error}", file=sys.stderr)
+    wrong = any(row.wrong for r in runs for row in [*r.alone, *r.together])
+    return 1 if failed or wrong else 0
+
+
+def _describe(run: JobRun) -> str:
+    start = f", starts {run.start_after:g} s in" if run.start_after else ""
+    return f"job {run.job.job_id} on {','.join(run.job.workers)} ({run.cfg.slots} slots{start})"
+
+
+def _sweep(em: Emulation, run: JobRun, run_dir: Path) -> list[Row]:
+    """One sweep of the job on its own hosts; its rows ([] if it failed: ``run.error``,
+    whatever the failure: a thread's exception must not vanish)."""
+    from emulation.bench.sweep import run_sweep
+
+    run_dir.mkdir(parents=True, exist_ok=True)
+    try:
+        return run_sweep(run.cfg, run_dir, fabric=EmulatedFabric(em, run.job)).rows
+    except Exception as exc:  # any failure is the job's, reported, not lost
+        run.error = f"{type(exc).__name__}: {exc}"
+        return []
+
+
+class _Serialized:
+    """The emulation as concurrent sweeps share it: its methods one at a time. Mininet's
+    ``Node.cmd`` serves one command at a time (a second thread's ``poll()`` on the same
+    shell fails), and the methods that read the hosts' counters or install a job use it.
+    Attributes pass through."""
+
+    def __init__(self, em: Emulation) -> None:
+        self._em, self._lock = em, threading.Lock()
+
+    def __getattr__(self, name: str) -> Any:
+        value = getattr(self._em, name)
+        if not callable(value):
+            return value
+
+        def call(*args: Any, **kw: Any) -> Any:
+            with self._lock:
+                return value(*args, **kw)
+
+        return call
+
+
+def _together(em: Emulation, runs: Sequence[JobRun], run_dir: Path) -> None:
+    """Every job's sweep at once, each in a thread, started at its offset."""
+    em = cast(Emulation, _Serialized(em))
+    start = time.monotonic()
+
+    def body(run: JobRun) -> None:
+        time.sleep(max(0.0, start + run.start_after - time.monotonic()))
+        if run.error is None:
+            run.together = _sweep(em, run, run_dir / f"job{run.job.job_id}-together")
+
+    threads = [threading.Thread(target=body, args=(r,), daemon=True) for r in runs]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+
+
+def _print_table(runs: Sequence[JobRun]) -> None:
+    """Per job, algorithm and size: time per call alone and together (slowest rank)."""
+    print("#\n#  job  workers  algo      size (B)      alone (us)   together (us)   x alone")
+    for run in runs:
+        together = {(r.algo, r.nbytes): r for r in run.together}
+        for row in run.alone:
+            both = together.get((row.algo, row.nbytes))
+            t = f"{'-':>15} {'-':>9}"
+            if both is not None:
+                t = f"{both.time_us_max:15.0f} {both.time_us_max / row.time_us_max:9.2f}"
+            print(f"{run.job.job_id:6d} {run.cfg.workers:8d}  {row.algo:6s} {row.nbytes:12d}"
+                  f" {row.time_us_max:15.0f} {t}")  # fmt: skip
+    print("# time = the slowest rank's mean per call; x alone = together / alone")
+
+
+def _document(runs: Sequence[JobRun], args: argparse.Namespace) -> dict[str, Any]:
+    return {
+        "schema": SCHEMA,
+        "topology": str(args.topology),
+        "stagger_s": args.stagger,
+        "jobs": [
+            {
+                "job": r.job.job_id,
+                "hosts": list(r.job.workers),
+                "workers": r.cfg.workers,
+                "slots": r.cfg.slots,
+                "start_after_s": r.start_after,
+                "error": r.error,
+                "alone": [_row(x) for x in r.alone],
+                "together": [_row(x) for x in r.together],
+            }
+            for r in runs
+        ],
+    }
+
+
+def _row(row: Row) -> dict[str, Any]:
+    return {
+        "algo": row.algo,
+        "size_bytes": row.nbytes,
+        "time_us": row.time_us_max,
+        "wrong": row.wrong,
+        "retransmits": row.retransmits,
+        "late_answers": row.late_answers,
+    }
