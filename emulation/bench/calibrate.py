@@ -38,10 +38,11 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from dynamiccl.model import ALGORITHMS
-from emulation.argtypes import int_in, positive_float, size
+from emulation.argtypes import cc_target, int_in, positive_float, size
 from emulation.bench.config import (
     DEFAULT_BENCH_LANES,
     DEFAULT_BENCH_SLOTS,
+    DEFAULT_CC_TARGET,
     DEFAULT_EMULATED_SLOTS,
     BenchConfig,
     align_down,
@@ -121,6 +122,8 @@ def add_arguments(parser: argparse.ArgumentParser, emulated: bool = False) -> No
     add("-e", "--maxbytes", type=size, default=4 << 20, help="largest size (default 4M)")
     add("-f", "--stepfactor", type=int_in(2), default=4, help="size multiplier (default 4)")
     add("-n", "--iters", type=int_in(1), default=3, help="timed calls per size (default 3)")
+    add("--cc-target", type=cc_target, default=DEFAULT_CC_TARGET, metavar="MS|off",
+        help="INA hosts' congestion target, as inalab bench's (default 5)")  # fmt: skip
     add("-w", "--warmup_iters", type=int_in(0), default=1, help="untimed calls (default 1)")
     if not emulated:
         add("--workers", type=worker_counts, default=(4,),
@@ -222,6 +225,7 @@ def _configs(args: argparse.Namespace, workers: Sequence[int]) -> list[BenchConf
             slots=args.slots,
             seed=args.seed,
             timeout=args.timeout,
+            cc_target=args.cc_target,
         )
         for n in workers
     ]

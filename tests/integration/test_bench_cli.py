@@ -171,6 +171,18 @@ def test_ina_int32_is_exact(tmp_path: Path) -> None:
     assert doc["summary"]["overall"] == "ina alone: nothing to compare"
     assert doc["metadata"]["host_engine"] in ("native", "python")
     assert f"host engine: {doc['metadata']['host_engine']}" in proc.stdout.replace("\n#   ", " ")
+    assert doc["metadata"]["cc_target_s"] == 0.005  # hostlib's default
+
+
+@pytest.mark.parametrize(("given", "seconds"), [("2", 0.002), ("off", None)])
+def test_the_congestion_target_reaches_the_run(
+    tmp_path: Path, given: str, seconds: float | None
+) -> None:
+    out = tmp_path / "cc.json"
+    _ok(_bench(*TINY, "--algos", "ina", "-d", "int32", "--cc-target", given, "--json", str(out)))
+    doc = json.loads(out.read_text())
+    assert doc["metadata"]["cc_target_s"] == seconds
+    assert all(r["wrong"] == 0 for r in doc["rows"])
 
 
 @pytest.mark.slow
@@ -205,6 +217,8 @@ def test_switch_only(tmp_path: Path) -> None:
         (["--collective", "reduce_scatter", "--algos", "tree"], "tree cannot run reduce_scatter"),
         (["--collective", "reduce_scatter", "--workers", "3"], "whole number of float32"),
         (["--collective", "broadcast"], "invalid choice"),
+        (["--cc-target", "0"], "must be positive (or off)"),
+        (["--cc-target", "fast"], "milliseconds or off"),
     ],
 )
 def test_bad_arguments_exit_2(argv: list[str], message: str) -> None:
