@@ -109,8 +109,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     add("--job", type=int, help="the topology job the bench uses (default: its first)")
     add("--jobs", type=_job_ids, metavar="ID,ID[,...]",
         help="bench: these topology jobs (on hosts of their own) each alone, then all at "
-        "once on the one fabric; a table of each job's time per call together against "
-        "alone (docs/emulation.md 'Several jobs at once')")  # fmt: skip
+        "once on the one fabric, a table of each job's time per call together against "
+        "alone; run: every job's ranks run COMMAND at once (docs/emulation.md 'Several "
+        "jobs at once')")  # fmt: skip
     add(
         "--stagger",
         type=float,
@@ -421,8 +422,9 @@ def _jobs(args: argparse.Namespace, topo: Topology) -> list[TopologyJob]:
     """
     from emulation.mininet.multijob import check_jobs
 
-    if args.action != "bench":
-        raise _Refused("--jobs runs the bench: inalab emulate T --jobs 4,5 bench ...")
+    if args.action not in ("bench", "run"):
+        raise _Refused("--jobs runs the bench or a command: inalab emulate T --jobs 4,5 "
+                       "bench|run ...")  # fmt: skip
     if args.job is not None or args.bw_sweep or args.stagger < 0:
         raise _Refused("--jobs goes without --job and one --bw rate; --stagger >= 0")
     jobs = [_job(topo, j) for j in args.jobs]
@@ -470,6 +472,10 @@ def _run(
         elif args.action == "wire-floor":
             assert job is not None
             status = _wire_floor(args, em, job, run_dir)
+        elif args.action == "run" and args.jobs:
+            from emulation.mininet.multijob import run_commands
+
+            status = run_commands(args, em, args.jobs, run_dir)
         elif args.action == "run":
             from emulation.mininet.run import run_command
 

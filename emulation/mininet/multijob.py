@@ -1,4 +1,4 @@
-"""``inalab emulate T --jobs A,B,... bench``: several jobs on one fabric at once.
+"""``inalab emulate T --jobs A,B,... bench|run``: several jobs on one fabric at once.
 
 Layer: emulation.mininet, beside ``emulate``'s single-job bench. Each topology job runs
 the bench's sweep (:func:`emulation.bench.sweep.run_sweep`) on its own hosts, under its
@@ -7,6 +7,10 @@ own job id on the switches: first each alone, one after the other, then all toge
 against alone is what sharing the fabric cost it. The switches' slot pool is
 ``emulate``'s ``--switch-slots``: jobs whose ``--slots`` do not all fit fail to install
 (today's static partition: a job's slot range is its own for its whole run).
+
+``run --jobs`` runs COMMAND once per rank of every job at the same time (two torch
+training jobs through one switch, say), each job installed under its own id, its rank
+logs in ``RUN_DIR/jobN/`` and its output prefixed ``[job N rank K]``.
 """
 
 from __future__ import annotations
@@ -27,7 +31,7 @@ from emulation.mininet.fabric import EmulatedFabric
 from emulation.mininet.network import Emulation
 from emulation.topology import TopologyJob
 
-__all__ = ["SCHEMA", "JobRun", "check_jobs", "run_jobs"]
+__all__ = ["SCHEMA", "JobRun", "check_jobs", "run_commands", "run_jobs"]
 
 PROG = "inalab emulate"
 
@@ -162,6 +166,39 @@ def _together(em: Emulation, runs: Sequence[JobRun], run_dir: Path) -> None:
         t.start()
     for t in threads:
         t.join()
+
+
+def run_commands(
+    args: argparse.Namespace, em: Emulation, jobs: Sequence[TopologyJob], run_dir: Path
+) -> int:
+    """``run --jobs``: every job's ranks run COMMAND at once (job k ``k * --stagger`` s
+    after the first). 0 when every rank of every job exited 0, else the first failing
+    job's status."""
+    from emulation.mininet.run import run_command
+
+    shared = cast(Emulation, _Serialized(em))
+    status: dict[int, int] = {}
+    start = time.monotonic()
+
+    def body(k: int, job: TopologyJob) -> None:
+        time.sleep(max(0.0, start + k * args.stagger - time.monotonic()))
+        where = run_dir / f"job{job.job_id}"
+        where.mkdir(parents=True, exist_ok=True)
+        try:
+            status[job.job_id] = run_command(args, shared, job, where, f"job {job.job_id} ")
+        except Exception as exc:  # any failure is the job's, reported, not lost
+            print(f"{PROG}: job {job.job_id} failed: {type(exc).__name__}: {exc}",
+                  file=sys.stderr, flush=True)  # fmt: skip
+            status[job.job_id] = 1
+
+    threads = [threading.Thread(target=body, args=(k, j), daemon=True) for k, j in enumerate(jobs)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    for job in jobs:
+        print(f"# job {job.job_id}: exit status {status.get(job.job_id, 1)}", flush=True)
+    return next((status.get(j.job_id, 1) for j in jobs if status.get(j.job_id, 1)), 0)
 
 
 def _print_table(runs: Sequence[JobRun]) -> None:

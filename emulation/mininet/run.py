@@ -218,9 +218,12 @@ def stream_lines(pipe: IO[bytes], prefix: str, out: TextIO, log: TextIO, lock: A
                 log.write(line)
 
 
-def run_command(args: argparse.Namespace, em: Emulation, job: TopologyJob, run_dir: Path) -> int:
+def run_command(
+    args: argparse.Namespace, em: Emulation, job: TopologyJob, run_dir: Path, label: str = ""
+) -> int:
     """Install ``job``, run ``args.program`` (COMMAND) once per rank in its host, wait,
-    stop the ranks, remove the job.
+    stop the ranks, remove the job. ``label`` begins each rank's prefix (``run --jobs``:
+    ``job N ``).
 
     Returns:
         0 when every rank exited 0, else the exit status of the first rank that failed.
@@ -240,7 +243,7 @@ def run_command(args: argparse.Namespace, em: Emulation, job: TopologyJob, run_d
               flush=True)  # fmt: skip
         print(f"# rank logs: {run_dir}/rank-N.log, N = 0..{len(specs) - 1}", flush=True)
         with serve_link_control(run_dir / _LINK_SOCKET, _link_rate_setter(em), _say) as sock:
-            status = _run_ranks(args, em, job, specs, master, run_dir, sock)
+            status = _run_ranks(args, em, job, specs, master, run_dir, sock, label)
         _report_counters(em, switches, before)
         return status
     finally:
@@ -333,7 +336,7 @@ class _Rank:
 
     def __init__(
         self, spec: RankSpec, node: Any, command: Sequence[str], env: dict[str, str],
-        log_path: Path, lock: Any,
+        log_path: Path, lock: Any, label: str = "",
     ) -> None:  # fmt: skip
         self.spec = spec
         self.log = log_path.open("w", buffering=1, encoding="utf-8", errors="replace")
@@ -347,7 +350,7 @@ class _Rank:
         except BaseException:
             self.log.close()
             raise
-        prefix = f"[rank {spec.rank}] "
+        prefix = f"[{label}rank {spec.rank}] "
         streams = ((self.proc.stdout, sys.stdout), (self.proc.stderr, sys.stderr))
         self.pumps = [
             threading.Thread(
@@ -394,6 +397,7 @@ def _run_ranks(
     master: tuple[str, int],
     run_dir: Path,
     link_control: Path,
+    label: str = "",
 ) -> int:
     lock = threading.Lock()
     ranks: list[_Rank] = []
@@ -405,7 +409,7 @@ def _run_ranks(
             )  # fmt: skip
             env[ENV_LINK_CONTROL] = str(link_control)
             log_path = run_dir / f"rank-{spec.rank}.log"
-            ranks.append(_Rank(spec, em.host(spec.host), args.program, env, log_path, lock))
+            ranks.append(_Rank(spec, em.host(spec.host), args.program, env, log_path, lock, label))
         return _wait(ranks, args.grace)
     finally:
         _stop(ranks, args.grace)  # whatever ended the wait: a failure, Ctrl-C, SIGTERM

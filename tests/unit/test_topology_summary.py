@@ -122,7 +122,7 @@ def test_decide_summary_gives_the_jobs_ranks() -> None:
     summary, job = decide_summary(TOPOLOGIES / "star8.yaml", None, 16)
     assert summary == summarize_topology(load_topology(TOPOLOGIES / "star8.yaml"), slots=16)
     assert (job.job, job.ranks, job.hosts) == (1, 8, 8)
-    assert dict(job.per_job) == {1: 8, 2: 2, 4: 4}
+    assert dict(job.per_job) == {1: 8, 2: 2, 4: 4, 5: 4}
     _, other = decide_summary(TOPOLOGIES / "star8.yaml", 4, None)
     assert (other.job, other.ranks) == (4, 4)
 
