@@ -122,7 +122,8 @@ def test_workers_come_from_the_topologys_job(topology: str, job: str | None, wor
             "star8.yaml",
             ["--workers", "4"],
             "--workers 4, but job 1 of {path} has 8 ranks "
-            "(ranks per job: job 1: 8, job 2: 2, job 4: 4, job 5: 4); omit --workers, or pick another",
+            "(ranks per job: job 1: 8, job 2: 2, job 4: 4, job 5: 4); omit --workers, "
+            "or pick another",
         ),
         ("star8.yaml", ["--workers", "8", "--job", "4"], "but job 4 of {path} has 4 ranks"),
         ("tutorials_triangle.json", ["--workers", "2"], "has no jobs: its 3 hosts make one job"),
