@@ -69,7 +69,12 @@ from hostlib.quantize import block_exponents, dequantize_into, headroom_bits, qu
 SEQ_MODULUS = 0xFFFFFFFF
 """Packet numbers run 1..2**32-1 and wrap to 1."""
 
+CC_TARGET = 0.005
+"""The congestion target to opt in with (``RetryPolicy(cc_target=CC_TARGET)``,
+``--cc-target 5``): what the fat tree was measured with (:attr:`RetryPolicy.cc_target`)."""
+
 __all__ = [
+    "CC_TARGET",
     "SEQ_MODULUS",
     "Addr",
     "InaAllreduce",
@@ -175,12 +180,15 @@ class RetryPolicy:
     """The longest an engine sleeps while its call runs (its heartbeat), so that a stall
     is measured wherever it falls in a timer's life, not only after the timer's deadline;
     a stall shorter than this can go unseen."""
-    cc_target: float = 0.005
+    cc_target: float = math.inf
     """The queueing delay an INA worker's packets may meet above the least round trip
-    seen before its congestion window shrinks (``math.inf``: no congestion control).
-    5 ms: a whole window of 8 KiB packets queues 0.5 ms on a 1 Gbit/s link, and this
-    VM's scheduling adds a few ms now and then; a queue of 4 hosts' windows behind one
-    100 Mbit/s link (fat_tree_k4) is 21 ms."""
+    seen before its congestion window shrinks (``math.inf``, the default: no congestion
+    control). Off by default because the signal is fooled by random loss: a packet whose
+    slot waited for another worker's retransmission looks queued, and under 5% link loss
+    (star8, 200 Mbit/s) windows of one packet made calls 20-170x slower. 5 ms
+    (:data:`CC_TARGET`) is the value measured on the fat tree: a whole window of 8 KiB
+    packets queues 0.5 ms on a 1 Gbit/s link, and this VM's scheduling adds a few ms now
+    and then; 4 hosts' windows behind one 100 Mbit/s link (fat_tree_k4) queue 21 ms."""
     cc_beta: float = 0.8
     """How hard a sample above the target cuts: by ``beta`` times its excess share."""
     cc_max_cut: float = 0.5

@@ -123,7 +123,7 @@ def add_arguments(parser: argparse.ArgumentParser, emulated: bool = False) -> No
     add("-f", "--stepfactor", type=int_in(2), default=4, help="size multiplier (default 4)")
     add("-n", "--iters", type=int_in(1), default=3, help="timed calls per size (default 3)")
     add("--cc-target", type=cc_target, default=DEFAULT_CC_TARGET, metavar="MS|off",
-        help="INA hosts' congestion target, as inalab bench's (default 5)")  # fmt: skip
+        help="INA hosts' congestion target, as inalab bench's (default off)")  # fmt: skip
     add("-w", "--warmup_iters", type=int_in(0), default=1, help="untimed calls (default 1)")
     if not emulated:
         add("--workers", type=worker_counts, default=(4,),

@@ -204,8 +204,8 @@ def add_arguments(parser: argparse.ArgumentParser, emulated: bool = False) -> No
         default=DEFAULT_CC_TARGET,
         metavar="MS|off",
         help="INA hosts' congestion control: the queueing (ms) their packets may meet above "
-        f"the least round trip before the window shrinks (default {DEFAULT_CC_TARGET * 1e3:g};"
-        " off: a fixed window, as before it; docs/protocol.md 'Congestion control')",
+        "the least round trip before the window shrinks, e.g. 5 (default off: a fixed window;"
+        " random loss fools it; docs/protocol.md 'Congestion control')",
     )
     if not emulated:  # inalab emulate has its own, before the action
         add("--run-dir", type=Path, help="directory for logs (default: a new temp dir)")

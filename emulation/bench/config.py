@@ -19,7 +19,8 @@ BENCH_JOB_ID = 1
 """The job id a bench installs on its switch unless its config says otherwise."""
 
 DEFAULT_CC_TARGET = RetryPolicy.cc_target
-"""The INA hosts' congestion target unless ``--cc-target`` says otherwise."""
+"""The INA hosts' congestion target unless ``--cc-target`` says otherwise: hostlib's
+(off)."""
 
 __all__ = [
     "ALGORITHMS",
