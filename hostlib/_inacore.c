@@ -124,6 +124,7 @@ typedef struct {
     uint8_t *got;
     int64_t una;
     char *sample;
+    int32_t *released; /* the slots release() let go, for start and on_datagram */
     int batch_results;                /* results a nap waits for in run() (0: never) */
     int64_t naps, receives, received; /* run(): naps, recvmmsg calls, their datagrams */
     size_t psize;
@@ -507,6 +508,7 @@ static void InaCore_dealloc(InaCore *c) {
     free(c->sent_at); free(c->slot_rto); free(c->slot_deadline); free(c->resent);
     free(c->queued); free(c->rearmed); free(c->stall_at); free(c->slot_tx); free(c->heap);
     free(c->order); free(c->fastbuf); free(c->held.v); free(c->got); free(c->sample);
+    free(c->released);
     Py_TYPE(c)->tp_free((PyObject *)c);
 }
 
@@ -597,13 +599,14 @@ static int InaCore_init(InaCore *c, PyObject *args, PyObject *kw) {
     c->held.v = malloc(w * sizeof(int64_t));
     c->got = calloc((size_t)c->npackets, 1);
     c->sample = calloc(w, 1);
+    c->released = malloc(w * sizeof(int32_t));
     if (c->is_float) {
         c->local_exp = malloc((size_t)c->nblocks);
         c->global_exp = malloc((size_t)c->nblocks);
     }
     if (!c->slotbuf || !c->outstanding || !c->sent_at || !c->slot_rto || !c->slot_deadline ||
         !c->resent || !c->queued || !c->rearmed || !c->stall_at || !c->slot_tx || !c->fastbuf ||
-        !c->held.v || !c->got || !c->sample ||
+        !c->held.v || !c->got || !c->sample || !c->released ||
         (c->is_float && (!c->local_exp || !c->global_exp))) {
         PyErr_NoMemory();
         return -1;
@@ -638,17 +641,15 @@ static PyObject *InaCore_start(InaCore *c, PyObject *arg) {
     c->started = 1;
     c->last_progress = now;
     c->clock.seen = now;
-    int32_t *slots = malloc((size_t)c->window * sizeof(int32_t));
-    if (!slots) return PyErr_NoMemory();
+    int32_t *slots = c->released;
     Py_ssize_t k = start_release(c, now, slots, NULL, NULL);
-    if (k < 0) { free(slots); return PyErr_NoMemory(); }
+    if (k < 0) return PyErr_NoMemory();
     PyObject *list = PyList_New(0);
     for (Py_ssize_t i = 0; list && i < k; i++) {
         PyObject *b = packet_bytes(c, c->slotbuf + (size_t)slots[i] * c->psize);
         if (!b || PyList_Append(list, b) < 0) { Py_XDECREF(b); Py_CLEAR(list); }
         Py_XDECREF(b);
     }
-    free(slots);
     return list;
 }
 
@@ -657,11 +658,9 @@ static PyObject *InaCore_on_datagram(InaCore *c, PyObject *args) {
     double now;
     if (!PyArg_ParseTuple(args, "y*d", &d, &now)) return NULL;
     observe(c, now);
-    int32_t *slots = malloc((size_t)c->window * sizeof(int32_t)), first = -1;
-    int r = slots ? take_and_release(c, d.buf, (size_t)d.len, now, &first, slots, NULL, NULL)
-                  : -1;
+    int32_t first = -1;
+    int r = take_and_release(c, d.buf, (size_t)d.len, now, &first, c->released, NULL, NULL);
     PyBuffer_Release(&d);
-    free(slots);
     if (r < 0) return PyErr_NoMemory();
     if (first < 0) Py_RETURN_NONE;
     return packet_bytes(c, c->slotbuf + (size_t)first * c->psize);
