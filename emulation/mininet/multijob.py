@@ -17,11 +17,12 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import functools
 import json
 import sys
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any, cast
 
@@ -151,21 +152,31 @@ class _Serialized:
         return call
 
 
-def _together(em: Emulation, runs: Sequence[JobRun], run_dir: Path) -> None:
-    """Every job's sweep at once, each in a thread, started at its offset."""
-    em = cast(Emulation, _Serialized(em))
+def _at_once(work: Sequence[tuple[float, Callable[[], None]]]) -> None:
+    """Each ``(offset, body)`` in a thread of its own, begun ``offset`` seconds after the
+    first; return when every one has ended."""
     start = time.monotonic()
 
-    def body(run: JobRun) -> None:
-        time.sleep(max(0.0, start + run.start_after - time.monotonic()))
-        if run.error is None:
-            run.together = _sweep(em, run, run_dir / f"job{run.job.job_id}-together")
+    def run(offset: float, body: Callable[[], None]) -> None:
+        time.sleep(max(0.0, start + offset - time.monotonic()))
+        body()
 
-    threads = [threading.Thread(target=body, args=(r,), daemon=True) for r in runs]
+    threads = [threading.Thread(target=run, args=w, daemon=True) for w in work]
     for t in threads:
         t.start()
     for t in threads:
         t.join()
+
+
+def _together(em: Emulation, runs: Sequence[JobRun], run_dir: Path) -> None:
+    """Every job's sweep at once, each in a thread, started at its offset."""
+    em = cast(Emulation, _Serialized(em))
+
+    def body(run: JobRun) -> None:
+        if run.error is None:
+            run.together = _sweep(em, run, run_dir / f"job{run.job.job_id}-together")
+
+    _at_once([(r.start_after, functools.partial(body, r)) for r in runs])
 
 
 def run_commands(
@@ -178,10 +189,8 @@ def run_commands(
 
     shared = cast(Emulation, _Serialized(em))
     status: dict[int, int] = {}
-    start = time.monotonic()
 
-    def body(k: int, job: TopologyJob) -> None:
-        time.sleep(max(0.0, start + k * args.stagger - time.monotonic()))
+    def body(job: TopologyJob) -> None:
         where = run_dir / f"job{job.job_id}"
         where.mkdir(parents=True, exist_ok=True)
         try:
@@ -191,11 +200,7 @@ def run_commands(
                   file=sys.stderr, flush=True)  # fmt: skip
             status[job.job_id] = 1
 
-    threads = [threading.Thread(target=body, args=(k, j), daemon=True) for k, j in enumerate(jobs)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
+    _at_once([(k * args.stagger, functools.partial(body, j)) for k, j in enumerate(jobs)])
     for job in jobs:
         print(f"# job {job.job_id}: exit status {status.get(job.job_id, 1)}", flush=True)
     return next((status.get(j.job_id, 1) for j in jobs if status.get(j.job_id, 1)), 0)
