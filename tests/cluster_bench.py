@@ -260,6 +260,9 @@ def ina_rdma(args: argparse.Namespace, size: int, tls: Path, run: Path) -> dict[
         _traffic(row, machines, before, args.warmup + args.calls)
     row["theory_worker_each_way"] = rdma_bytes(size, lanes, m)
     row["theory_aggregator_each_way"] = WORKERS * row["theory_worker_each_way"]
+    row["message_wire_bytes"] = rdma_bytes(4 * m * lanes, lanes, m)
+    for r, report in enumerate(reports):
+        row[f"w{r}_retransmissions"] = report["retransmissions"]
     return row
 
 

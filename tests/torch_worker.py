@@ -3,8 +3,8 @@ environment, as a cluster's rank under ``torchrun`` is (``INALAB_*``, ``RANK``,
 ``WORLD_SIZE``, ``MASTER_ADDR``, ``MASTER_PORT``): for tests that place ranks in network
 namespaces (``tests/cluster.py``). Runs ``calls`` int32 all_reduces of ``elements``
 elements, each after a barrier, and prints one JSON line: the rank, each result's
-sha256, each call's seconds, whether the calls went through the switch and on what
-transport.
+sha256, each call's seconds, whether the calls went through the switch, on what
+transport, and how many units the session retransmitted.
 
     PYTHONPATH=.:tests python tests/torch_worker.py '{"elements": 100000, "calls": 3, "seed": 1}'
 
@@ -42,10 +42,12 @@ def main(spec: dict) -> None:
         seconds.append(time.monotonic() - start)
         digests.append(hashlib.sha256(x.numpy().tobytes()).hexdigest())
     through = pg.session.next_seq > seq  # type: ignore[union-attr]
+    retransmissions = pg.session.retransmissions  # type: ignore[union-attr]
     transport = type(pg.session.transport).__name__  # type: ignore[union-attr]
     dist.destroy_process_group()
     print(json.dumps({"rank": rank, "sha256": digests, "seconds": seconds,
-                      "through_switch": through, "transport": transport}), flush=True)  # fmt: skip
+                      "through_switch": through, "transport": transport,
+                      "retransmissions": retransmissions}), flush=True)  # fmt: skip
 
 
 if __name__ == "__main__":

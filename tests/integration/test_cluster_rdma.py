@@ -123,12 +123,17 @@ def test_the_cluster_bench_counts_roce_traffic_as_the_theory_says(tmp_path: Path
     (row,) = json.loads(out.read_text())["rows"]
     assert row["setup"].startswith("ina over RoCEv2") and row["time_s"] > 0
     # Every frame once each way (no loss here), plus the torch ranks' own TCP: the
-    # store and Gloo's barriers, most of it at rank 0's machine (the master).
-    worker = row["theory_worker_each_way"]
+    # store and Gloo's barriers, most of it at rank 0's machine (the master). A rank that
+    # enters a call before the others may time out and resend messages (each answered
+    # again once complete): those are counted, a message each way per retransmission.
+    worker, message = row["theory_worker_each_way"], row["message_wire_bytes"]
+    resent = [row[f"w{r}_retransmissions"] * message / 3 for r in range(4)]
     for r in range(4):
         slack = 1.2 if r == 0 else 1.03
         for way in ("sent", "received"):
-            assert worker <= row[f"w{r}_{way}_per_call"] <= slack * worker, (r, way, row)
+            got = row[f"w{r}_{way}_per_call"]
+            assert worker <= got <= slack * worker + resent[r], (r, way, row)
     aggregator = row["theory_aggregator_each_way"]
     for way in ("sent", "received"):
-        assert aggregator <= row[f"agg0_{way}_per_call"] <= 1.05 * aggregator, (way, row)
+        got = row[f"agg0_{way}_per_call"]
+        assert aggregator <= got <= 1.05 * aggregator + sum(resent), (way, row)
