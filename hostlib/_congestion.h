@@ -13,7 +13,8 @@
 typedef struct {
     double cwnd;     /* packets; INFINITY: no limit */
     double base_rtt; /* the least round trip seen */
-    double cut_at;   /* when cwnd was last cut */
+    double round_start; /* when the current round of samples began */
+    double round_min;   /* the least sample of the current round */
     int64_t cuts;
     double target, beta, max_cut; /* RetryPolicy.cc_target, cc_beta, cc_max_cut */
 } CcWindow;
@@ -25,20 +26,26 @@ static inline int cc_limit(const CcWindow *k, int window) {
     return n < 1 ? 1 : n;
 }
 
-/* CongestionWindow.on_sample */
+/* CongestionWindow.on_sample: grow on a sample within the bound, cut on a round whose
+   least sample lies above it. */
 static inline void cc_sample(CcWindow *k, double rtt, double now, double srtt, int window) {
     if (rtt < k->base_rtt) k->base_rtt = rtt;
+    if (rtt < k->round_min) k->round_min = rtt;
     double w = k->cwnd < (double)window ? k->cwnd : (double)window;
     double bound = k->base_rtt + k->target;
     if (rtt <= bound) {
         w = w + 1.0 / w;
         k->cwnd = w >= (double)window ? INFINITY : w;
-    } else if (now - k->cut_at >= srtt) {
-        double factor = 1.0 - k->beta * (rtt - bound) / rtt;
+    }
+    if (now - k->round_start < srtt) return;
+    double least = k->round_min;
+    k->round_start = now;
+    k->round_min = INFINITY;
+    if (least > bound) {
+        double factor = 1.0 - k->beta * (least - bound) / least;
         if (factor < 1.0 - k->max_cut) factor = 1.0 - k->max_cut;
         w = w * factor;
         k->cwnd = w > 1.0 ? w : 1.0;
-        k->cut_at = now;
         k->cuts++;
     }
 }

@@ -517,22 +517,22 @@ static int InaCore_init(InaCore *c, PyObject *args, PyObject *kw) {
                             "out", "uses", "first_seq", "rto", "srtt", "rttvar", "samples",
                             "min_timeout", "max_timeout", "backoff", "deadline", "late_timer",
                             "stream_min_bytes", "batch_results", "stall_check", "first_timeout",
-                            "cwnd", "base_rtt", "cut_at", "cuts", "cc_target", "cc_beta",
-                            "cc_max_cut", NULL};
+                            "cwnd", "base_rtt", "round_start", "round_min", "cuts",
+                            "cc_target", "cc_beta", "cc_max_cut", NULL};
     PyObject *data, *out, *uses;
     long long first_seq, samples, stream_min = STREAM_MIN_BYTES;
     double stall_check = 0.0025;
     long long cuts = 0;
     c->batch_results = BATCH_RESULTS;
     c->first_timeout = 0.0;
-    c->cc = (CcWindow){INFINITY, INFINITY, -INFINITY, 0, INFINITY, 0.8, 0.5};
+    c->cc = (CcWindow){INFINITY, INFINITY, -INFINITY, INFINITY, 0, INFINITY, 0.8, 0.5};
     if (!PyArg_ParseTupleAndKeywords(
-            args, kw, "iiiiiOOOLdddLddddd|LidddddLddd", names, &c->job_id, &c->rank,
+            args, kw, "iiiiiOOOLdddLddddd|LiddddddLddd", names, &c->job_id, &c->rank,
             &c->num_workers, &c->lanes, &c->window, &data, &out, &uses, &first_seq, &c->rto,
             &c->srtt, &c->rttvar, &samples, &c->min_timeout, &c->max_timeout, &c->backoff,
             &c->deadline_s, &c->late_timer, &stream_min, &c->batch_results, &stall_check,
-            &c->first_timeout, &c->cc.cwnd, &c->cc.base_rtt, &c->cc.cut_at, &cuts,
-            &c->cc.target, &c->cc.beta, &c->cc.max_cut))
+            &c->first_timeout, &c->cc.cwnd, &c->cc.base_rtt, &c->cc.round_start,
+            &c->cc.round_min, &cuts, &c->cc.target, &c->cc.beta, &c->cc.max_cut))
         return -1;
     c->cc.cuts = cuts;
     c->cc_on = isfinite(c->cc.target);
@@ -922,7 +922,8 @@ static PyObject *InaCore_get_state(InaCore *c, void *Py_UNUSED(x)) {
     PyObject *cuts = PyLong_FromLongLong(c->cc.cuts);
     if (!cuts || PyDict_SetItemString(d, "cuts", cuts) < 0 ||
         put_float(d, "cwnd", c->cc.cwnd) < 0 || put_float(d, "base_rtt", c->cc.base_rtt) < 0 ||
-        put_float(d, "cut_at", c->cc.cut_at) < 0) {
+        put_float(d, "round_start", c->cc.round_start) < 0 ||
+        put_float(d, "round_min", c->cc.round_min) < 0) {
         Py_XDECREF(cuts);
         Py_DECREF(d);
         return NULL;

@@ -10,14 +10,20 @@ of the job lies at or above every worker's ``una``, so once each worker has that
 result of its own, each may send it (``cwnd >= 1``).
 
 The signal is delay, not ECN. Every engine already times each packet's result (Karn's
-rule keeps the samples unambiguous); a sample above the least round trip seen plus
-:attr:`~hostlib.ina.RetryPolicy.cc_target` means a queue, and ``cwnd`` is cut, at most
-once per smoothed round trip, in proportion to the excess (Swift, SIGCOMM'20):
-``cwnd *= max(1 - beta (rtt - target) / rtt, 1 - max_cut)``. Below the target it grows
-by one packet per window of results (``cwnd += 1 / cwnd``), and at ``W`` the limit is
-off. ECN (ATP's AIMD) needs a mark from the queue, and the queues that build here are
-the Linux qdiscs of the emulated links, ahead of the switch programs that would OR a
-mark into the result: the delay is measurable on every data plane as it is. Losses are
+rule keeps the samples unambiguous). A sample at or below the least round trip seen plus
+:attr:`~hostlib.ina.RetryPolicy.cc_target` (the bound) grows ``cwnd`` by one packet per
+window of results (``cwnd += 1 / cwnd``); at ``W`` the limit is off. The cut judges a
+round (a smoothed round trip of samples) by its least sample, Copa's standing RTT
+(NSDI'18): a queue delays every packet of the round, while a loss delays only the
+packets whose slot waited for a retransmission, and the others of the round come back in
+time. When a round's least sample ``m`` lies above the bound, ``cwnd`` is cut in
+proportion to the excess (Swift, SIGCOMM'20): ``cwnd *= max(1 - beta (m - bound) / m,
+1 - max_cut)``. Judging every sample instead cut the window to one packet under 5%
+random link loss (star8: 41 ms calls became 2 s).
+
+ECN (ATP's AIMD) needs a mark from the queue, and the queues that build here are the
+Linux qdiscs of the emulated links, ahead of the switch programs that would OR a mark
+into the result: the delay is measurable on every data plane as it is. Losses are
 not a signal: fast retransmission and the timers recover them, and random loss should
 not shrink the window (the emulated links lose packets at random).
 
@@ -64,8 +70,10 @@ class CongestionWindow:
     cwnd: float = math.inf
     base_rtt: float = math.inf
     """The least round trip seen: the path without a queue."""
-    cut_at: float = -math.inf
-    """When ``cwnd`` was last cut: the next cut waits a smoothed round trip."""
+    round_start: float = -math.inf
+    """When the current round of samples began; it ends a smoothed round trip later."""
+    round_min: float = math.inf
+    """The least sample of the current round."""
     cuts: int = 0
 
     def limit(self, window: int) -> int:
@@ -81,16 +89,21 @@ class CongestionWindow:
         """One unambiguous round trip ``rtt`` taken at ``now`` (``srtt`` already holds it)."""
         if rtt < self.base_rtt:
             self.base_rtt = rtt
+        if rtt < self.round_min:
+            self.round_min = rtt
         w = self.cwnd if self.cwnd < window else float(window)
         bound = self.base_rtt + target
         if rtt <= bound:
             w = w + 1.0 / w
             self.cwnd = math.inf if w >= window else w
-        elif now - self.cut_at >= srtt:
-            factor = 1.0 - beta * (rtt - bound) / rtt
+        if now - self.round_start < srtt:
+            return
+        least = self.round_min
+        self.round_start, self.round_min = now, math.inf
+        if least > bound:
+            factor = 1.0 - beta * (least - bound) / least
             if factor < 1.0 - max_cut:
                 factor = 1.0 - max_cut
             w = w * factor
             self.cwnd = w if w > 1.0 else 1.0
-            self.cut_at = now
             self.cuts += 1

@@ -16,7 +16,7 @@ from helpers import FAKE_SWITCH, FakeJob, check_allreduce, expected, random_inpu
 
 from emulation.softswitch.pipeline import Pipeline
 from hostlib.congestion import CongestionWindow
-from hostlib.ina import RetryPolicy
+from hostlib.ina import RetryPolicy, _Rtt
 from hostlib.transport.memory import FakeNetwork, LinkModel
 
 POLICY = RetryPolicy(timeout=0.002, min_timeout=0.0005, max_timeout=0.1, deadline=5.0)
@@ -49,6 +49,18 @@ def test_a_cut_is_proportional_bounded_and_once_per_round_trip() -> None:
     assert cc.cwnd == 1.0 and cc.limit(8) == 1
 
 
+@pytest.mark.parametrize(("in_time", "cuts"), [(True, 0), (False, 49)])
+def test_a_round_is_judged_by_its_least_sample(in_time: bool, cuts: int) -> None:
+    """Random loss delays some packets of a round (their slot waited for a retransmission)
+    and a queue delays all of them: only a round without one sample in time is cut."""
+    cc = CongestionWindow(cwnd=4.0, base_rtt=0.001)
+    for k in range(500):  # rounds of 10 ms (srtt) of 10 samples, nine of them 40 ms late
+        late = k % 10 or not in_time
+        _sample(cc, 0.041 if late else 0.0015, 1.0 + k / 1000 + 1e-9)
+    assert cc.cuts == pytest.approx(cuts, abs=1)
+    assert (cc.limit(8) == 8) if in_time else (cc.cwnd == 1.0)
+
+
 @pytest.mark.parametrize(
     ("field", "value"),
     [("cc_target", 0.0), ("cc_beta", 0.0), ("cc_beta", 1.5), ("cc_max_cut", 1.0)],
@@ -78,12 +90,15 @@ def _bottleneck(policy: RetryPolicy, calls: int = 3) -> list[tuple[float, int, f
 
 
 def test_on_a_shared_bottleneck_the_window_keeps_the_queue_short() -> None:
-    """Once the session knows its path (the second call on), the window holds the queue
-    near the target, no timer fires on queueing, and the bottleneck stays busy: each call
-    takes its floor, 4 x 300 packets x 1 ms. Without it the windows stand in the queue."""
+    """Once the session knows its path, the window holds the queue near the target, no
+    timer fires on queueing, and the bottleneck stays busy: each call takes its floor,
+    4 x 300 packets x 1 ms. Without it the windows stand in the queue. (The first call
+    learns the path; the second still fired 4 timers before its rounds' least samples
+    had cut the windows, the third none.)"""
     floor = 4 * 300 * UPLINK
-    with_cc, without = _bottleneck(replace(POLICY, cc_target=0.002)), _bottleneck(OFF)
-    for seconds, retransmitted, _peak in with_cc[1:]:
+    with_cc, without = _bottleneck(replace(POLICY, cc_target=0.002), 4), _bottleneck(OFF)
+    assert with_cc[1][0] < 1.02 * floor and with_cc[1][1] < 10
+    for seconds, retransmitted, _peak in with_cc[2:]:
         assert seconds < 1.02 * floor and retransmitted == 0
     assert with_cc[-1][2] < 0.015 < 0.03 < without[-1][2]
     assert sum(r for _, r, _ in with_cc) < sum(r for _, r, _ in without)
@@ -103,14 +118,17 @@ def test_a_backed_off_timeout_stays_until_an_unambiguous_sample() -> None:
 def test_a_window_of_one_packet_is_exact_under_loss_duplication_and_reordering(
     seed: int, dtype: type
 ) -> None:
-    """A target nothing meets cuts every window to one packet: the held packets still
-    go, in order, and every call is exact (float32's exponents travel a window ahead)."""
+    """A window held at one packet (a path of round trip 0: no sample meets the target,
+    every round is cut): the held packets still go, in order, and every call is exact
+    (float32's exponents travel a window ahead)."""
     rng = np.random.default_rng(seed)
     workers, slots = 1 + seed % 5, (2, 4, 8)[seed % 3]
     pipe = Pipeline(8, slots=32)
     link = LinkModel(loss=0.05, duplicate=0.05, reorder=0.2, reorder_delay=0.001)
     net = FakeNetwork(pipe, FAKE_SWITCH, link, seed=seed, uplink=0.0001)
     job = FakeJob(pipe, 4, workers, replace(POLICY, cc_target=1e-9), slots=slots)
+    for state in job.states:
+        state._rtt = _Rtt(POLICY.timeout, cc=CongestionWindow(cwnd=1.0, base_rtt=0.0))
     for size in (int(rng.integers(1, 8 * 8)), int(rng.integers(8 * 8, 60 * 8))):
         inputs = random_inputs(rng, dtype, workers, size)
         results = job.allreduce(net, inputs)
