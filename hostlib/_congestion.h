@@ -10,11 +10,15 @@
 #include <math.h>
 #include <stdint.h>
 
+/* hostlib.congestion.ROUND_SAMPLES: the fewest samples a round is judged on */
+#define CC_ROUND_SAMPLES 8
+
 typedef struct {
     double cwnd;     /* packets; INFINITY: no limit */
     double base_rtt; /* the least round trip seen */
     double round_start; /* when the current round of samples began */
     double round_min;   /* the least sample of the current round */
+    int64_t round_samples;
     int64_t cuts;
     double target, beta, max_cut; /* RetryPolicy.cc_target, cc_beta, cc_max_cut */
 } CcWindow;
@@ -31,16 +35,18 @@ static inline int cc_limit(const CcWindow *k, int window) {
 static inline void cc_sample(CcWindow *k, double rtt, double now, double srtt, int window) {
     if (rtt < k->base_rtt) k->base_rtt = rtt;
     if (rtt < k->round_min) k->round_min = rtt;
+    k->round_samples++;
     double w = k->cwnd < (double)window ? k->cwnd : (double)window;
     double bound = k->base_rtt + k->target;
     if (rtt <= bound) {
         w = w + 1.0 / w;
         k->cwnd = w >= (double)window ? INFINITY : w;
     }
-    if (now - k->round_start < srtt) return;
+    if (now - k->round_start < srtt || k->round_samples < CC_ROUND_SAMPLES) return;
     double least = k->round_min;
     k->round_start = now;
     k->round_min = INFINITY;
+    k->round_samples = 0;
     if (least > bound) {
         double factor = 1.0 - k->beta * (least - bound) / least;
         if (factor < 1.0 - k->max_cut) factor = 1.0 - k->max_cut;

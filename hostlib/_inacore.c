@@ -121,8 +121,9 @@ typedef struct {
     CcWindow cc;
     int cc_on;
     Held held;
-    uint8_t *got;
-    int64_t una;
+    int64_t flight; /* packets sent without their result (hostlib.ina's _flight) */
+    uint8_t *went;  /* which packets went out (_went) */
+    int64_t unsent; /* the lowest that has not (_unsent) */
     char *sample;
     int32_t *released; /* the slots release() let go, for start and on_datagram */
     int batch_results;                /* results a nap waits for in run() (0: never) */
@@ -282,6 +283,9 @@ static int32_t send_new(InaCore *c, int64_t index, double now) {
     c->slot_rto[slot] = c->done || c->rto >= c->first_timeout ? c->rto : c->first_timeout;
     if (arm(c, slot, index, now) < 0) return -1;
     c->sent++;
+    c->flight++;
+    c->went[index] = 1;
+    while (c->unsent < c->npackets && c->went[c->unsent]) c->unsent++;
     return slot;
 }
 
@@ -342,8 +346,7 @@ static int take(InaCore *c, const uint8_t *d, size_t len, double now) {
     c->outstanding[slot] = -1;
     c->done++;
     c->last_progress = now;
-    c->got[index] = 1;
-    while (c->una < c->npackets && c->got[c->una]) c->una++;
+    c->flight--;
     if (!c->resent[slot]) { /* Karn's rule */
         double rtt = now - c->sent_at[slot];
         rtt_update(c, rtt);
@@ -377,6 +380,17 @@ static int send_next(InaCore *c, int64_t index, double now) {
     return send_new(c, index, now) < 0 ? -1 : 0;
 }
 
+/* hostlib.ina.InaAllreduce._escapes: held packet `index` goes beyond the congestion
+   window when it is the lowest never sent and every packet in flight lies above it. */
+static int escapes(const InaCore *c, int64_t index) {
+    if (index != c->unsent) return 0;
+    for (int32_t s = 0; s < c->window; s++) {
+        int64_t o = c->outstanding[s];
+        if (o >= 0 && o < index) return 0;
+    }
+    return 1;
+}
+
 /* hostlib.ina.InaAllreduce._release: send the held packets the congestion window lets
    go, oldest first; their slots go to `slots` (room for window entries). `ready`, when
    given, is called with each slot before its buffer is rebuilt (run(): a buffer still in
@@ -385,7 +399,7 @@ static Py_ssize_t release(InaCore *c, double now, int32_t *slots,
                           int (*ready)(void *, int32_t), void *arg) {
     int limit = cc_limit(&c->cc, c->window);
     Py_ssize_t k = 0;
-    while (c->held.n && (limit >= c->window || c->held.v[0] < c->una + limit)) {
+    while (c->held.n && (limit >= c->window || c->flight < limit || escapes(c, c->held.v[0]))) {
         int64_t index = held_pop(&c->held);
         int32_t slot = (int32_t)(index % c->window);
         if (ready && ready(arg, slot) != 0) return -1;
@@ -507,7 +521,7 @@ static void InaCore_dealloc(InaCore *c) {
     free(c->local_exp); free(c->global_exp); free(c->slotbuf); free(c->outstanding);
     free(c->sent_at); free(c->slot_rto); free(c->slot_deadline); free(c->resent);
     free(c->queued); free(c->rearmed); free(c->stall_at); free(c->slot_tx); free(c->heap);
-    free(c->order); free(c->fastbuf); free(c->held.v); free(c->got); free(c->sample);
+    free(c->order); free(c->fastbuf); free(c->held.v); free(c->went); free(c->sample);
     free(c->released);
     Py_TYPE(c)->tp_free((PyObject *)c);
 }
@@ -517,24 +531,25 @@ static int InaCore_init(InaCore *c, PyObject *args, PyObject *kw) {
                             "out", "uses", "first_seq", "rto", "srtt", "rttvar", "samples",
                             "min_timeout", "max_timeout", "backoff", "deadline", "late_timer",
                             "stream_min_bytes", "batch_results", "stall_check", "first_timeout",
-                            "cwnd", "base_rtt", "round_start", "round_min", "cuts",
+                            "cwnd", "base_rtt", "round_start", "round_min", "round_samples", "cuts",
                             "cc_target", "cc_beta", "cc_max_cut", NULL};
     PyObject *data, *out, *uses;
     long long first_seq, samples, stream_min = STREAM_MIN_BYTES;
     double stall_check = 0.0025;
-    long long cuts = 0;
+    long long cuts = 0, round_samples = 0;
     c->batch_results = BATCH_RESULTS;
     c->first_timeout = 0.0;
-    c->cc = (CcWindow){INFINITY, INFINITY, -INFINITY, INFINITY, 0, INFINITY, 0.8, 0.5};
+    c->cc = (CcWindow){INFINITY, INFINITY, -INFINITY, INFINITY, 0, 0, INFINITY, 0.8, 0.5};
     if (!PyArg_ParseTupleAndKeywords(
-            args, kw, "iiiiiOOOLdddLddddd|LiddddddLddd", names, &c->job_id, &c->rank,
+            args, kw, "iiiiiOOOLdddLddddd|LiddddddLLddd", names, &c->job_id, &c->rank,
             &c->num_workers, &c->lanes, &c->window, &data, &out, &uses, &first_seq, &c->rto,
             &c->srtt, &c->rttvar, &samples, &c->min_timeout, &c->max_timeout, &c->backoff,
             &c->deadline_s, &c->late_timer, &stream_min, &c->batch_results, &stall_check,
             &c->first_timeout, &c->cc.cwnd, &c->cc.base_rtt, &c->cc.round_start,
-            &c->cc.round_min, &cuts, &c->cc.target, &c->cc.beta, &c->cc.max_cut))
+            &c->cc.round_min, &round_samples, &cuts, &c->cc.target, &c->cc.beta, &c->cc.max_cut))
         return -1;
     c->cc.cuts = cuts;
+    c->cc.round_samples = round_samples;
     c->cc_on = isfinite(c->cc.target);
     if (c->started || c->have_data) {
         PyErr_SetString(PyExc_RuntimeError, "InaCore is initialised once");
@@ -597,7 +612,7 @@ static int InaCore_init(InaCore *c, PyObject *args, PyObject *kw) {
     c->capfast = (Py_ssize_t)w;
     c->fastbuf = malloc(w * c->psize);
     c->held.v = malloc(w * sizeof(int64_t));
-    c->got = calloc((size_t)c->npackets, 1);
+    c->went = calloc((size_t)c->npackets ? (size_t)c->npackets : 1, 1);
     c->sample = calloc(w, 1);
     c->released = malloc(w * sizeof(int32_t));
     if (c->is_float) {
@@ -606,7 +621,7 @@ static int InaCore_init(InaCore *c, PyObject *args, PyObject *kw) {
     }
     if (!c->slotbuf || !c->outstanding || !c->sent_at || !c->slot_rto || !c->slot_deadline ||
         !c->resent || !c->queued || !c->rearmed || !c->stall_at || !c->slot_tx || !c->fastbuf ||
-        !c->held.v || !c->got || !c->sample || !c->released ||
+        !c->held.v || !c->went || !c->sample || !c->released ||
         (c->is_float && (!c->local_exp || !c->global_exp))) {
         PyErr_NoMemory();
         return -1;
@@ -920,15 +935,19 @@ static PyObject *InaCore_get_state(InaCore *c, void *Py_UNUSED(x)) {
     PyObject *d = state_counters(c);
     if (!d) return NULL;
     PyObject *cuts = PyLong_FromLongLong(c->cc.cuts);
-    if (!cuts || PyDict_SetItemString(d, "cuts", cuts) < 0 ||
+    PyObject *round_samples = PyLong_FromLongLong(c->cc.round_samples);
+    if (!cuts || !round_samples || PyDict_SetItemString(d, "cuts", cuts) < 0 ||
+        PyDict_SetItemString(d, "round_samples", round_samples) < 0 ||
         put_float(d, "cwnd", c->cc.cwnd) < 0 || put_float(d, "base_rtt", c->cc.base_rtt) < 0 ||
         put_float(d, "round_start", c->cc.round_start) < 0 ||
         put_float(d, "round_min", c->cc.round_min) < 0) {
         Py_XDECREF(cuts);
+        Py_XDECREF(round_samples);
         Py_DECREF(d);
         return NULL;
     }
     Py_DECREF(cuts);
+    Py_DECREF(round_samples);
     return d;
 }
 

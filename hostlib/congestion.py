@@ -3,11 +3,15 @@
 Layer: hostlib engines (below :mod:`hostlib.ina`, which owns the packet plan). The
 window of an INA call is its slots: every worker uses the same, and packet ``p`` goes
 to slot ``p % W``. The congestion window ``cwnd`` does not change that plan; it only
-holds packets back: a packet whose slot is free is sent when ``cwnd >= W`` or it lies
-below ``una + cwnd`` (``una``: the worker's oldest packet without its result), TCP's
-sequence window. No worker can wait on another forever: the oldest unfinished packet
-of the job lies at or above every worker's ``una``, so once each worker has that
-result of its own, each may send it (``cwnd >= 1``).
+holds packets back: a packet whose slot is free is sent when ``cwnd >= W`` or fewer than
+``cwnd`` packets are in flight (TCP's pipe: a loss holds back one packet's credit until
+it is recovered, not the window behind it, as a sequence window ``una + cwnd`` did, which
+made 5% link loss cost a timeout per lost packet). No worker waits on another forever: a
+held packet also goes when it is the lowest this worker never sent and every packet it
+has in flight lies above it (sent out of order while the window was open). The job's
+oldest packet not yet sent by every worker is such a packet for each worker that has
+not sent it, once its slot is free, and its slot's previous packet was sent by all, so
+its result comes.
 
 The signal is delay, not ECN. Every engine already times each packet's result (Karn's
 rule keeps the samples unambiguous). A sample at or below the least round trip seen plus
@@ -42,7 +46,12 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-__all__ = ["CongestionWindow", "check_congestion"]
+__all__ = ["ROUND_SAMPLES", "CongestionWindow", "check_congestion"]
+
+ROUND_SAMPLES = 8
+"""The fewest samples a round is judged on (``_congestion.h`` repeats it): with a window
+of one or two packets a round of one round trip holds one or two, and under 5% link loss
+on star8 a third of them waited for a retransmission."""
 
 
 def check_congestion(target: float, beta: float, max_cut: float) -> None:
@@ -74,6 +83,8 @@ class CongestionWindow:
     """When the current round of samples began; it ends a smoothed round trip later."""
     round_min: float = math.inf
     """The least sample of the current round."""
+    round_samples: int = 0
+    """The samples of the current round: it ends at :data:`ROUND_SAMPLES` at the least."""
     cuts: int = 0
 
     def limit(self, window: int) -> int:
@@ -91,15 +102,16 @@ class CongestionWindow:
             self.base_rtt = rtt
         if rtt < self.round_min:
             self.round_min = rtt
+        self.round_samples += 1
         w = self.cwnd if self.cwnd < window else float(window)
         bound = self.base_rtt + target
         if rtt <= bound:
             w = w + 1.0 / w
             self.cwnd = math.inf if w >= window else w
-        if now - self.round_start < srtt:
+        if now - self.round_start < srtt or self.round_samples < ROUND_SAMPLES:
             return
         least = self.round_min
-        self.round_start, self.round_min = now, math.inf
+        self.round_start, self.round_min, self.round_samples = now, math.inf, 0
         if least > bound:
             factor = 1.0 - beta * (least - bound) / least
             if factor < 1.0 - max_cut:

@@ -437,12 +437,14 @@ class InaAllreduce:
         self._reorder = reorder_threshold(w)
         self._fast: list[memoryview] = []  # found lost by a result, sent by on_timer
         # Congestion control (hostlib.congestion): packets whose slot is free but which
-        # the congestion window holds back (a heap of indices), which results are in,
-        # the oldest packet without its result, and per slot whether the round trip of
-        # its packet is a sample (sent after the call's first result).
+        # the congestion window holds back (a heap of indices), the packets sent and
+        # without their result, which packets went out, the lowest that has not, and per
+        # slot whether the round trip of its packet is a sample (sent after the call's
+        # first result).
         self._held: list[int] = []
-        self._got = bytearray(self.npackets)
-        self._una = 0
+        self._flight = 0
+        self._went = bytearray(self.npackets)
+        self._unsent = 0
         self._sample = [False] * w
         self._cc_on = math.isfinite(policy.cc_target)
 
@@ -522,21 +524,26 @@ class InaAllreduce:
         w = self.window
         limit = self.rtt.cc.limit(w)
         held, out = self._held, []
-        while held and (limit >= w or held[0] < self._una + limit):
+        while held and (limit >= w or self._flight < limit or self._escapes(held[0])):
             index = heapq.heappop(held)
             if self.is_float and index >= w:
                 self._fill(index)
             out.append(self._send(index, now))
         return out
 
+    def _escapes(self, index: int) -> bool:
+        """Whether held packet ``index`` goes beyond the congestion window: it is the
+        lowest never sent, and every packet in flight lies above it (sent out of order
+        while the window was open). The job's oldest packet not yet sent by all is each
+        worker's lowest never sent, so it always goes once its slot is free: no worker
+        waits on another forever (hostlib.congestion)."""
+        return index == self._unsent and all(o < 0 or o > index for o in self._outstanding)
+
     def _accept(self, slot: int, index: int, exp: int, data: memoryview, now: float) -> None:
         self._outstanding[slot] = -1
         self._done += 1
         self._last_progress = now
-        got = self._got
-        got[index] = 1
-        while self._una < self.npackets and got[self._una]:
-            self._una += 1
+        self._flight -= 1
         if not self._resent[slot]:  # Karn's rule: a retransmitted packet's result is ambiguous
             rtt, policy = now - self._sent_at[slot], self.policy
             self.rtt.update(rtt, policy)
@@ -576,6 +583,11 @@ class InaAllreduce:
         self._slot_rto[slot] = rto
         self._arm(slot, index, now)
         self.stats.sent += 1
+        self._flight += 1
+        went = self._went
+        went[index] = 1
+        while self._unsent < self.npackets and went[self._unsent]:
+            self._unsent += 1
         start = index * self._size
         return self._wire_view[start : start + self._size]
 

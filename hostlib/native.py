@@ -247,7 +247,8 @@ class NativeInaAllreduce:
             self.rtt.samples, policy.min_timeout, policy.max_timeout, policy.backoff,
             policy.deadline, policy.late_timer, stall_check=policy.stall_check,
             first_timeout=policy.timeout, cwnd=cc.cwnd, base_rtt=cc.base_rtt,
-            round_start=cc.round_start, round_min=cc.round_min, cuts=cc.cuts,
+            round_start=cc.round_start, round_min=cc.round_min,
+            round_samples=cc.round_samples, cuts=cc.cuts,
             cc_target=policy.cc_target, cc_beta=policy.cc_beta, cc_max_cut=policy.cc_max_cut,
             **({} if stream_min_bytes is None else {"stream_min_bytes": stream_min_bytes}),
             **({} if batch_results is None else {"batch_results": batch_results}),
@@ -316,6 +317,7 @@ class NativeInaAllreduce:
         cc = self.rtt.cc
         cc.cwnd, cc.base_rtt, cc.cuts = s["cwnd"], s["base_rtt"], s["cuts"]
         cc.round_start, cc.round_min = s["round_start"], s["round_min"]
+        cc.round_samples = s["round_samples"]
         st = self.stats
         st.sent, st.retransmitted = s["sent"], s["retransmitted"]
         st.fast_retransmitted, st.stale, st.foreign = (

@@ -139,8 +139,8 @@ ENV_CC_TARGET = "INALAB_CC_TARGET"
 """Milliseconds of queueing an INA call's packets may meet above the least round trip
 seen before this rank's congestion window shrinks (:mod:`hostlib.congestion`), a number
 above 0 (5: what the fat tree was measured with), or ``off``: no congestion control
-(default :data:`DEFAULT_CC_TARGET`, off, as ``inalab bench --cc-target``'s: random loss
-fools the signal); ring and tree calls have no congestion window."""
+(default :data:`DEFAULT_CC_TARGET`, off, as ``inalab bench --cc-target``'s: measured, it
+does not pay yet); ring and tree calls have no congestion window."""
 ENV_TRANSPORT = "INALAB_TRANSPORT"
 """How INA ranks reach the switch: ``udp`` (default) or ``rdma``: RoCEv2 WRITEs from an
 emulated RNIC bound to this rank's address (:data:`ENV_BIND` or the route's source), UDP

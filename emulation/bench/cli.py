@@ -205,7 +205,7 @@ def add_arguments(parser: argparse.ArgumentParser, emulated: bool = False) -> No
         metavar="MS|off",
         help="INA hosts' congestion control: the queueing (ms) their packets may meet above "
         "the least round trip before the window shrinks, e.g. 5 (default off: a fixed window;"
-        " random loss fools it; docs/protocol.md 'Congestion control')",
+        " measured, it does not pay yet; docs/protocol.md 'Congestion control')",
     )
     if not emulated:  # inalab emulate has its own, before the action
         add("--run-dir", type=Path, help="directory for logs (default: a new temp dir)")

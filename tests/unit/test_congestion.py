@@ -15,7 +15,7 @@ import pytest
 from helpers import FAKE_SWITCH, FakeJob, check_allreduce, expected, random_inputs
 
 from emulation.softswitch.pipeline import Pipeline
-from hostlib.congestion import CongestionWindow
+from hostlib.congestion import ROUND_SAMPLES, CongestionWindow
 from hostlib.ina import RetryPolicy, _Rtt
 from hostlib.transport.memory import FakeNetwork, LinkModel
 
@@ -36,16 +36,23 @@ def test_below_the_target_the_window_grows_until_it_is_no_limit() -> None:
     assert cc.cwnd == math.inf and cc.limit(8) == 8 and cc.cuts == 0
 
 
-def test_a_cut_is_proportional_bounded_and_once_per_round_trip() -> None:
-    cc = CongestionWindow(base_rtt=0.001)
-    _sample(cc, 0.004, 1.0)  # 1 ms above the 3 ms bound: 8 * (1 - 0.8 * 1/4)
+def _round(cc: CongestionWindow, rtt: float, start: float) -> None:
+    """One round: ROUND_SAMPLES samples of ``rtt``, the last a round trip (10 ms) on."""
+    for k in range(ROUND_SAMPLES):
+        _sample(cc, rtt, start + 0.01 * k / (ROUND_SAMPLES - 1))
+
+
+def test_a_cut_is_proportional_bounded_and_once_per_round() -> None:
+    cc = CongestionWindow(base_rtt=0.001, round_start=0.99)
+    _round(cc, 0.004, 1.0)  # 1 ms above the 3 ms bound: 8 * (1 - 0.8 * 1/4)
     assert cc.cwnd == pytest.approx(6.4) and cc.cuts == 1
-    _sample(cc, 0.1, 1.005)  # within a round trip (srtt 10 ms) of the cut: no cut
-    assert cc.cwnd == pytest.approx(6.4)
-    _sample(cc, 0.1, 1.02)  # far above: at most half
-    assert cc.cwnd == pytest.approx(3.2) and cc.limit(8) == 3
+    for k in range(ROUND_SAMPLES - 1):  # a round trip, but too few samples: no cut
+        _sample(cc, 0.1, 1.02 + k / 1000)
+    assert cc.cwnd == pytest.approx(6.4) and cc.round_samples == ROUND_SAMPLES - 1
+    _sample(cc, 0.1, 1.03)  # the round's last: far above, cut by at most half
+    assert cc.cwnd == pytest.approx(3.2) and cc.limit(8) == 3 and cc.cuts == 2
     for k in range(10):
-        _sample(cc, 1.0, 2.0 + k)
+        _round(cc, 1.0, 2.0 + k)
     assert cc.cwnd == 1.0 and cc.limit(8) == 1
 
 
@@ -90,18 +97,16 @@ def _bottleneck(policy: RetryPolicy, calls: int = 3) -> list[tuple[float, int, f
 
 
 def test_on_a_shared_bottleneck_the_window_keeps_the_queue_short() -> None:
-    """Once the session knows its path, the window holds the queue near the target, no
-    timer fires on queueing, and the bottleneck stays busy: each call takes its floor,
-    4 x 300 packets x 1 ms. Without it the windows stand in the queue. (The first call
-    learns the path; the second still fired 4 timers before its rounds' least samples
-    had cut the windows, the third none.)"""
+    """Once the session knows its path (the first call learns it), the window holds the
+    queue to a third of what the windows alone stand in it, the bottleneck stays busy
+    (each call within 3% of its floor, 4 x 300 packets x 1 ms), and the timers fire under
+    a third as often. (As written: peaks 15-19 ms against 55 ms; 44 retransmissions in
+    four calls against 168.)"""
     floor = 4 * 300 * UPLINK
-    with_cc, without = _bottleneck(replace(POLICY, cc_target=0.002), 4), _bottleneck(OFF)
-    assert with_cc[1][0] < 1.02 * floor and with_cc[1][1] < 10
-    for seconds, retransmitted, _peak in with_cc[2:]:
-        assert seconds < 1.02 * floor and retransmitted == 0
-    assert with_cc[-1][2] < 0.015 < 0.03 < without[-1][2]
-    assert sum(r for _, r, _ in with_cc) < sum(r for _, r, _ in without)
+    with_cc, without = _bottleneck(replace(POLICY, cc_target=0.002), 5), _bottleneck(OFF, 5)
+    assert all(seconds < 1.03 * floor for seconds, _, _ in with_cc[1:])
+    assert max(peak for _, _, peak in with_cc[2:]) < 0.025 < 0.05 < without[-1][2]
+    assert 3 * sum(r for _, r, _ in with_cc[1:]) < sum(r for _, r, _ in without[1:])
 
 
 def test_a_backed_off_timeout_stays_until_an_unambiguous_sample() -> None:
