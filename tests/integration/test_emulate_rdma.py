@@ -74,19 +74,17 @@ def test_bench_over_roce_is_exact_in_the_hosts(
     _exact(doc, [4096, 65536, 1 << 20])
 
 
+EBPF_FAULTS = ("--bw", "200", "--link-loss", "0.05", "--link-dup", "0.05", "--link-reorder", "0.05")
 LOSSY = [
-    pytest.param("python", ("--link-loss", "0.05"), id="python"),
-    pytest.param(
-        "ebpf",
-        ("--bw", "200", "--link-loss", "0.05", "--link-dup", "0.05", "--link-reorder", "0.05"),
-        id="ebpf",
-        marks=pytest.mark.ebpf,
-    ),
+    pytest.param("star4.yaml", "python", ("--link-loss", "0.05"), id="python-star4.yaml"),
+    pytest.param("star4.yaml", "ebpf", EBPF_FAULTS, id="ebpf-star4.yaml", marks=pytest.mark.ebpf),
+    # star8 on the eBPF data plane only: on the soft switch it took 85 s of CI (8 ranks'
+    # RNICs and the switch on 2 cores) and tests nothing star4 and eBPF's star8 do not.
+    pytest.param("star8.yaml", "ebpf", EBPF_FAULTS, id="ebpf-star8.yaml", marks=pytest.mark.ebpf),
 ]
 
 
-@pytest.mark.parametrize("topology", ["star4.yaml", "star8.yaml"])
-@pytest.mark.parametrize(("datapath", "faults"), LOSSY)
+@pytest.mark.parametrize(("topology", "datapath", "faults"), LOSSY)
 def test_roce_is_bit_exact_over_lossy_links(
     tmp_path: Path, topology: str, datapath: str, faults: tuple[str, ...]
 ) -> None:
