@@ -122,8 +122,6 @@ typedef struct {
     int cc_on;
     Held held;
     int64_t flight; /* packets sent without their result (hostlib.ina's _flight) */
-    uint8_t *went;  /* which packets went out (_went) */
-    int64_t unsent; /* the lowest that has not (_unsent) */
     char *sample;
     int32_t *released; /* the slots release() let go, for start and on_datagram */
     int batch_results;                /* results a nap waits for in run() (0: never) */
@@ -284,8 +282,6 @@ static int32_t send_new(InaCore *c, int64_t index, double now) {
     if (arm(c, slot, index, now) < 0) return -1;
     c->sent++;
     c->flight++;
-    c->went[index] = 1;
-    while (c->unsent < c->npackets && c->went[c->unsent]) c->unsent++;
     return slot;
 }
 
@@ -380,10 +376,9 @@ static int send_next(InaCore *c, int64_t index, double now) {
     return send_new(c, index, now) < 0 ? -1 : 0;
 }
 
-/* hostlib.ina.InaAllreduce._escapes: held packet `index` goes beyond the congestion
-   window when it is the lowest never sent and every packet in flight lies above it. */
+/* hostlib.ina.InaAllreduce._escapes: `index`, the lowest held packet, goes beyond the
+   congestion window when every packet in flight lies above it. */
 static int escapes(const InaCore *c, int64_t index) {
-    if (index != c->unsent) return 0;
     for (int32_t s = 0; s < c->window; s++) {
         int64_t o = c->outstanding[s];
         if (o >= 0 && o < index) return 0;
@@ -521,7 +516,7 @@ static void InaCore_dealloc(InaCore *c) {
     free(c->local_exp); free(c->global_exp); free(c->slotbuf); free(c->outstanding);
     free(c->sent_at); free(c->slot_rto); free(c->slot_deadline); free(c->resent);
     free(c->queued); free(c->rearmed); free(c->stall_at); free(c->slot_tx); free(c->heap);
-    free(c->order); free(c->fastbuf); free(c->held.v); free(c->went); free(c->sample);
+    free(c->order); free(c->fastbuf); free(c->held.v); free(c->sample);
     free(c->released);
     Py_TYPE(c)->tp_free((PyObject *)c);
 }
@@ -612,7 +607,6 @@ static int InaCore_init(InaCore *c, PyObject *args, PyObject *kw) {
     c->capfast = (Py_ssize_t)w;
     c->fastbuf = malloc(w * c->psize);
     c->held.v = malloc(w * sizeof(int64_t));
-    c->went = calloc((size_t)c->npackets ? (size_t)c->npackets : 1, 1);
     c->sample = calloc(w, 1);
     c->released = malloc(w * sizeof(int32_t));
     if (c->is_float) {
@@ -621,7 +615,7 @@ static int InaCore_init(InaCore *c, PyObject *args, PyObject *kw) {
     }
     if (!c->slotbuf || !c->outstanding || !c->sent_at || !c->slot_rto || !c->slot_deadline ||
         !c->resent || !c->queued || !c->rearmed || !c->stall_at || !c->slot_tx || !c->fastbuf ||
-        !c->held.v || !c->went || !c->sample || !c->released ||
+        !c->held.v || !c->sample || !c->released ||
         (c->is_float && (!c->local_exp || !c->global_exp))) {
         PyErr_NoMemory();
         return -1;

@@ -6,12 +6,12 @@ to slot ``p % W``. The congestion window ``cwnd`` does not change that plan; it 
 holds packets back: a packet whose slot is free is sent when ``cwnd >= W`` or fewer than
 ``cwnd`` packets are in flight (TCP's pipe: a loss holds back one packet's credit until
 it is recovered, not the window behind it, as a sequence window ``una + cwnd`` did, which
-made 5% link loss cost a timeout per lost packet). No worker waits on another forever: a
-held packet also goes when it is the lowest this worker never sent and every packet it
-has in flight lies above it (sent out of order while the window was open). The job's
-oldest packet not yet sent by every worker is such a packet for each worker that has
-not sent it, once its slot is free, and its slot's previous packet was sent by all, so
-its result comes.
+made 5% link loss cost a timeout per lost packet). No worker waits on another forever:
+the lowest held packet also goes when every packet in flight lies above it (sent out of
+order while the window was open), which makes it the lowest this worker never sent. The
+job's oldest packet not yet sent by every worker is such a packet for each worker that
+has not sent it, once its slot is free, and its slot's previous packet was sent by all,
+so its result comes.
 
 The signal is delay, not ECN. Every engine already times each packet's result (Karn's
 rule keeps the samples unambiguous). A sample at or below the least round trip seen plus

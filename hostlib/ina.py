@@ -183,12 +183,13 @@ class RetryPolicy:
     cc_target: float = math.inf
     """The queueing delay an INA worker's packets may meet above the least round trip
     seen before its congestion window shrinks (``math.inf``, the default: no congestion
-    control). Off by default because the signal is fooled by random loss: a packet whose
-    slot waited for another worker's retransmission looks queued, and under 5% link loss
-    (star8, 200 Mbit/s) windows of one packet made calls 20-170x slower. 5 ms
-    (:data:`CC_TARGET`) is the value measured on the fat tree: a whole window of 8 KiB
-    packets queues 0.5 ms on a 1 Gbit/s link, and this VM's scheduling adds a few ms now
-    and then; 4 hosts' windows behind one 100 Mbit/s link (fat_tree_k4) queue 21 ms."""
+    control). Off by default because, measured, it does not pay yet: on the fat tree
+    (fat_tree_k4, 100 Mbit/s) it changed neither the call time nor the retransmissions
+    beyond run-to-run noise, and under 5% link loss (star8) it is as fast as without
+    (docs/results.md). 5 ms (:data:`CC_TARGET`) is the value measured on the fat tree: a
+    whole window of 8 KiB packets queues 0.5 ms on a 1 Gbit/s link, and this VM's
+    scheduling adds a few ms now and then; 4 hosts' windows behind one 100 Mbit/s link
+    (fat_tree_k4) queue 21 ms."""
     cc_beta: float = 0.8
     """How hard a sample above the target cuts: by ``beta`` times its excess share."""
     cc_max_cut: float = 0.5
@@ -438,13 +439,10 @@ class InaAllreduce:
         self._fast: list[memoryview] = []  # found lost by a result, sent by on_timer
         # Congestion control (hostlib.congestion): packets whose slot is free but which
         # the congestion window holds back (a heap of indices), the packets sent and
-        # without their result, which packets went out, the lowest that has not, and per
-        # slot whether the round trip of its packet is a sample (sent after the call's
-        # first result).
+        # without their result, and per slot whether the round trip of its packet is a
+        # sample (sent after the call's first result).
         self._held: list[int] = []
         self._flight = 0
-        self._went = bytearray(self.npackets)
-        self._unsent = 0
         self._sample = [False] * w
         self._cc_on = math.isfinite(policy.cc_target)
 
@@ -532,12 +530,14 @@ class InaAllreduce:
         return out
 
     def _escapes(self, index: int) -> bool:
-        """Whether held packet ``index`` goes beyond the congestion window: it is the
-        lowest never sent, and every packet in flight lies above it (sent out of order
-        while the window was open). The job's oldest packet not yet sent by all is each
-        worker's lowest never sent, so it always goes once its slot is free: no worker
-        waits on another forever (hostlib.congestion)."""
-        return index == self._unsent and all(o < 0 or o > index for o in self._outstanding)
+        """Whether ``index``, the lowest held packet, goes beyond the congestion window:
+        every packet in flight lies above it (sent out of order while the window was
+        open). It is then the lowest this worker never sent: a lower one would be held,
+        or wait for its slot's packet in flight, which lies below it. The job's oldest
+        packet not yet sent by all is such a packet for each worker that has not sent
+        it, so it always goes once its slot is free: no worker waits on another forever
+        (hostlib.congestion)."""
+        return all(o < 0 or o > index for o in self._outstanding)
 
     def _accept(self, slot: int, index: int, exp: int, data: memoryview, now: float) -> None:
         self._outstanding[slot] = -1
@@ -584,10 +584,6 @@ class InaAllreduce:
         self._arm(slot, index, now)
         self.stats.sent += 1
         self._flight += 1
-        went = self._went
-        went[index] = 1
-        while self._unsent < self.npackets and went[self._unsent]:
-            self._unsent += 1
         start = index * self._size
         return self._wire_view[start : start + self._size]
 
