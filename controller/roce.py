@@ -8,7 +8,8 @@ binds the address at the RoCEv2 port), then :meth:`Roce.install` writes, per job
 - per rank and window position ``u``: the switch's queue pair for it in
   ``roce_requests`` (its number, and the index of its registers), and the worker's
   reply endpoint in ``roce_replies`` (queue pair, R_Key, address, the index of its PSN
-  register), whose PSN register it starts at the worker's first PSN.
+  register), whose PSN register it sets to the worker's first PSN: the base of the
+  replies' PSNs (docs/protocol.md).
 
 The switch's queue pair numbers are ``ROCE_QPN_BASE + index``, the index being the
 lowest free register index; the worker's reply endpoints are what its transport said
@@ -27,6 +28,7 @@ from controller.client import P4RuntimeClient
 from controller.p4info import P4Info, P4InfoError
 from controller.registers import RegisterAccess
 from controller.tables import TableManager, roll_back
+from hostlib.protocol import ROCE_MAX_MSG_PACKETS
 from hostlib.transport.rdma import RdmaEndpoint
 
 __all__ = [
@@ -144,8 +146,10 @@ class Roce:
             P4RuntimeError | ThriftError: the switch refused a write.
         """
         shift = msg_packets.bit_length() - 1
-        if not 1 <= msg_packets <= 32 or msg_packets != 1 << shift:
-            raise ValueError(f"{msg_packets} packets per message: a power of two up to 32")
+        if not 1 <= msg_packets <= ROCE_MAX_MSG_PACKETS or msg_packets != 1 << shift:
+            raise ValueError(
+                f"{msg_packets} packets per message: a power of two up to {ROCE_MAX_MSG_PACKETS}"
+            )
         window = {len(e) for e in endpoints}
         if len(window) != 1 or 0 in window:
             raise ValueError(f"ranks' windows differ or are empty: {sorted(window)}")

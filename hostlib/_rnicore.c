@@ -202,8 +202,8 @@ static int mr_holds(const Mr *m, uint64_t va, uint64_t length) {
 static int sequence(Qp *q, unsigned op, uint32_t psn) {
     uint32_t ahead = (psn - q->recv_psn) & MASK24;
     if (ahead == 0) return -1;
-    if (ahead & 0x800000u) return C_DUPLICATE;
-    q->open = 0; /* packets were lost: the message in progress is gone */
+    q->open = 0; /* not the PSN expected: the message in progress is gone */
+    if ((ahead & 0x800000u) && !has_reth(op)) return C_DUPLICATE;
     q->recv_psn = psn;
     return has_reth(op) ? -1 : C_PSN_GAP;
 }

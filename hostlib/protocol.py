@@ -59,7 +59,9 @@ __all__ = [
     "ROCE_BTH_SIZE",
     "ROCE_ICRC_SIZE",
     "ROCE_IMMDT_SIZE",
+    "ROCE_MAX_MSG_PACKETS",
     "ROCE_PMTUS",
+    "ROCE_PSN_SEQ_SHIFT",
     "ROCE_QP_REGISTERS",
     "ROCE_RETH_SIZE",
     "ROCE_UDP_PORT",
@@ -199,6 +201,15 @@ ROCE_PMTUS = (256, 512, 1024, 2048, 4096)
 RoCEv2 sends messages of whole packets, so lanes x 4 is one of these when a message has
 more than one packet; a one-packet message may carry any lanes up to the PMTU."""
 
+
+ROCE_PSN_SEQ_SHIFT = 5
+"""A reply's PSN is its queue pair's base PSN + ``seq << ROCE_PSN_SEQ_SHIFT`` + its place
+in the message (docs/protocol.md, "INA over RoCEv2"): fixed by what it carries, so a
+packet with the PSN a worker's queue pair expects next is the next packet of the same
+message, however a re-sent message and the first answer interleave."""
+
+ROCE_MAX_MSG_PACKETS = 1 << ROCE_PSN_SEQ_SHIFT
+"""Packets per RoCEv2 message at most: the places one message's PSNs span."""
 
 ROCE_QP_REGISTERS = 16384
 """Queue pairs a switch keeps state for, per direction: the cells of each per-queue-pair

@@ -41,6 +41,7 @@ from hostlib.protocol import (
     ROCE_BTH_SIZE,
     ROCE_ICRC_SIZE,
     ROCE_IMMDT_SIZE,
+    ROCE_PSN_SEQ_SHIFT,
     ROCE_RETH_SIZE,
     ROCE_UDP_PORT,
     RoceOpcode,
@@ -65,6 +66,7 @@ __all__ = [
     "pack_request_va",
     "parse_frame",
     "psn_add",
+    "reply_psn",
     "split_imm",
     "split_request_va",
 ]
@@ -157,6 +159,13 @@ def message_opcode(index: int, packets: int, immediate: bool = True) -> RoceOpco
 def psn_add(psn: int, n: int) -> int:
     """``psn + n`` in the 24-bit PSN space."""
     return (psn + n) & PSN_MASK
+
+
+def reply_psn(base: int, seq: int, place: int) -> int:
+    """The PSN of the switch's reply at ``place`` of message ``seq`` on a worker queue pair
+    whose base PSN is ``base`` (docs/protocol.md): the same every time that packet is sent,
+    so a UC receiver never completes a message out of two interleaved sends of it."""
+    return (base + (seq << ROCE_PSN_SEQ_SHIFT) + place) & PSN_MASK
 
 
 def pack_request_va(seq: int, exponent: int) -> int:

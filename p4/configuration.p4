@@ -38,6 +38,9 @@ const bit<32> ROCE_IMMDT_BYTES = 4;
 const bit<32> ROCE_ICRC_BYTES = 4;
 // Cells of each per-queue-pair register (emulation/softswitch/roce.py ROCE_QP_REGISTERS).
 const bit<32> ROCE_QP_REGISTERS = 16384;
+// A reply's PSN: its queue pair's base + (seq << ROCE_PSN_SEQ_SHIFT) + its place in the
+// message (hostlib/protocol.py ROCE_PSN_SEQ_SHIFT; messages of at most 32 packets).
+const bit<8> ROCE_PSN_SEQ_SHIFT = 5;
 const bit<3> IPV4_FLAG_DF = 2;
 
 // Bytes of the INA header: the fields of headers.p4, lanes 4-byte aligned.

@@ -19,8 +19,9 @@
 control RoceEgress(inout headers_t hdr,
                    inout metadata_t meta,
                    in standard_metadata_t standard_metadata) {
-    // The PSN of the next reply on each worker queue pair (psn_reg): the controller
-    // writes the worker's first, each reply takes one, sent or lost.
+    // The base PSN of each worker queue pair (psn_reg), the worker's first, written by the
+    // controller and only read here: a reply's PSN is base + (seq << ROCE_PSN_SEQ_SHIFT) +
+    // its place, the same each time that packet is sent (docs/protocol.md).
     @id(0x160D0001) @name(".Egress.roce.reply_psn")
     register<bit<24>>(ROCE_QP_REGISTERS) reply_psn;
 
@@ -71,8 +72,7 @@ control RoceEgress(inout headers_t hdr,
         roce_replies.apply();                   // a miss: dropped, as a replica miss
         if (meta.no_replica == 0) {
             reply_psn.read(psn, psn_reg);
-            reply_psn.write(psn_reg, psn + 1);
-            hdr.bth.psn = psn;
+            hdr.bth.psn = psn + ((bit<24>)hdr.ina.seq << ROCE_PSN_SEQ_SHIFT) + (bit<24>)at;
             hdr.bth.ack_req = 0;
             hdr.bth.fecn_becn_resv = 0;
             bool first = at == 0;

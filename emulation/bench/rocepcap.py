@@ -10,11 +10,15 @@ Don't Fragment) are thereby checked too. What a capture must show:
   a FIRST or ONLY and its immediate on a LAST or ONLY, and a length that fits;
 - its ICRC is the one scapy computes, except from the addresses named ``zero_icrc``
   (a P4 switch, which neither computes nor checks it: p4/README.md), whose frames carry 0;
-- each queue pair's stream (source, destination, destination QPN) carries PSNs that only
-  move forward: on a capture where nothing was lost on the way (a sender's own link),
-  consecutive, and elsewhere with gaps (frames lost before the capture point), repeats
-  (duplicated frames) and late frames (reordered) counted, so a test can hold them to the
-  switch's counters;
+- each queue pair's stream (source, destination, destination QPN) has its PSNs
+  accounted: a worker numbers its packets in turn, so on a capture where nothing was lost
+  on the way (a sender's own link) they are consecutive, and elsewhere gaps (frames lost
+  before the capture point), repeats (duplicated frames) and late frames (reordered) are
+  counted, so a test can hold them to the switch's counters;
+- a switch's reply carries the PSN its message and place fix (its queue pair's base +
+  ``seq << ROCE_PSN_SEQ_SHIFT`` + place): re-sends repeat PSNs and messages jump, so what
+  holds there is one base per stream, read off each LAST or ONLY (whose immediate names
+  the message) as :attr:`Stream.bases`;
 - each stream's messages name one R_Key, and their addresses (RETH VA) stay in one
   region: a worker registered one buffer per queue pair, and the switch writes there.
 """
@@ -31,6 +35,7 @@ from hostlib.protocol import (
     ROCE_BTH_SIZE,
     ROCE_ICRC_SIZE,
     ROCE_IMMDT_SIZE,
+    ROCE_PSN_SEQ_SHIFT,
     ROCE_RETH_SIZE,
     ROCE_UDP_PORT,
     RoceOpcode,
@@ -64,9 +69,24 @@ class Stream:
     repeats: int = 0  # a PSN seen before: a duplicated frame
     late: int = 0  # a PSN below the highest but not seen: a reordered frame
     rkeys: set[int] = field(default_factory=set)
+    packets: int = 1  # packets per message, from a FIRST's DMA length
     va_low: int = 1 << 64
     va_high: int = 0  # one past the last byte of a message (VA + DMA length)
     _seen: set[int] = field(default_factory=set, repr=False)
+    _lasts: set[tuple[int, int, bool]] = field(default_factory=set, repr=False)
+
+    def take_last(self, psn: int, seq24: int, only: bool) -> None:
+        """A LAST or ONLY with immediate: its PSN and the seq its immediate names."""
+        self._lasts.add((psn, seq24, only))
+
+    @property
+    def bases(self) -> set[int]:
+        """PSN - (seq << ROCE_PSN_SEQ_SHIFT) - place of each LAST or ONLY: one value on a
+        switch's reply stream (docs/protocol.md); a worker's numbers its packets in turn."""
+        return {
+            (psn - (seq24 << ROCE_PSN_SEQ_SHIFT) - (0 if only else self.packets - 1)) % _PSN_MOD
+            for psn, seq24, only in self._lasts
+        }
 
     def take(self, psn: int) -> None:
         """Account for a frame's PSN: in order, ahead (a gap), repeated or late."""
@@ -111,8 +131,7 @@ class PcapCheck:
         """The streams of ``senders`` (captured on their own links) whose PSNs were not
         consecutive."""
         return [
-            f"{src} -> {dst} QP {qpn:#x}: {s.missing} missing, {s.repeats} repeated, "
-            f"{s.late} late"
+            f"{src} -> {dst} QP {qpn:#x}: {s.missing} missing, {s.repeats} repeated, {s.late} late"
             for sender in senders
             for (src, dst, qpn), s in self.streams_from(sender).items()
             if not s.consecutive
@@ -162,15 +181,24 @@ def _check_one(pkt: object, number: int, zero: set[str], check: PcapCheck) -> No
         stream.rkeys.add(rkey)
         stream.va_low = min(stream.va_low, va)
         stream.va_high = max(stream.va_high, va + length)
+        payload = len(body) - _header_bytes(bth.opcode) - ROCE_ICRC_SIZE
+        stream.packets = max(1, length // payload) if payload > 0 else 1
+    if bth.opcode in IMM_OPCODES:
+        imm = int.from_bytes(body[_header_bytes(bth.opcode) - ROCE_IMMDT_SIZE :][:4], "big")
+        stream.take_last(bth.psn, imm >> 8, only=bth.opcode == RoceOpcode.UC_WRITE_ONLY_IMM)
+
+
+def _header_bytes(opcode: int) -> int:
+    """BTH and the opcode's RETH and ImmDt: where the lanes start."""
+    extensions = ROCE_RETH_SIZE * (opcode in RETH_OPCODES)
+    return ROCE_BTH_SIZE + extensions + ROCE_IMMDT_SIZE * (opcode in IMM_OPCODES)
 
 
 def _frame_problem(opcode: int, body: bytes) -> str | None:
     """What is wrong with a frame's opcode and length, if anything."""
     if opcode not in _INA_OPCODES:
         return f"opcode {opcode:#x} is not a UC RDMA WRITE"
-    headers = ROCE_BTH_SIZE + ROCE_ICRC_SIZE
-    headers += ROCE_RETH_SIZE * (opcode in RETH_OPCODES)
-    headers += ROCE_IMMDT_SIZE * (opcode in IMM_OPCODES)
+    headers = _header_bytes(opcode) + ROCE_ICRC_SIZE
     if len(body) < headers or (len(body) - headers) % 4:
         return f"{len(body)} bytes: not BTH, its extensions, whole lanes and an ICRC"
     return None
@@ -212,7 +240,8 @@ def format_check(name: str, check: PcapCheck) -> list[str]:
         rkeys = ",".join(f"{k:#x}" for k in sorted(s.rkeys)) or "-"
         lines.append(f"  {src:>15} -> {dst:<15} QP {qpn:#08x}  {s.frames:>6} frames  PSN "
                      f"{s.first_psn}..{(s.next_psn - 1) % _PSN_MOD}  missing {s.missing} "
-                     f"repeated {s.repeats} late {s.late}  rkey {rkeys}")  # fmt: skip
+                     f"repeated {s.repeats} late {s.late}  rkey {rkeys}  "
+                     f"bases {len(s.bases)}")  # fmt: skip
     lines += [f"  {p}" for p in check.problems[:20]]
     if len(check.problems) > 20:
         lines.append(f"  ... and {len(check.problems) - 20} more")

@@ -14,9 +14,10 @@ A frame goes through, in order: the ingress drop simulator; the parse (``truncat
 address (``bad_source``); the queue pair's message state (``bad_psn``; RETH checks:
 ``malformed``, ``bad_slot``, ``bad_length``); then the pipeline, as the INA ``DATA``
 packet of the message's rank, slot, set, seq and exponent. Each result replica becomes a
-WRITE to its worker's queue pair with that queue pair's next PSN, and only then meets
-the egress drop simulator, so a dropped reply leaves a PSN gap, as a loss on the wire
-does.
+WRITE to its worker's queue pair with the PSN its message and place fix (the queue pair's
+base PSN + ``seq << ROCE_PSN_SEQ_SHIFT`` + place: the same each time it is sent), and only
+then meets the egress drop simulator, so a dropped reply leaves a PSN gap, as a loss on
+the wire does.
 
 Workers are bound in the pipeline's workers table at ``(ip, ROCE_UDP_PORT)``: the source
 port of RoCEv2 varies per queue pair, so only the address is checked, and one rank is one
@@ -143,8 +144,8 @@ class RoceFront:
         return memoryview(self._ina)
 
     def _replies(self, emit: Emit, job_id: int, packets: int, address: str) -> list[RoceSend]:
-        """A WRITE per replica of the pipeline's result, PSNs taken, then the egress
-        simulator; counts ``results_sent`` and ``drop_sim_egress``."""
+        """A WRITE per replica of the pipeline's result, with the PSN of its message and
+        place, then the egress simulator; counts ``results_sent`` and ``drop_sim_egress``."""
         pipe = self.pipeline
         _, _, _, _, exponent, _, pidx, _, seq = HEADER.unpack_from(emit.payload)
         slot = pidx & SLOT_MASK
@@ -158,8 +159,7 @@ class RoceFront:
             reply = None if rank is None else self.tables.replies.get((job_id, rank, position))
             if reply is None:
                 continue  # no reply entry: nowhere to write (as a table miss drops)
-            psn = int(self.tables.reply_psn[reply.psn_reg])
-            self.tables.reply_psn[reply.psn_reg] = rocev2.psn_add(psn, 1)
+            psn = rocev2.reply_psn(int(self.tables.reply_psn[reply.psn_reg]), seq, place)
             frame = rocev2.RoceFrame(opcode, reply.qpn, psn, lanes, reply.va, reply.rkey,
                                      packets * len(lanes), imm)  # fmt: skip
             if pipe.drops.egress and pipe.drops.drop_egress():

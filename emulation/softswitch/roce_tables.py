@@ -11,7 +11,13 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from hostlib.protocol import LANE_BYTES, MAX_WORKERS, ROCE_PMTUS, ROCE_QP_REGISTERS
+from hostlib.protocol import (
+    LANE_BYTES,
+    MAX_WORKERS,
+    ROCE_MAX_MSG_PACKETS,
+    ROCE_PMTUS,
+    ROCE_QP_REGISTERS,
+)
 
 __all__ = [
     "MAX_MSG_PACKETS",
@@ -22,9 +28,10 @@ __all__ = [
     "qp_registers",
 ]
 
-MAX_MSG_PACKETS = 32
-"""Packets per message, at most: the engine's unit (``M * lanes``) stays within a soft
-switch's largest lanes (2,048) at 64 lanes a packet."""
+MAX_MSG_PACKETS = ROCE_MAX_MSG_PACKETS
+"""Packets per message, at most: the places a message's reply PSNs span
+(``ROCE_PSN_SEQ_SHIFT``); the engine's unit (``M * lanes``) stays within a soft switch's
+largest lanes (2,048) at 64 lanes a packet."""
 
 ROCE_ARRAYS = (
     "roce_open",
@@ -156,7 +163,8 @@ class RoceTables:
         self.replies.pop((job_id, rank, position), None)
 
     def set_reply_psn(self, psn_reg: int, psn: int) -> None:
-        """The PSN the next reply of register ``psn_reg``'s queue pair carries.
+        """The base PSN of register ``psn_reg``'s queue pair: its replies carry
+        :func:`hostlib.rocev2.reply_psn` of it (the data plane only reads it).
 
         Raises:
             RoceTableError: the index or the PSN out of range.

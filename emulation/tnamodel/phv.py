@@ -60,6 +60,7 @@ class Meta:
     no_replica: int = 0
     is_roce: int = 0
     roce: RoceMeta | None = None
+    roce_psn_offset: int = 0  # egress: (seq << ROCE_PSN_SEQ_SHIFT) + the reply's place
 
 
 @dataclass

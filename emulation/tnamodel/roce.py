@@ -142,9 +142,10 @@ def read(salu: Salu, value: int, phv: Phv) -> SaluOut:
     return SaluOut(value, value)
 
 
-def take_psn(salu: Salu, value: int, phv: Phv) -> SaluOut:
-    """roce_replies.p4 take_psn: the reply's PSN, and the next."""
-    return SaluOut((value + 1) & _M32, value)
+def read_psn(salu: Salu, value: int, phv: Phv) -> SaluOut:
+    """roce_replies.p4 read_psn: the queue pair's base PSN + the reply's offset (seq and
+    place, from roce_positions), the base unchanged."""
+    return SaluOut(value, (value + phv.meta.roce_psn_offset) & _M32)
 
 
 def registers(size: int) -> list[Register]:
@@ -168,7 +169,7 @@ def registers(size: int) -> list[Register]:
         Register("Ingress.roce.exponent", 8, size, [
             ra("exponent_first", exponent_first, 8), ra("exponent_read", read, 8),
         ]),
-        Register("Egress.roce.reply_psn", 32, size, [ra("take_psn", take_psn, 32)]),
+        Register("Egress.roce.reply_psn", 32, size, [ra("read_psn", read_psn, 32)]),
     ]  # fmt: skip
 
 
@@ -350,8 +351,9 @@ class RoceProgram:
     # ----------------------------------------------------------------- egress
     def reply(self, phv: Phv, shift: int, rank: int, state: PassState) -> bool:
         """TnaRoceEgress on a result ``phv`` (the INA header parsed, the lanes and the
-        ICRC its rest) for worker ``rank``: the WRITE's headers in place of the INA header
-        and its PSN taken. False when a table misses (the reply is dropped uncounted)."""
+        ICRC its rest) for worker ``rank``: the WRITE's headers in place of the INA header,
+        with the PSN of its message and place. False when a table misses (the reply is
+        dropped uncounted)."""
         hdr, c = phv.hdr, self.c
         ina = ina_or_zero(hdr)
         keys = {"msg_shift": shift}
@@ -360,6 +362,8 @@ class RoceProgram:
             return False
         n = int(pos.action.rsplit("_", 1)[1])
         position = (ina.pool_index & 0x7FFF) >> n
+        at = ina.pool_index & ((1 << n) - 1)
+        phv.meta.roce_psn_offset = ((ina.seq << c["ROCE_PSN_SEQ_SHIFT"]) | at) & _M32
         dma_length = c[f"TNA_ROCE_MSG_BYTES_{1 << n}"]
         place = (
             self.const_tables["Egress.roce.roce_places"]
@@ -374,7 +378,7 @@ class RoceProgram:
         entry = self.tables.replies.get((ina.job_id, rank, position))
         if entry is None:
             return False
-        psn = self.regs["Egress.roce.reply_psn"].execute("take_psn", entry.psn_index & _REG,
+        psn = self.regs["Egress.roce.reply_psn"].execute("read_psn", entry.psn_index & _REG,
                                                          phv, state)  # fmt: skip
         out = _BTH.pack(c[opcode], 0, 0xFFFF, entry.qpn & _PSN, psn & _PSN)
         if first:

@@ -14,9 +14,11 @@ What it does, and what it checks on receive (each refusal counted in :attr:`coun
 - a received frame must carry a correct ICRC (``bad_icrc``; unless :attr:`check_icrc`
   is off) and a known queue pair
   (``unknown_qp``), come from the queue pair's peer address (``bad_source``), and carry
-  the PSN expected next: a PSN ahead means packets were lost, and the rest of the message
-  is dropped until a FIRST or ONLY (``psn_gap``); a PSN behind is a duplicate
-  (``duplicate``); a MIDDLE or LAST outside a message is dropped (``out_of_message``);
+  the PSN expected next. Any other PSN ends the message in progress (its rest is dropped
+  until a FIRST or ONLY), and a FIRST or ONLY with it starts a new one, behind or ahead
+  alike, as a UC responder does (Linux's rxe): a MIDDLE or LAST ahead means packets were
+  lost (``psn_gap``), one behind is a copy or older (``duplicate``); a MIDDLE or LAST
+  outside a message is dropped (``out_of_message``);
 - a FIRST or ONLY must name a registered memory region by R_Key with its whole DMA length
   inside it (``bad_rkey``); the message's data is written there as it arrives, and a
   LAST or ONLY must end it at exactly the DMA length (``bad_length``);
@@ -357,13 +359,15 @@ class EmulatedRnic(RnicBase):
         ahead = (frame.psn - qp.recv_psn) & rocev2.PSN_MASK
         if ahead == 0:
             return None
-        if ahead & 0x800000:
-            return "duplicate"  # behind: already seen, or older
-        # Packets were lost: the message in progress is gone; resynchronise on this PSN,
-        # and take the packet only if it starts a message.
+        # Not the PSN expected: the message in progress is gone, and the packet is taken
+        # only if it starts a message, behind or ahead alike (UC has no duplicates to
+        # detect; Linux's rxe responder does the same).
         qp._open = False
+        starts = frame.opcode in rocev2.RETH_OPCODES
+        if ahead & 0x800000 and not starts:
+            return "duplicate"  # behind: a copy, or a packet of an older message
         qp.recv_psn = frame.psn
-        return None if frame.opcode in rocev2.RETH_OPCODES else "psn_gap"
+        return None if starts else "psn_gap"
 
     def _write(self, qp: QueuePair, frame: rocev2.RoceFrame) -> str | None:
         """Place the packet's data and complete its message; the refusal, or None."""

@@ -3,8 +3,10 @@
  *
  * ../roce_replies.p4's semantics, table and register: roce_replies keyed by (job, rank,
  * window position), its set_roce_reply(qpn, rkey, va, psn_index), and reply_psn, the
- * PSN of the next reply on each worker queue pair (the controller writes the worker's
- * first; each reply takes one, whether or not the egress drop simulator then drops it).
+ * base PSN of each worker queue pair (the controller writes the worker's first; only
+ * read here): a reply's PSN is base + (seq << ROCE_PSN_SEQ_SHIFT) + its place, the same
+ * each time the packet is sent. The shift's offset (seq's low 19 bits, then the place's
+ * 5 bits) is one deposit per roce_positions action.
  * A replica's rank is its rid, a unicast answer's the sender's; a miss drops the reply
  * uncounted, as a replica miss does. The opcode follows the packet's place in its
  * message: the first carries the RETH, the last the immediate (seq's low 24 bits, the
@@ -25,10 +27,9 @@ control TnaRoceEgress(inout tna_headers_t hdr,
     @name(".Egress.roce.reply_psn")
     Register<bit<32>, roce_qp_index_t>(ROCE_QP_REGISTERS, 0) reply_psn;
 
-    RegisterAction<bit<32>, roce_qp_index_t, bit<32>>(reply_psn) take_psn = {
+    RegisterAction<bit<32>, roce_qp_index_t, bit<32>>(reply_psn) read_psn = {
         void apply(inout bit<32> value, out bit<32> psn) {
-            psn = value;
-            value = value + 1;
+            psn = value + meta.roce_psn_offset;
         }
     };
 
@@ -65,31 +66,37 @@ control TnaRoceEgress(inout tna_headers_t hdr,
     action roce_shift_0() {
         meta.roce_position = (bit<16>)hdr.ina.pool_index[14:0];
         meta.roce_dma_length = TNA_ROCE_MSG_BYTES_1;
+        meta.roce_psn_offset = hdr.ina.seq[26:0] ++ (bit<5>)0;
     }
     @name(".Egress.roce.roce_shift_1")
     action roce_shift_1() {
         meta.roce_position = (bit<16>)hdr.ina.pool_index[14:1];
         meta.roce_dma_length = TNA_ROCE_MSG_BYTES_2;
+        meta.roce_psn_offset = hdr.ina.seq[26:0] ++ (bit<5>)hdr.ina.pool_index[0:0];
     }
     @name(".Egress.roce.roce_shift_2")
     action roce_shift_2() {
         meta.roce_position = (bit<16>)hdr.ina.pool_index[14:2];
         meta.roce_dma_length = TNA_ROCE_MSG_BYTES_4;
+        meta.roce_psn_offset = hdr.ina.seq[26:0] ++ (bit<5>)hdr.ina.pool_index[1:0];
     }
     @name(".Egress.roce.roce_shift_3")
     action roce_shift_3() {
         meta.roce_position = (bit<16>)hdr.ina.pool_index[14:3];
         meta.roce_dma_length = TNA_ROCE_MSG_BYTES_8;
+        meta.roce_psn_offset = hdr.ina.seq[26:0] ++ (bit<5>)hdr.ina.pool_index[2:0];
     }
     @name(".Egress.roce.roce_shift_4")
     action roce_shift_4() {
         meta.roce_position = (bit<16>)hdr.ina.pool_index[14:4];
         meta.roce_dma_length = TNA_ROCE_MSG_BYTES_16;
+        meta.roce_psn_offset = hdr.ina.seq[26:0] ++ (bit<5>)hdr.ina.pool_index[3:0];
     }
     @name(".Egress.roce.roce_shift_5")
     action roce_shift_5() {
         meta.roce_position = (bit<16>)hdr.ina.pool_index[14:5];
         meta.roce_dma_length = TNA_ROCE_MSG_BYTES_32;
+        meta.roce_psn_offset = hdr.ina.seq[26:0] ++ hdr.ina.pool_index[4:0];
     }
     @name(".Egress.roce.roce_shift_miss")
     action roce_shift_miss() {
@@ -175,7 +182,7 @@ control TnaRoceEgress(inout tna_headers_t hdr,
             roce_replies.apply();               // a miss: dropped, as a replica miss
         }
         if (meta.no_replica == 0) {
-            meta.psn = take_psn.execute(meta.psn_reg);
+            meta.psn = read_psn.execute(meta.psn_reg);
             hdr.bth.psn = meta.psn[23:0];
             hdr.bth.solicited = 0;
             hdr.bth.mig_req = 0;

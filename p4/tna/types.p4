@@ -124,6 +124,7 @@ struct tna_egress_metadata_t {
     bit<32> roce_dma_length;
     roce_qp_index_t psn_reg;
     bit<32> psn;
+    bit<32> roce_psn_offset;   // (seq << ROCE_PSN_SEQ_SHIFT) + place
     bit<1> roce_first;
     bit<1> roce_last;
 }

@@ -91,12 +91,14 @@ def request_frame(r: dict[str, Any], job: RoceJob, qpns: dict[Any, int], lanes: 
 
 def reply_frame(r: dict[str, Any], job: RoceJob, lanes: bytes) -> bytes:
     """The switch's reply (ICRC 0) a vector's ``roce`` expectation describes: to the
-    port's endpoint of ``position``, its ``reply``-th PSN (from 0), ``opcode``, the
-    immediate of ``seq`` and ``exponent``."""
+    port's endpoint of ``position``, the PSN of ``place`` (from 0) in message ``seq``
+    (:func:`hostlib.rocev2.reply_psn` of the endpoint's first), ``opcode``, the immediate
+    of ``seq`` and ``exponent``."""
     ep = endpoint(r["port"], r.get("position", 0), job.msg_packets * len(lanes))
+    psn = rocev2.reply_psn(ep.psn, r["seq"], r.get("place", 0))
     frame = rocev2.RoceFrame(
-        OPCODES[r["opcode"]], ep.qpn, rocev2.psn_add(ep.psn, r.get("reply", 0)), lanes, ep.va,
-        ep.rkey, job.msg_packets * len(lanes), rocev2.pack_imm(r["seq"], r.get("exponent", 0)),
+        OPCODES[r["opcode"]], ep.qpn, psn, lanes, ep.va, ep.rkey,
+        job.msg_packets * len(lanes), rocev2.pack_imm(r["seq"], r.get("exponent", 0)),
     )  # fmt: skip
     return _unsealed(frame)
 

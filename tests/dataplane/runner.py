@@ -445,7 +445,7 @@ def _expect(value: Any, at: _Where, ctx: _Ctx) -> Expected:
 _ROCE_SEND = ({"job_id", "opcode", "psn", "seq"},
               {"position", "exponent", "set", "slot", "qpn", "rkey", "dma_length", "icrc",
                "truncate"})
-_ROCE_EXPECT = ({"job_id", "opcode", "seq"}, {"position", "exponent", "reply"})
+_ROCE_EXPECT = ({"job_id", "opcode", "seq"}, {"position", "exponent", "place"})
 
 
 def _roce_fields(value: Any, at: _Where, ctx: _Ctx, keys: tuple[set[str], set[str]]) -> tuple[
@@ -461,7 +461,7 @@ def _roce_fields(value: Any, at: _Where, ctx: _Ctx, keys: tuple[set[str], set[st
         raise (at / "port").error('is not a worker of the job (give "qpn" to send as one)')
     if r["opcode"] not in OPCODES:
         raise (at / "roce" / "opcode").error(f"must be one of {', '.join(OPCODES)}")
-    for name in ("psn", "seq", "exponent", "position", "reply", "qpn", "rkey", "slot"):
+    for name in ("psn", "seq", "exponent", "position", "place", "qpn", "rkey", "slot"):
         if name in r:
             lo = -128 if name == "exponent" else 0
             r[name] = _int(r[name], at / "roce" / name, lo, 0xFFFFFFFF)

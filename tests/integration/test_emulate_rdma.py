@@ -128,8 +128,8 @@ def test_a_lossy_run_s_port_captures_pass_scapy_s_checks(
     per-port captures), every RoCEv2 frame checked by scapy (``inalab pcap``): ICRCs
     (scapy's from the soft switch and the hosts, 0 from bmv2), each worker's PSNs
     consecutive as they reach the switch (repeated only by an ingress duplicate), one
-    R_Key per worker on the switch's replies, whose PSN gaps are frames the switch or the
-    link dropped after numbering them."""
+    R_Key per worker on the switch's replies, whose PSNs are each queue pair's base +
+    the message's and place's (one base per stream)."""
     from emulation.bench import rocepcap
 
     if "ebpf" in network and shutil.which("tcpdump") is None:
@@ -138,7 +138,7 @@ def test_a_lossy_run_s_port_captures_pass_scapy_s_checks(
     proc = _emulate(topology, run, *network, "--pcap", "bench", "--transport", "rdma",
                     "-b", "16K", "-e", "256K", "-f", "4", "-n", "2", "-w", "1", "-d", "int32",
                     "--algos", "ina", *bench, "--json", str(out))  # fmt: skip
-    counters = _exact(_doc(proc, out), [16384, 65536, 262144])
+    _exact(_doc(proc, out), [16384, 65536, 262144])
     switch = json.loads((run / "manifest.json").read_text())["switches"]["s1"]
     switch_ip = switch["ina_address"]["ip"]
     captures = sorted(run.glob(pattern))
@@ -154,7 +154,4 @@ def test_a_lossy_run_s_port_captures_pass_scapy_s_checks(
     replies = {k: s for k, s in streams.items() if k[0] == switch_ip}
     for worker in workers:
         assert len({r for (_, dst, _), s in replies.items() if dst == worker for r in s.rkeys}) == 1
-    lost = sum(s.missing for s in replies.values())
-    assert lost > 0
-    if "bmv2" in topology:  # no link faults: every gap is the switch's egress loss
-        assert lost <= counters["drop_sim_egress"]
+    assert all(len(s.bases) == 1 for s in replies.values())  # PSNs fixed by message, place

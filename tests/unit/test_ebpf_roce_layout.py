@@ -23,6 +23,7 @@ from hostlib.protocol import (
     ROCE_BTH_SIZE,
     ROCE_ICRC_SIZE,
     ROCE_IMMDT_SIZE,
+    ROCE_PSN_SEQ_SHIFT,
     ROCE_QP_REGISTERS,
     ROCE_RETH_SIZE,
     ROCE_UDP_PORT,
@@ -102,6 +103,7 @@ def test_the_header_takes_roces_constants_from_the_protocol() -> None:
     assert int(defines["ROCE_IMMDT_SIZE"]) == ROCE_IMMDT_SIZE
     assert int(defines["ROCE_ICRC_SIZE"]) == ROCE_ICRC_SIZE
     assert int(defines["ROCE_QP_REGISTERS"]) == ROCE_QP_REGISTERS
+    assert int(defines["ROCE_PSN_SEQ_SHIFT"]) == ROCE_PSN_SEQ_SHIFT
     assert int(defines["ROCE_FIELD_MASK"]) == rocev2.PSN_MASK == rocev2.QPN_MASK
     for op in RoceOpcode:
         assert int(defines[f"ROCE_{op.name}"]) == op

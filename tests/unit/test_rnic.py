@@ -69,8 +69,19 @@ def test_a_lost_packet_drops_the_rest_of_its_message_and_the_next_first_resyncs(
     assert nic.poll(0) == [] and _refused(nic) == {"psn_gap": 2}
     _feed(nic, _message(qp, mr.va, mr.rkey, bytes(1024), 104))  # the resend, next PSNs
     assert len(nic.poll(0)) == 1
-    _feed(nic, frames)  # the old PSNs again: duplicates
-    assert nic.poll(0) == [] and _refused(nic) == {"psn_gap": 2, "duplicate": 4}
+    _feed(nic, frames[1:])  # the old PSNs' MIDDLE and LAST alone: behind, dropped
+    assert nic.poll(0) == [] and _refused(nic) == {"psn_gap": 2, "duplicate": 3}
+    _feed(nic, frames)  # the old message whole: UC takes a FIRST at any PSN (rxe does)
+    assert len(nic.poll(0)) == 1 and qp.recv_psn == 104
+
+
+def test_a_first_behind_restarts_the_message_and_packets_out_of_place_are_dropped(
+    nic: EmulatedRnic,
+) -> None:
+    qp, mr = _connected(nic), nic.register(4096)
+    frames = _message(qp, mr.va, mr.rkey, bytes(1024), 100)
+    _feed(nic, [frames[0], frames[1], frames[0], frames[2], frames[1], frames[3]])
+    assert nic.poll(0) == [] and _refused(nic) == {"psn_gap": 2, "duplicate": 1}
 
 
 def test_each_refused_frame_is_counted(nic: EmulatedRnic) -> None:

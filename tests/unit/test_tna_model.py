@@ -323,7 +323,7 @@ def test_the_stateful_check_fails_on_another_program(model: TnaModel) -> None:
         "Ingress.roce.base: roce_step_base_first roce_step_base_next roce_step_base_peek",
         "Ingress.roce.seq: roce_step_seq_first roce_step_seq_read",
         "Ingress.roce.exponent: roce_step_exponent_first roce_step_exponent_read",
-        "Egress.roce.reply_psn: roce_take_psn",
+        "Egress.roce.reply_psn: roce_read_psn",
     ]
     good = "\n".join(lines + lanes + rest)
     instances += ["checks", "next_step", "roce_step", "roce"]

@@ -8,7 +8,7 @@ import struct
 
 from emulation.tnamodel import TnaModel
 from hostlib import rocev2
-from hostlib.protocol import RoceOpcode
+from hostlib.protocol import ROCE_PSN_SEQ_SHIFT, RoceOpcode
 
 LANES = 4
 JOB = 3
@@ -54,7 +54,7 @@ def _replies(out: list[tuple[int, bytes]]) -> list[rocev2.RoceFrame]:
 
 def test_psns_wrap_at_24_bits_both_ways() -> None:
     model = _model()  # one worker: each slot completes with its packet
-    model.set_reply_psn(0, 0xFFFFFF)
+    model.set_reply_psn(0, 0xFFFFFF - (1 << ROCE_PSN_SEQ_SHIFT))  # seq 1's places: FFFFFF, 0
     out = model.process(1, _frame(RoceOpcode.UC_WRITE_FIRST, 0xFFFFFF))
     out += model.process(1, _frame(RoceOpcode.UC_WRITE_LAST_IMM, 0))
     replies = _replies(out)

@@ -36,6 +36,7 @@ from hostlib.protocol import (
     ROCE_BTH_SIZE,
     ROCE_ICRC_SIZE,
     ROCE_IMMDT_SIZE,
+    ROCE_PSN_SEQ_SHIFT,
     ROCE_QP_REGISTERS,
     ROCE_RETH_SIZE,
     ROCE_UDP_PORT,
@@ -416,6 +417,7 @@ def render_header(lanes: int) -> str:
         "ROCE_ICRC_SIZE": ROCE_ICRC_SIZE,
         "ROCE_FIELD_MASK": ROCE_FIELD_MASK,
         "ROCE_QP_REGISTERS": ROCE_QP_REGISTERS,
+        "ROCE_PSN_SEQ_SHIFT": ROCE_PSN_SEQ_SHIFT,
         **{f"ROCE_{op.name}": int(op) for op in RoceOpcode},
     }
     consts |= {f"C_{name.upper()}": i for i, name in enumerate(COUNTERS)}

@@ -309,7 +309,7 @@ out:
 
 /* ------------------------------------------------------------------ the replies */
 struct roce_out {
-    __u32 job, seq, shift, packets, position, hdr, opcode, lanes_crc;
+    __u32 job, seq, shift, packets, position, place, hdr, opcode, lanes_crc;
     __s32 exp;
 };
 
@@ -386,7 +386,8 @@ static __always_inline int roce_reply(struct __sk_buff *skb, const struct origin
     struct ina_roce_qp *q = bpf_map_lookup_elem(&roce_qps, &reg);
     if (!q)
         return miss;
-    __u32 psn = __sync_fetch_and_add(&q->reply_psn, 1) & ROCE_FIELD_MASK;
+    /* Fixed by the message and place (docs/protocol.md): the base is only read. */
+    __u32 psn = (q->reply_psn + (out->seq << ROCE_PSN_SEQ_SHIFT) + out->place) & ROCE_FIELD_MASK;
     if (chance(c->drop_eg)) {
         count(C_DROP_SIM_EGRESS);
         return miss;
@@ -462,6 +463,7 @@ static __always_inline int roce_send(struct __sk_buff *skb, const struct origin 
 static __always_inline int roce_reshape(struct __sk_buff *skb, __u32 hdr_in, struct roce_out *out)
 {
     __u32 place = out->position & (out->packets - 1); /* position holds the slot here */
+    out->place = place;
     out->position >>= out->shift;
     if (out->packets == 1)
         out->opcode = ROCE_UC_WRITE_ONLY_IMM;
