@@ -90,10 +90,12 @@ def test_roce_is_bit_exact_over_lossy_links(
 ) -> None:
     out = tmp_path / "lossy.json"
     proc = _emulate(topology, tmp_path / "run", "--datapath", datapath, *faults, "bench",
-                    "--transport", "rdma", "-b", "64K", "-e", "1M", "-f", "4", "-n", "3",
+                    "--transport", "rdma", "-b", "64K", "-e", "256K", "-f", "4", "-n", "3",
                     "-w", "1", "-d", "int32", "--algos", "ina", "--json", str(out))  # fmt: skip
     doc = _doc(proc, out)
-    counters = _exact(doc, [65536, 262144, 1 << 20])
+    # Up to 256 KiB: each slot used 4 times. 1 MiB added 55 s of CI on star8 and nothing
+    # more to hold (timer-bound under these faults: docs/results.md).
+    counters = _exact(doc, [65536, 262144])
     # The links lost packets (or frames, duplicated or reordered) and the hosts recovered.
     assert sum(r["retransmits"] for r in doc["rows"]) > 0
     assert counters["retransmits_answered"] + counters.get("drop_bad_psn", 0) > 0
