@@ -5,7 +5,7 @@
  * window position), its set_roce_reply(qpn, rkey, va, psn_index), and reply_psn, the
  * base PSN of each worker queue pair (the controller writes the worker's first; only
  * read here): a reply's PSN is base + (seq << ROCE_PSN_SEQ_SHIFT) + its place, the same
- * each time the packet is sent. The shift's offset (seq's low 19 bits, then the place's
+ * each time the packet is sent. The shift's offset (seq's low 27 bits, then the place's
  * 5 bits) is one deposit per roce_positions action.
  * A replica's rank is its rid, a unicast answer's the sender's; a miss drops the reply
  * uncounted, as a replica miss does. The opcode follows the packet's place in its
