@@ -2,10 +2,12 @@
 
 star8 at 200 Mbit/s with 5% loss on every link, each way, applied by the eBPF switch
 (this kernel has no netem): INA, CollNet, the ring and the tree each finish every size
-of ``-b 64K -e 1M -n 5`` with no wrong element, three runs in a row. Before the
+of ``-b 64K -e 1M -n 5`` with no wrong element, two runs in a row. Before the
 end-of-call responder a ring or tree run failed one time in two with a rank waiting for
 the ack of its last packet (#18): what matters is the number of calls and losses, so the
-sizes stop at 1 MiB (with 4 MiB a run took 45 s in CI, now about 21 s).
+sizes stop at 1 MiB (with 4 MiB a run took 45 s in CI, now about 23 s), and two runs (a
+third took 23 s of CI; test_p2p_end_of_call's hundred calls under faults soak the same
+path).
 """
 
 from __future__ import annotations
@@ -24,7 +26,7 @@ ALGOS = ("ina", "collnet", "ring", "tree")
 SIZES = [64 << 10, 256 << 10, 1 << 20]
 
 
-@pytest.mark.parametrize("run", range(3))
+@pytest.mark.parametrize("run", range(2))
 def test_star8_under_five_percent_link_loss(tmp_path: Path, run: int) -> None:
     out = tmp_path / "loss.json"
     proc = subprocess.run(
