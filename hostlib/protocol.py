@@ -209,7 +209,9 @@ packet with the PSN a worker's queue pair expects next is the next packet of the
 message, however a re-sent message and the first answer interleave."""
 
 ROCE_MAX_MSG_PACKETS = 1 << ROCE_PSN_SEQ_SHIFT
-"""Packets per RoCEv2 message at most: the places one message's PSNs span."""
+"""Packets per RoCEv2 message at most: the places one message's PSNs span. At 64 lanes a
+packet the engine's unit (``M * lanes``) stays within a soft switch's largest lanes
+(2,048)."""
 
 ROCE_QP_REGISTERS = 16384
 """Queue pairs a switch keeps state for, per direction: the cells of each per-queue-pair

@@ -20,18 +20,12 @@ from hostlib.protocol import (
 )
 
 __all__ = [
-    "MAX_MSG_PACKETS",
     "ROCE_ARRAYS",
     "RoceReply",
     "RoceRequest",
     "RoceTables",
     "qp_registers",
 ]
-
-MAX_MSG_PACKETS = ROCE_MAX_MSG_PACKETS
-"""Packets per message, at most: the places a message's reply PSNs span
-(``ROCE_PSN_SEQ_SHIFT``); the engine's unit (``M * lanes``) stays within a soft switch's
-largest lanes (2,048) at 64 lanes a packet."""
 
 ROCE_ARRAYS = (
     "roce_open",
@@ -113,15 +107,15 @@ class RoceTables:
         """``roce_jobs``: the job's messages have ``msg_packets`` packets.
 
         Raises:
-            RoceTableError: not a power of two up to :data:`MAX_MSG_PACKETS` (the P4
+            RoceTableError: not a power of two up to :data:`ROCE_MAX_MSG_PACKETS` (the P4
                 programs find a packet's place with a mask), or more than one packet of
                 lanes that are not a path MTU.
         """
         payload = self.lanes * LANE_BYTES
-        if not 1 <= msg_packets <= MAX_MSG_PACKETS or msg_packets & (msg_packets - 1):
+        if not 1 <= msg_packets <= ROCE_MAX_MSG_PACKETS or msg_packets & (msg_packets - 1):
             raise RoceTableError(
                 f"job {job_id}: {msg_packets} packets per message: a power of two "
-                f"up to {MAX_MSG_PACKETS}"
+                f"up to {ROCE_MAX_MSG_PACKETS}"
             )
         if msg_packets > 1 and payload not in ROCE_PMTUS:
             raise RoceTableError(
