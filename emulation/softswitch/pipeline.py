@@ -56,6 +56,9 @@ the local partial; a use's first contribution clears it. Then:
   is 1; when it is 0 the partial (or the spine's result) may have been lost, and the
   partial is sent up again (``upstream_resent``), which the spine ignores as a duplicate
   or answers with its result.
+A job's slots past its reservation may be aggregated in a shared region of the pool, best
+effort, and whatever the switch cannot hold goes to a fallback aggregator on a server
+(``sharing.py``; ``docs/sharing.md`` has the rules and why each use stays exact).
 """
 
 from __future__ import annotations
@@ -80,9 +83,11 @@ from emulation.softswitch.dataplane_types import (
     _Job,
     _Route,
 )
+from emulation.softswitch.register_file import RegisterFile
 from emulation.softswitch.roce_tables import RoceTables, qp_registers
+from emulation.softswitch.sharing import Sharing, SharingTables
 from hostlib.protocol import (
-    EXPONENT_MIN,
+    FLAG_RESEND,
     HEADER,
     HEADER_SIZE,
     LANE_BYTES,
@@ -116,7 +121,7 @@ _DATA_VT = (PROTOCOL_VERSION << 4) | PacketType.DATA
 _RESULT_VT = (PROTOCOL_VERSION << 4) | PacketType.RESULT
 
 
-class Pipeline:
+class Pipeline(RegisterFile, SharingTables):
     """The soft switch's data plane state and its per-packet logic.
 
     Args:
@@ -146,6 +151,8 @@ class Pipeline:
         self._alloc_registers(slots, lanes)
         self.roce = RoceTables(lanes, qp_registers(slots))
         """The RoCEv2 tables and registers (p4/roce.p4), run by ``roce.RoceFront``."""
+        self.sharing = Sharing(slots)
+        """The shared region and fallback tables, and the owner register (#41)."""
         self._jobs: dict[int, _Job] = {}
         self._upstream: dict[int, _Route] = {}  # the upstream table, by job id
         self._workers: dict[int, dict[int, set[Addr]]] = {}  # job id -> rank -> sources
@@ -174,23 +181,6 @@ class Pipeline:
         for reason in DropReason:
             self.stats["drop_" + reason.value] = 0
 
-    def _alloc_registers(self, slots: int, lanes: int) -> None:
-        """The register arrays (a backend that keeps them elsewhere overrides this).
-
-        Index [set, slot] / [set * slots + slot]; values are native int32 so the ALU add
-        wraps exactly as a switch's does.
-        """
-        self.bitmap = np.zeros((2, slots), dtype=np.uint32)
-        self.counter = np.zeros(2 * slots, dtype=np.int32)
-        self.exponent = np.full(2 * slots, EXPONENT_MIN, dtype=np.int8)
-        self.seq = np.zeros(2 * slots, dtype=np.uint32)
-        self.values = np.zeros((2 * slots, lanes), dtype=np.int32)
-        # 1: the slot holds the upstream switch's result, 0: only the local partial sum.
-        # The data path uses the bytearray (an item write is half a numpy one's cost, on
-        # every first contribution); the register API its numpy view.
-        self._final = bytearray(2 * slots)
-        self.final = np.frombuffer(self._final, dtype=np.uint8)
-
     # ----------------------------------------------------------------- job table API
     # Whole jobs at once: what tests, --job and the load generator use. The controller
     # writes the same state entry by entry (the table API below), over P4Runtime.
@@ -207,9 +197,9 @@ class Pipeline:
             raise JobTableError("two ranks bound to one source address")
         if self._workers.get(job.job_id):
             raise JobTableError(f"job {job.job_id} has workers bound already")
-        if not 1 <= job.slot_count <= self.slots:
-            raise JobTableError(f"slot count {job.slot_count} outside 1..{self.slots}")
-        base = self._place(job.slot_count) if job.slot_base is None else job.slot_base
+        if not 0 <= job.slot_count <= self.slots:
+            raise JobTableError(f"slot count {job.slot_count} outside 0..{self.slots}")
+        base = self.free_range(job.slot_count) if job.slot_base is None else job.slot_base
         mgid = self.free_mgid()
         self.insert_job(job.job_id, job.num_workers, base, job.slot_count, mgid)
         for rank, addr in enumerate(job.workers):
@@ -237,6 +227,9 @@ class Pipeline:
             self.delete_replica(*key)
         self._groups.pop(job.mgid, None)
         self.clear_slots(job.slot_base, job.slot_count)
+        for x in self.sharing.release(job_id):
+            self._clear(x, 1)
+        self.sharing.forget(job_id)
 
     def jobs(self) -> list[JobConfig]:
         """Installed jobs; a rank's address is its bound source (the first if several)."""
@@ -365,6 +358,8 @@ class Pipeline:
         # switch's job does not have is its bad_rank, as any worker's.
         if not 0 <= rank <= 0xFF or not 0 <= mac < 1 << 48 or not 0 <= port < 1 << 9:
             raise JobTableError(f"upstream rank {rank}, MAC {mac:#x} or port {port} out of range")
+        if job_id in self.sharing.fallback:
+            raise JobTableError(f"job {job_id} has a fallback: no upstream")
         self._upstream[job_id] = _Route(Upstream(rank, addr, mac, port), (addr,), ((port, mac),))
 
     def delete_upstream(self, job_id: int) -> None:
@@ -413,45 +408,6 @@ class Pipeline:
         if egress is not None:
             self.drops.egress = egress
 
-    # ----------------------------------------------------------------- registers
-    def register_read(self, cells: Sequence[RegisterCell]) -> list[int]:
-        """The values of register ``cells`` (signed for :data:`SIGNED_REGISTERS`).
-
-        Raises:
-            JobTableError: an unknown array, or an index or lane outside it.
-        """
-        return [int(self._register_array(c)[c.index]) for c in cells]
-
-    def register_write(self, cell: RegisterCell, value: int) -> None:
-        """Write one register cell (a signed value for :data:`SIGNED_REGISTERS`).
-
-        Raises:
-            JobTableError: an unknown array, or an index or lane outside it.
-        """
-        self._register_array(cell)[cell.index] = value
-
-    def _register_array(self, cell: RegisterCell) -> np.ndarray:
-        arrays = {
-            "seq": self.seq,
-            "remaining": self.counter,
-            "final": self.final,
-            "exponent": self.exponent,
-            "bitmap_set0": self.bitmap[0],
-            "bitmap_set1": self.bitmap[1],
-            **self.roce.arrays(),
-        }
-        if cell.array == "values":
-            if not 0 <= cell.lane < self.lanes:
-                raise JobTableError(f"lane {cell.lane} outside 0..{self.lanes - 1}")
-            array = self.values[:, cell.lane]
-        elif cell.array in arrays:
-            array = arrays[cell.array]
-        else:
-            raise JobTableError(f"no register array {cell.array!r}")
-        if not 0 <= cell.index < len(array):
-            raise JobTableError(f"{cell.array}[{cell.index}] outside 0..{len(array) - 1}")
-        return array
-
     def free_mgid(self) -> int:
         """The lowest multicast group id neither defined nor named by a job."""
         used = set(self._groups) | {j.mgid for j in self._jobs.values()}
@@ -468,6 +424,7 @@ class Pipeline:
         self.forward.clear()
         self.forward_default = ("drop", 0)
         self.roce.reset()
+        self.sharing.reset()
         self._clear(0, self.slots)
         for name in self.stats:
             self.stats[name] = 0
@@ -490,8 +447,8 @@ class Pipeline:
         self._check_job_id(job_id)
         if not 1 <= num_workers <= MAX_WORKERS:
             raise JobTableError(f"{num_workers} workers outside 1..{MAX_WORKERS}")
-        if not 1 <= slot_count <= self.slots:
-            raise JobTableError(f"slot count {slot_count} outside 1..{self.slots}")
+        if not 0 <= slot_count <= self.slots:
+            raise JobTableError(f"slot count {slot_count} outside 0..{self.slots}")
         if not self._range_free(slot_base, slot_count, ignore=job_id):
             raise JobTableError(f"slots {slot_base}..{slot_base + slot_count - 1} not free")
         if not 0 <= mgid <= 0xFFFF:
@@ -594,8 +551,10 @@ class Pipeline:
         n = len(data)
         if n < HEADER_SIZE:
             return self._drop(DropReason.TRUNCATED)
-        vt, _flags, job_id, rank, exp, lanes, pidx, _, seq = HEADER.unpack_from(data)
+        vt, flags, job_id, rank, exp, lanes, pidx, _, seq = HEADER.unpack_from(data)
         if vt != _DATA_VT:
+            if vt == _RESULT_VT and job_id in self.sharing.fallback:
+                return self._from_fallback(data, src, job_id, lanes)
             if vt == _RESULT_VT and self._upstream:
                 return self._from_upstream(data, src, job_id, exp, lanes, pidx, seq)
             return self._drop(DropReason.MALFORMED)
@@ -608,15 +567,24 @@ class Pipeline:
         if bound is None or src not in bound:
             return self._drop(DropReason.BAD_SOURCE)
         slot = pidx & SLOT_MASK
-        if slot >= job.slot_count:
+        reserved = slot < job.slot_count
+        if not reserved and not self.sharing.covers(job_id):
             return self._drop(DropReason.BAD_SLOT)
         if lanes != self.lanes:
             return self._drop(DropReason.BAD_LANES)
         if n != self._size:
             return self._drop(DropReason.BAD_LENGTH)
         pool_set = 1 if pidx & POOL_SET_BIT else 0
-        s = job.slot_base + slot
+        if reserved:
+            s = job.slot_base + slot
+        else:  # past the reservation: the shared region, else the fallback
+            s = self.sharing.place(job_id, slot, job.slot_count)
+            if s < 0:
+                return self._to_fallback(data, job_id)
         i = pool_set * self.slots + s
+        # A slot whose uses may also run at another place (sharing.py): each use starts
+        # with a clear bitmap, and a packet touches only its own set's.
+        loose = not reserved or job_id in self.sharing.behind
         left = int(self.counter[i])
         stored = int(self.seq[i])
         if seq == stored and (stored or left):  # a packet of the use held in the slot
@@ -629,19 +597,35 @@ class Pipeline:
                         return self._upward(data, i, up)
                 stats["retransmits_answered"] += 1
                 return self._result(data, i, (src,))
-        elif left or (stored and (seq - stored) & 0x80000000):
-            # Another use while this one runs, or older than the finished one.
-            return self._drop(DropReason.STALE)
+        elif stored and (seq - stored) & 0x80000000:
+            return self._drop(DropReason.STALE)  # older than the use the slot holds
+        elif left or loose:
+            # A use starts where another runs, or where a use may run at another place
+            # too: the shared region, a fallback's job (sharing.py).
+            if not reserved and flags & FLAG_RESEND and job_id in self.sharing.fallback:
+                return self._to_fallback(data, job_id)  # its use may be the fallback's
+            if left and not loose:
+                return self._drop(DropReason.STALE)
+            # The uses before may have run at the other place: their bits and count go.
+            self.bitmap[pool_set, s] = 0
+            left = 0
         bit = 1 << rank
         bitmap = self.bitmap
         seen = int(bitmap[pool_set, s]) & bit
         bitmap[pool_set, s] |= bit
-        bitmap[1 - pool_set, s] &= ~bit & 0xFFFFFFFF
+        if not loose:
+            bitmap[1 - pool_set, s] &= ~bit & 0xFFFFFFFF
         if seen:
+            if not reserved and flags & FLAG_RESEND and job_id in self.sharing.fallback:
+                # Counted here, still unanswered: the others may have their result from
+                # the fallback, and will not send this use here again (sharing.py).
+                return self._to_fallback(data, job_id)
             stats["duplicates_ignored"] += 1
             return None
         payload = np.frombuffer(data, dtype=">i4", offset=HEADER_SIZE)
         if left == 0:
+            if not reserved:
+                self.sharing.count(job_id, "shared_uses")
             self.counter[i] = left = job.num_workers - 1
             self.seq[i] = seq
             self._final[i] = 0
@@ -735,8 +719,14 @@ class Pipeline:
         out[0] = _RESULT_VT
         out[5] = int(self.exponent[i]) & 0xFF
         self._out_values[:] = self.values[i]
+        return self._multicast(self._out_view, dests, links)
+
+    def _multicast(
+        self, payload: memoryview, dests: tuple[Addr, ...], links: tuple[tuple[int, int], ...]
+    ) -> Emit | None:
+        """``payload`` to each of ``dests`` that the egress simulator lets through."""
         if self._framed:
-            return Emit(self._out_view, dests, links)
+            return Emit(payload, dests, links)
         drops = self.drops
         if drops.egress:
             keep = [not drops.drop_egress() for _ in dests]
@@ -746,7 +736,35 @@ class Pipeline:
         if not dests:
             return None
         self.stats["results_sent"] += len(dests)
-        return Emit(self._out_view, dests, links)
+        return Emit(payload, dests, links)
+
+    def _to_fallback(self, data: memoryview, job_id: int) -> Emit | None:
+        """Pass a DATA packet on, unchanged, to the job's fallback aggregator (a
+        collision in the shared region, or a slot past it); without a fallback entry it
+        is dropped as a slot the switch does not hold."""
+        fallback = self.sharing.fallback.get(job_id)
+        if fallback is None:
+            return self._drop(DropReason.BAD_SLOT)
+        drops = self.drops
+        if drops.egress and drops.drop_egress():
+            return self._drop(DropReason.SIM_EGRESS)
+        self.sharing.count(job_id, "to_fallback")
+        return Emit(data, (fallback.addr,), ((fallback.port, fallback.mac),))
+
+    def _from_fallback(self, data: memoryview, src: Addr, job_id: int, lanes: int) -> Emit | None:
+        """A RESULT of the job's fallback aggregator: multicast it, unchanged, to the
+        job's workers (the fallback sends every result to this switch)."""
+        job = self._jobs.get(job_id)
+        if job is None:
+            return self._drop(DropReason.UNKNOWN_JOB)
+        if src != self.sharing.fallback[job_id].addr:
+            return self._drop(DropReason.BAD_SOURCE)
+        if lanes != self.lanes:
+            return self._drop(DropReason.BAD_LANES)
+        if len(data) != self._size:
+            return self._drop(DropReason.BAD_LENGTH)
+        self.sharing.count(job_id, "from_fallback")
+        return self._multicast(data, job.dests, job.links)
 
     def _drop(self, reason: DropReason) -> Emit | None:
         # Typed as process()'s result (always None) so `return self._drop(...)` type-checks.
@@ -754,29 +772,25 @@ class Pipeline:
         return None
 
     # ----------------------------------------------------------------- slot ranges
-    def _clear(self, base: int, count: int) -> None:
-        end = base + count
-        self.bitmap[:, base:end] = 0
-        for pool_set in (0, 1):
-            lo = pool_set * self.slots + base
-            self.counter[lo : lo + count] = 0
-            self.exponent[lo : lo + count] = EXPONENT_MIN
-            self.seq[lo : lo + count] = 0
-            self.values[lo : lo + count] = 0
-            self.final[lo : lo + count] = 0
-
     def _range_free(self, base: int, count: int, ignore: int | None = None) -> bool:
+        """Whether ``base..base+count-1`` lies in the pool, outside every reservation
+        (``ignore``'s aside) and every shared region."""
         if base < 0 or base + count > self.slots:
             return False
+        taken = [(j.slot_base, j.slot_count) for j in self._jobs.values() if j.job_id != ignore]
         return all(
-            base + count <= j.slot_base or j.slot_base + j.slot_count <= base
-            for j in self._jobs.values()
-            if j.job_id != ignore
+            base + count <= lo or lo + n <= base for lo, n in (*taken, *self.sharing.regions())
         )
 
-    def _place(self, count: int) -> int:
-        starts = [0] + [j.slot_base + j.slot_count for j in self._jobs.values()]
-        for base in sorted(starts):
+    def free_range(self, count: int) -> int:
+        """The lowest pool slot where ``count`` slots are free (reservations and shared
+        regions aside).
+
+        Raises:
+            JobTableError: no such range.
+        """
+        ends = [j.slot_base + j.slot_count for j in self._jobs.values()]
+        for base in sorted([0, *ends, *(b + n for b, n in self.sharing.regions())]):
             if self._range_free(base, count):
                 return base
         raise JobTableError(f"no free range of {count} slots")

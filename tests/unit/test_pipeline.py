@@ -444,7 +444,7 @@ many = tuple(("10.0.2.1", 7000 + i) for i in range(MAX_WORKERS + 1))
         (JobConfig(9, (), 4), "workers"),
         (JobConfig(9, many, 4), "workers"),
         (JobConfig(9, (STRANGER, STRANGER), 4), "one source"),
-        (JobConfig(9, (STRANGER,), 0), "slot count"),
+        (JobConfig(9, (STRANGER,), -1), "slot count"),
         (JobConfig(9, (STRANGER,), SLOTS + 1), "slot count"),
         (JobConfig(9, (STRANGER,), 4, slot_base=6), "not free"),
         (JobConfig(9, (STRANGER,), 4, slot_base=-1), "not free"),

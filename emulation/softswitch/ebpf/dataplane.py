@@ -108,6 +108,8 @@ class EbpfDataplane(Pipeline):
         LibbpfError: no libbpf, or the kernel refused the program or a map.
     """
 
+    SHARING = False  # the program has no shared region or fallback yet (#41)
+
     def __init__(
         self,
         lanes: int = LANES_PER_PACKET,
