@@ -6,6 +6,9 @@
  * contribution to the running use was already received: meta.seen = 1 (duplicate,
  * ignored; the result reaches the sender by multicast). Runs only for packets the seq
  * check let through to the bitmaps (not stale, not answered).
+ * In a loose slot (meta.loose, sharing.p4) a packet touches only its own set: the other
+ * set's use may run at another place. A new use there (meta.restart, seq_check.p4)
+ * starts from a clear bitmap: the bits of the uses before go.
  */
 #ifndef _INA_BITMAP_P4_
 #define _INA_BITMAP_P4_
@@ -21,14 +24,24 @@ control Bitmap(in headers_t hdr, inout metadata_t meta) {
         bit<32> other_set;
         if (hdr.ina.pool_set == 0) {
             bitmap_set0.read(this_set, meta.slot);
-            bitmap_set1.read(other_set, meta.slot);
+            if (meta.restart == 1) {
+                this_set = 0;
+            }
             bitmap_set0.write(meta.slot, this_set | meta.worker_bit);
-            bitmap_set1.write(meta.slot, other_set & ~meta.worker_bit);
+            if (meta.loose == 0) {
+                bitmap_set1.read(other_set, meta.slot);
+                bitmap_set1.write(meta.slot, other_set & ~meta.worker_bit);
+            }
         } else {
             bitmap_set1.read(this_set, meta.slot);
-            bitmap_set0.read(other_set, meta.slot);
+            if (meta.restart == 1) {
+                this_set = 0;
+            }
             bitmap_set1.write(meta.slot, this_set | meta.worker_bit);
-            bitmap_set0.write(meta.slot, other_set & ~meta.worker_bit);
+            if (meta.loose == 0) {
+                bitmap_set0.read(other_set, meta.slot);
+                bitmap_set0.write(meta.slot, other_set & ~meta.worker_bit);
+            }
         }
         if ((this_set & meta.worker_bit) != 0) {
             meta.seen = 1;

@@ -24,6 +24,11 @@ const bit<4> PTYPE_RESULT = 2;
 // UDP destination port that marks INA traffic: 0x4E41 = 20033, "NA", not registered.
 const bit<16> INA_UDP_PORT = 0x4E41;
 
+// flags bit the host sets on a retransmission (hostlib/protocol.py FLAG_RESEND). Only
+// sharing reads it (sharing.p4): a retransmission of a shared slot that would start a
+// use there, or that the slot counted already, goes to the job's fallback aggregator.
+const bit<8> FLAG_RESEND = 0x01;
+
 // INA over RoCEv2 (hostlib/protocol.py ROCE_*, RoceOpcode; docs/protocol.md).
 const bit<16> ROCE_UDP_PORT = 4791;
 const bit<8> ROCE_WRITE_FIRST = 0x26;
@@ -96,6 +101,17 @@ const bit<32> REPLICA_TABLE_SIZE = MAX_WORKERS * JOB_TABLE_SIZE;
 
 // Upstream table entries (upstream.p4): at most one per job, like the job table.
 const bit<32> UPSTREAM_TABLE_SIZE = JOB_TABLE_SIZE;
+
+// Sharing tables (sharing.p4): at most one entry per job in each, like the job table.
+const bit<32> SHARED_TABLE_SIZE = JOB_TABLE_SIZE;
+const bit<32> FALLBACK_TABLE_SIZE = JOB_TABLE_SIZE;
+const bit<32> BEHIND_TABLE_SIZE = JOB_TABLE_SIZE;
+
+// Cells of each of sharing's per-job counters (sharing.p4): one a job of the jobs table.
+// A job's cell is the controller's, named by its shared and fallback entries, so the
+// arrays are sized by the jobs a switch holds, not by the 65536 job ids
+// (emulation/softswitch/sharing.py STATS_CELLS).
+const bit<32> SHARING_STATS_SIZE = JOB_TABLE_SIZE;
 
 // L2 forwarding entries for ordinary traffic: SwitchML's forwarding table size.
 const bit<32> FORWARD_TABLE_SIZE = 1024;

@@ -43,7 +43,7 @@ header udp_h {
 header ina_h {
     bit<4> version;      // PROTOCOL_VERSION
     bit<4> ptype;        // PTYPE_DATA or PTYPE_RESULT
-    bit<8> flags;        // FLAG_RESEND is informational: the switch ignores flags
+    bit<8> flags;        // FLAG_RESEND: read only for shared slots (sharing.p4)
     bit<16> job_id;      // key of the jobs table
     bit<8> rank;         // the worker's bit in the slot bitmap
     bit<8> exponent;     // signed (int8): compared as (int<8>) in exponents.p4

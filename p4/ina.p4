@@ -6,7 +6,10 @@
  * counts the same statistics. docs/protocol.md explains the algorithm; p4/README.md
  * how to compile and run this program and what each file holds. A job with an entry
  * in upstream.p4's table is aggregated in two levels: this switch (the leaf) sends the
- * partial sum of its local workers up and multicasts the upstream switch's RESULT.
+ * partial sum of its local workers up and multicasts the upstream switch's RESULT. A job
+ * with entries in sharing.p4's tables has slots past its reservation in a region of the
+ * pool that jobs share, best effort, and a fallback aggregator on a server for what the
+ * switch cannot hold, whose RESULTs this switch multicasts (docs/sharing.md).
  */
 #include <core.p4>
 #include <v1model.p4>
@@ -18,6 +21,7 @@
 #include "checksums.p4"
 #include "drop_simulator.p4"
 #include "upstream.p4"
+#include "sharing.p4"
 #include "jobs.p4"
 #include "workers.p4"
 #include "seq_check.p4"
@@ -56,6 +60,7 @@ control InaIngress(inout headers_t hdr,
     IngressDropSimulator() drop_simulator;
     RoceIngress() roce;
     Upstream() upstream;
+    SharingIngress() sharing;
     Jobs() jobs;
     Workers() workers;
     SeqCheck() seq_check;
@@ -90,7 +95,12 @@ control InaIngress(inout headers_t hdr,
                 } else {
                     // Applied once for DATA and RESULT alike (a table is applied once).
                     upstream.apply(hdr, meta);
-                    if (hdr.ina.ptype == PTYPE_RESULT && meta.has_upstream == 1) {
+                    sharing.apply(hdr, meta);
+                    // The control plane never gives a job both a fallback and an
+                    // upstream entry.
+                    if (hdr.ina.ptype == PTYPE_RESULT && meta.has_fallback == 1) {
+                        meta.from_fallback = 1;  // the fallback aggregator's result
+                    } else if (hdr.ina.ptype == PTYPE_RESULT && meta.has_upstream == 1) {
                         meta.from_upstream = 1;  // the upstream switch's answer
                     } else if (hdr.ina.ptype != PTYPE_DATA) {
                         meta.drop_reason = DROP_MALFORMED;
@@ -107,12 +117,25 @@ control InaIngress(inout headers_t hdr,
                             || hdr.udp.src_port != meta.upstream_udp_port) {
                         meta.drop_reason = DROP_BAD_SOURCE;
                     }
+                } else if (meta.from_fallback == 1) {
+                    // ... and only the fallback aggregator for what was passed to it.
+                    if (hdr.ipv4.src_addr != meta.fallback_ip
+                            || hdr.udp.src_port != meta.fallback_udp_port) {
+                        meta.drop_reason = DROP_BAD_SOURCE;
+                    }
                 } else {
                     workers.apply(hdr, meta);    // DROP_BAD_SOURCE
                 }
             }
             if (meta.drop_reason == NO_DROP) {
-                if ((bit<32>)hdr.ina.slot >= meta.slot_count) {
+                if ((bit<32>)hdr.ina.slot < meta.slot_count) {
+                    meta.in_reservation = 1;
+                }
+                // A slot past the reservation: the shared region or the fallback, for a
+                // job with either (DATA); a fallback's RESULT has no slot here.
+                if (meta.from_fallback == 0 && meta.in_reservation == 0
+                        && (meta.from_upstream == 1
+                            || (meta.has_shared == 0 && meta.has_fallback == 0))) {
                     meta.drop_reason = DROP_BAD_SLOT;
                 } else if ((bit<32>)hdr.ina.num_lanes != LANES_PER_PACKET) {
                     meta.drop_reason = DROP_BAD_LANES;
@@ -124,28 +147,78 @@ control InaIngress(inout headers_t hdr,
                 }
             }
 
-            // Step 1: the use the (set, slot) holds; stale packets stop here.
-            if (meta.drop_reason == NO_DROP) {
+            // Where the slot is (sharing.Sharing.place): the job's reservation, else its
+            // cell in the shared region (the owner register, sharing.p4), else the
+            // fallback (DROP_BAD_SLOT for a job without one).
+            if (meta.drop_reason == NO_DROP && meta.from_fallback == 1) {
+                from_fallback.count(meta.fallback_stats);
+            } else if (meta.drop_reason == NO_DROP) {
                 meta.slot = meta.slot_base + (bit<32>)hdr.ina.slot;
+                if (meta.in_reservation == 0) {
+                    bit<32> t = (bit<32>)hdr.ina.slot - meta.slot_count;
+                    meta.to_fallback = 1;        // past the shared count, or no entry
+                    if (meta.has_shared == 1 && t < meta.shared_count) {
+                        bit<32> cell = meta.shared_base
+                            + ((meta.shared_offset + t) & meta.shared_mask);
+                        bit<32> me = ((bit<32>)hdr.ina.job_id << 16)
+                            | ((bit<32>)hdr.ina.slot + 1);
+                        bit<32> held;
+                        owner.read(held, cell);
+                        if (held == 0) {
+                            owner.write(cell, me);  // free: this job slot takes it
+                        }
+                        if (held == 0 || held == me) {
+                            meta.slot = cell;
+                            meta.to_fallback = 0;
+                        } else {
+                            collisions.count(meta.shared_stats);
+                        }
+                    }
+                    if (meta.to_fallback == 1 && meta.has_fallback == 0) {
+                        meta.to_fallback = 0;
+                        meta.drop_reason = DROP_BAD_SLOT;
+                    }
+                }
+            }
+
+            // Step 1: the use the (set, slot) holds; stale packets stop here.
+            if (meta.drop_reason == NO_DROP && meta.to_fallback == 0
+                    && meta.from_fallback == 0) {
+                // Uses of a loose slot may also run at another place (sharing.p4).
+                if (meta.in_reservation == 0 || meta.is_behind == 1) {
+                    meta.loose = 1;
+                }
                 meta.index = (bit<32>)hdr.ina.pool_set * SWITCH_SLOTS + meta.slot;
                 seq.read(meta.stored_seq, meta.index);
                 remaining.read(meta.remaining, meta.index);
                 final.read(meta.is_final, meta.index);
-                seq_check.apply(hdr, meta);      // DROP_STALE, meta.answer, meta.resend_up
+                seq_check.apply(hdr, meta);      // DROP_STALE, meta.answer, meta.resend_up,
+                                                 // meta.restart, meta.to_fallback
             }
 
             // Steps 2 and 3: bitmaps, then a new contribution writes or adds.
             if (meta.drop_reason == NO_DROP && meta.answer == 0 && meta.resend_up == 0
-                    && meta.from_upstream == 0) {
+                    && meta.from_upstream == 0 && meta.from_fallback == 0
+                    && meta.to_fallback == 0) {
                 bitmap.apply(hdr, meta);
                 if (meta.seen == 1) {
-                    ina_stats.count(STAT_DUPLICATES_IGNORED);
+                    if (meta.in_reservation == 0 && (hdr.ina.flags & FLAG_RESEND) != 0
+                            && meta.has_fallback == 1) {
+                        // Counted here, still unanswered: the others may have their
+                        // result from the fallback and not send this use here again.
+                        meta.to_fallback = 1;
+                    } else {
+                        ina_stats.count(STAT_DUPLICATES_IGNORED);
+                    }
                 } else {
                     workers_counter.apply(meta);
                     remaining.write(meta.index, meta.remaining);
                     if (meta.first == 1) {
                         seq.write(meta.index, hdr.ina.seq);
                         final.write(meta.index, 0);
+                        if (meta.in_reservation == 0) {
+                            shared_uses.count(meta.shared_stats);
+                        }
                     }
                     ina_stats.count(STAT_AGGREGATED);
                     if (meta.complete == 1) {
@@ -183,8 +256,9 @@ control InaIngress(inout headers_t hdr,
                 values.apply(hdr, meta);
             }
 
-            // Step 4: multicast a completed slot or the spine's result, answer a
-            // retransmission, send a partial sum up, or consume.
+            // Step 4: multicast a completed slot, the spine's or the fallback's result,
+            // answer a retransmission, send a partial sum up, pass a packet on to the
+            // fallback, or consume.
             if (meta.drop_reason == NO_DROP) {
                 next_step.apply(hdr, meta, standard_metadata);
             } else {
@@ -199,7 +273,7 @@ control InaEgress(inout headers_t hdr,
                inout metadata_t meta,
                inout standard_metadata_t standard_metadata) {
     // Same indices as Ingress's: egress counts STAT_RESULTS_SENT, STAT_SENT_UPSTREAM and
-    // DROP_SIM_EGRESS.
+    // DROP_SIM_EGRESS (and sharing.p4 the packets that leave for the fallback).
     @id(0x12020001) @name(".Egress.ina_stats")
     counter(NUM_STATS, CounterType.packets) ina_stats;
     @id(0x12020002) @name(".Egress.drops")
@@ -210,11 +284,11 @@ control InaEgress(inout headers_t hdr,
     EgressDropSimulator() drop_simulator;
 
     apply {
-        if (meta.result == 1 || meta.upward == 1) {
+        if (meta.result == 1 || meta.upward == 1 || meta.to_fallback == 1) {
             if (meta.multicast == 1) {
                 replicas.apply(hdr, meta, standard_metadata);
             }
-            if (meta.is_roce == 1 && meta.no_replica == 0) {
+            if (meta.is_roce == 1 && meta.no_replica == 0 && meta.to_fallback == 0) {
                 roce.apply(hdr, meta, standard_metadata);  // the WRITE, its PSN taken
             }
             if (meta.no_replica == 1) {
@@ -226,6 +300,14 @@ control InaEgress(inout headers_t hdr,
                     mark_to_drop(standard_metadata);
                 } else if (meta.upward == 1) {
                     ina_stats.count(STAT_SENT_UPSTREAM);
+                } else if (meta.to_fallback == 1) {
+                    to_fallback.count(meta.fallback_stats);  // sharing.p4
+                    if (meta.is_roce == 1) {
+                        // A RoCEv2 frame has no INA form to pass on, and the fallback is
+                        // no queue pair to write to: counted, then dropped, as the soft
+                        // switch's RoceFront finds no reply entry for it.
+                        mark_to_drop(standard_metadata);
+                    }
                 } else {
                     ina_stats.count(STAT_RESULTS_SENT);
                 }

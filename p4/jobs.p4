@@ -4,6 +4,8 @@
  * slot_count) of the switch pool and the multicast group of its workers. A packet's
  * slot is relative to its job, so a job can neither read nor disturb another's slots.
  * Drops: DROP_UNKNOWN_JOB (table miss), DROP_BAD_RANK (rank >= workers, DATA only).
+ * slot_count may be 0: a job whose slots all lie in a shared region or at its fallback
+ * aggregator (sharing.p4).
  * Controller: controller/jobs.py writes the entries.
  */
 #ifndef _INA_JOBS_P4_
@@ -39,9 +41,11 @@ control Jobs(in headers_t hdr, inout metadata_t meta) {
 
     apply {
         jobs.apply();
-        // A RESULT from the upstream switch carries the rank of whichever packet made
-        // it there, not one of this job's: only a DATA packet's rank is checked.
+        // A RESULT from the upstream switch or the fallback aggregator carries the rank
+        // of whichever packet made it there, not one of this job's: only a DATA
+        // packet's rank is checked.
         if (meta.drop_reason == NO_DROP && meta.from_upstream == 0
+                && meta.from_fallback == 0
                 && (bit<32>)hdr.ina.rank >= meta.num_workers) {
             meta.drop_reason = DROP_BAD_RANK;
         }

@@ -50,11 +50,34 @@ struct metadata_t {
     port_t upstream_port;
     bit<1> from_upstream; // a RESULT of a job with an upstream entry: the spine's answer
 
+    // From sharing.p4's tables. shared: the job's slots slot_count .. slot_count +
+    // shared_count - 1 lie in a shared region, job slot slot_count + t at pool slot
+    // shared_base + ((shared_offset + t) & shared_mask). fallback: the job's fallback
+    // aggregator's address and the port toward it. *_stats: the job's cell of sharing's
+    // counters (fallback_stats also in egress: to_fallback). behind: this switch is the
+    // fallback of the job (every slot loose).
+    bit<1> has_shared;
+    bit<32> shared_count;
+    bit<32> shared_base;
+    bit<32> shared_mask;
+    bit<32> shared_offset;
+    bit<32> shared_stats;
+    bit<1> has_fallback;
+    ipv4_addr_t fallback_ip;
+    l4_port_t fallback_udp_port;
+    mac_addr_t fallback_mac;
+    port_t fallback_port;
+    bit<32> fallback_stats;
+    bit<1> is_behind;
+    bit<1> from_fallback; // a RESULT of a job with a fallback entry: the fallback's
+
     // The packet's slot: absolute slot in the pool (bitmap index) and register index
     // of its (set, slot): pool_set * SWITCH_SLOTS + slot.
     bit<32> slot;
     bit<32> index;
     bit<32> worker_bit;   // 1 << rank
+    bit<1> in_reservation; // hdr.ina.slot < slot_count (else shared or the fallback's)
+    bit<1> loose;         // a slot whose uses may also run at another place (sharing.p4)
 
     // The use the (set, slot) holds, read before the bitmaps (see ina.p4).
     bit<32> stored_seq;
@@ -64,6 +87,7 @@ struct metadata_t {
     // Decisions.
     bit<1> answer;        // retransmission of a finished use: unicast the result back
     bit<1> resend_up;     // ... whose result has not come from upstream: send up again
+    bit<1> restart;       // a new use takes a loose slot: this set's bitmap starts at 0
     bit<1> seen;          // this worker's bit was already set: duplicate
     bit<1> first;         // first contribution of a new use: write, not add
     bit<1> complete;      // the counter reached 0: multicast the result
@@ -74,6 +98,7 @@ struct metadata_t {
     // Carried to egress.
     bit<1> result;        // leaves as a RESULT (multicast or unicast re-send)
     bit<1> upward;        // leaves as DATA to the upstream switch (a partial sum)
+    bit<1> to_fallback;   // leaves as DATA, unchanged, to the job's fallback aggregator
     bit<1> multicast;     // a replica of the job's group: replicas.p4 sets its destination
     bit<1> no_replica;    // replicas table miss: dropped, not counted
     bit<1> flooded;       // ordinary traffic flooded by forwarder.p4: not back out its port

@@ -33,10 +33,12 @@ TOO_MANY_WORKERS = {**JOB_PARAMS, "num_workers": 256}
 def test_default_path_is_the_repository_p4info() -> None:
     repo = Path(__file__).resolve().parents[2]
     assert repo / "p4" / "ina.p4info.txtpb" == DEFAULT_P4INFO_PATH
-    assert len(P4INFO.tables) == 5 + 3  # + roce_requests, roce_jobs, roce_replies
-    assert len(P4INFO.actions) == 11 + 6
-    assert len(P4INFO.counters) == 4
-    assert len(P4INFO.registers) == 3 + 2 + 1 + 64 + 2 + 6 + 1  # + RoCEv2's queue pairs
+    # + roce_requests, roce_jobs, roce_replies; shared, fallback, behind
+    assert len(P4INFO.tables) == 5 + 3 + 3
+    assert len(P4INFO.actions) == 11 + 6 + 6
+    assert len(P4INFO.counters) == 4 + 4  # + the per-job counters of sharing
+    # + RoCEv2's queue pairs, sharing's owner
+    assert len(P4INFO.registers) == 3 + 2 + 1 + 64 + 2 + 6 + 1 + 1
 
 
 @pytest.mark.parametrize("key", ["Ingress.jobs.jobs", "jobs", 0x02030001])

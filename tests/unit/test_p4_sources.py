@@ -22,7 +22,9 @@ import pytest
 from helpers import load_script
 
 from emulation.softswitch.pipeline import DropReason, Pipeline
+from emulation.softswitch.sharing import STATS_CELLS
 from hostlib.protocol import (
+    FLAG_RESEND,
     HEADER,
     HEADER_SIZE,
     INA_UDP_PORT,
@@ -601,6 +603,8 @@ def test_protocol_constants_match_hostlib(consts: dict[str, tuple[int, int]]) ->
         "ROCE_IMMDT_BYTES": ROCE_IMMDT_SIZE,
         "ROCE_ICRC_BYTES": ROCE_ICRC_SIZE,
         "ROCE_PAYLOAD_BYTES": LANES_PER_PACKET * LANE_BYTES,
+        "FLAG_RESEND": FLAG_RESEND,
+        "SHARING_STATS_SIZE": STATS_CELLS,
         **{f"ROCE_WRITE_{op.name[len('UC_WRITE_'):]}": int(op) for op in RoceOpcode},
     }
     assert {name: const(consts, name) for name in expected} == expected
@@ -742,6 +746,7 @@ ID_GROUPS = {
     "upstream.p4": 0x0B,
     "roce.p4": 0x0C,
     "roce_replies.p4": 0x0D,
+    "sharing.p4": 0x10,
 }
 
 # Files that hold two controls (or a parser and a control) because they are a pair.
