@@ -166,13 +166,14 @@ class DropSimulator:
 
 
 REGISTER_ARRAYS = (
-    "seq", "remaining", "final", "exponent", "bitmap_set0", "bitmap_set1", "values",
+    "seq", "remaining", "final", "exponent", "bitmap_set0", "bitmap_set1", "values", "owner",
     *ROCE_ARRAYS,
 )  # fmt: skip
 """The register arrays of the pipeline, by the last part of their P4 names
 (``Ingress.seq``, ``Ingress.bitmap.bitmap_set0``, ``Ingress.values.lane_NN``: ``values``
-with a lane). The bitmaps are indexed by slot, the RoCEv2 ones (``roce_*``,
-``roce_tables.py``) by queue pair register, the others by set * slots + slot."""
+with a lane). The bitmaps and ``owner`` (``sharing.py``) are indexed by slot, the RoCEv2
+ones (``roce_*``, ``roce_tables.py``) by queue pair register, the others by set * slots +
+slot."""
 
 SIGNED_REGISTERS = frozenset(["exponent", "values", "roce_exponent"])
 """Arrays whose cells hold signed numbers (int8 exponents, int32 lane sums); a P4Runtime

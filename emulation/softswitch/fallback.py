@@ -31,5 +31,5 @@ def install_behind(
     pipeline.set_replica(job_id, 0, 0, switch)
     pipeline.set_group(mgid, [(0, 0)])
     pipeline.clear_slots(base, slot_count)
-    pipeline.sharing.behind.add(job_id)
+    pipeline.set_behind(job_id)
     return base

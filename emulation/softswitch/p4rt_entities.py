@@ -18,6 +18,7 @@ import grpc
 from p4.v1 import p4runtime_pb2
 
 from controller.p4info import P4Info, P4InfoError
+from controller.sharing import JOB_COUNTERS
 from controller.stats import OWN_COUNTERS
 from emulation.softswitch.p4rt_p4info import (
     _canonical,
@@ -268,6 +269,10 @@ class _Entities:
         value = entry.data.packet_count
         if value < 0:
             raise _fail(grpc.StatusCode.INVALID_ARGUMENT, f"{counter.name}: count {value} < 0")
+        if counter.name in JOB_COUNTERS:
+            jobs = [entry.index.index] if entry.HasField("index") else range(counter.size)
+            self.pipeline.set_stats_cell(JOB_COUNTERS[counter.name], jobs, value)
+            return
         names = _counter_names(counter.name, self.own_counters)
         indices = [entry.index.index] if entry.HasField("index") else range(counter.size)
         cells = {i: names[i] if i < len(names) else None for i in indices}
@@ -377,11 +382,15 @@ class _Entities:
             if want.HasField("index"):
                 _check_index(counter.name, want.index.index, counter.size)
             indices = [want.index.index] if want.HasField("index") else range(counter.size)
+            per_job = JOB_COUNTERS.get(counter.name)
             for index in indices:
                 entry = p4runtime_pb2.CounterEntry(counter_id=counter.id)
                 entry.index.index = index
                 name = names[index] if index < len(names) else None
-                entry.data.packet_count = stats.get(name, 0) if name else 0
+                if per_job is not None:
+                    entry.data.packet_count = self.pipeline.stats_cell(index)[per_job]
+                else:
+                    entry.data.packet_count = stats.get(name, 0) if name else 0
                 out.append(_entity(counter_entry=entry))
         return out
 

@@ -63,7 +63,8 @@ def softswitch_p4info(base: P4Info, lanes: int, slots: int) -> P4Info:
     The P4 program's LANES_PER_PACKET and SWITCH_SLOTS are compile-time constants; the
     soft switch takes them as start-up options, so its P4Info has one lane register per
     lane (``Ingress.values.lane_NN``, id 0x1607NNNN) and per-(set, slot) registers of
-    2 * ``slots`` cells (the bitmaps, one per set: ``slots``). Indices keep the P4
+    2 * ``slots`` cells (the bitmaps, one per set, and the owner register of sharing:
+    ``slots``). Indices keep the P4
     layout: set * slots + slot, where ``slots`` is a bitmap register's size.
 
     The Tofino program's P4Info (p4/tna/ina_tna.p4info.txtpb, :func:`is_tofino`) keeps its
@@ -98,7 +99,7 @@ def softswitch_p4info(base: P4Info, lanes: int, slots: int) -> P4Info:
     del message.registers[:]
     for reg in kept:
         name = reg.preamble.name
-        if name.startswith("Ingress.bitmap."):
+        if name.startswith("Ingress.bitmap.") or name == "Ingress.sharing.owner":
             reg.size = slots
         elif name in _SLOT_REGISTERS:
             reg.size = 2 * slots

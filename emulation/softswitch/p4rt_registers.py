@@ -138,6 +138,7 @@ _REGISTER_ARRAYS = {
     "Ingress.exponents.exponent": "exponent",
     "Ingress.bitmap.bitmap_set0": "bitmap_set0",
     "Ingress.bitmap.bitmap_set1": "bitmap_set1",
+    "Ingress.sharing.owner": "owner",
     "Ingress.roce.open": "roce_open",
     "Ingress.roce.expect_psn": "roce_expect_psn",
     "Ingress.roce.base": "roce_base",

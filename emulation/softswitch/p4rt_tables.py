@@ -22,6 +22,7 @@ from controller.p4info import P4Info
 from emulation.softswitch.p4rt_p4info import _ipv4
 from emulation.softswitch.pipeline import Pipeline
 from emulation.softswitch.roce_tables import RoceReply, RoceRequest
+from emulation.softswitch.sharing import Fallback, SharedEntry
 
 __all__ = ["_Hooks", "_Key", "_Table", "_initial_default"]
 
@@ -89,6 +90,27 @@ class _Hooks:
                 p.set_forward(match["eth_dst"], _forwarding(action, params))
         elif table.startswith(("Ingress.roce.", "Egress.roce.")):
             self._roce(table, kind == p4runtime_pb2.Update.DELETE, match, params)
+        elif table.startswith("Ingress.sharing."):
+            self._sharing(table, kind == p4runtime_pb2.Update.DELETE, match, params)
+
+    def _sharing(
+        self, table: str, delete: bool, match: dict[str, int], params: dict[str, int]
+    ) -> None:
+        """The tables of p4/sharing.p4: the shared region, the fallback, behind."""
+        p, job, name = self.pipeline, match["job_id"], table.rsplit(".", 1)[1]
+        if delete:
+            p.delete_sharing(name, job)
+        elif name == "shared":
+            size = params["mask"] + 1
+            entry = SharedEntry(params["count"], params["base"], size, params["offset"],
+                                params["stats"])  # fmt: skip
+            p.set_shared(job, entry)
+        elif name == "fallback":
+            addr = (_ipv4(params["dst_ip"]), params["dst_port"])
+            p.set_fallback(job, Fallback(addr, params["dst_mac"], params["egress_port"],
+                                         params["stats"]))  # fmt: skip
+        else:
+            p.set_behind(job)
 
     def _roce(
         self, table: str, delete: bool, match: dict[str, int], params: dict[str, int]

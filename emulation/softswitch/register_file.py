@@ -14,6 +14,7 @@ import numpy as np
 
 from emulation.softswitch.dataplane_types import JobTableError, RegisterCell
 from emulation.softswitch.roce_tables import RoceTables
+from emulation.softswitch.sharing import Sharing
 from hostlib.protocol import EXPONENT_MIN
 
 __all__ = ["RegisterFile"]
@@ -25,6 +26,7 @@ class RegisterFile:
     slots: int
     lanes: int
     roce: RoceTables
+    sharing: Sharing
 
     def _alloc_registers(self, slots: int, lanes: int) -> None:
         """The register arrays (a backend that keeps them elsewhere overrides this).
@@ -67,6 +69,7 @@ class RegisterFile:
             "exponent": self.exponent,
             "bitmap_set0": self.bitmap[0],
             "bitmap_set1": self.bitmap[1],
+            "owner": self.sharing.owner,
             **self.roce.arrays(),
         }
         if cell.array == "values":

@@ -15,6 +15,9 @@ sharing.md`` gives the design and its exactly-once argument; in short:
   until its job is removed, because the switch answers a retransmission from the slot and
   only learns that every worker has a result when they move on to the slot's other set,
   which keeps the pair busy for as long as the job runs.
+- **Per-job counters** (:data:`JOB_STATS`), in cells of their own: each entry names its
+  job's cell (``stats``, the controller's choice), so that the counter arrays are sized
+  by jobs on the switch, not by job ids.
 - **The fallback table** (job id -> :class:`Fallback`). A collision, or a slot beyond the
   job's reservation and shared count, is passed on unchanged to the job's fallback
   aggregator (any INA aggregator on a server: a soft switch or the one-armed eBPF
@@ -31,6 +34,7 @@ places completes with every worker's contribution in each, so both results are t
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import NamedTuple
 
@@ -41,12 +45,17 @@ from hostlib.protocol import MAX_SLOT
 
 __all__ = [
     "JOB_STATS",
+    "STATS_CELLS",
     "Fallback",
     "SharedEntry",
     "Sharing",
     "SharingTables",
     "owner_key",
 ]
+
+STATS_CELLS = 1024
+"""Cells of each per-job counter (configuration.p4's SHARING_STATS_SIZE: one a job of
+the jobs table)."""
 
 JOB_STATS = ("shared_uses", "collisions", "to_fallback", "from_fallback")
 """Per-job counters of sharing: uses started in the shared region, packets that found
@@ -70,12 +79,14 @@ class SharedEntry:
         size: pool slots in the region, a power of two (the index is masked, as a
             switch computes it).
         offset: where in the region the job's first shared slot lies.
+        stats: the job's cell of the per-job counters (shared uses, collisions).
     """
 
     count: int
     base: int
     size: int
     offset: int = 0
+    stats: int = 0
 
 
 class Fallback(NamedTuple):
@@ -85,6 +96,8 @@ class Fallback(NamedTuple):
     addr: Addr
     mac: int = 0
     port: int = 0
+    stats: int = 0
+    """The job's cell of the per-job counters (packets to and results from here)."""
 
 
 class Sharing:
@@ -99,18 +112,18 @@ class Sharing:
         self.owner = np.zeros(slots, dtype=np.uint32)
         self.shared: dict[int, SharedEntry] = {}
         self.fallback: dict[int, Fallback] = {}
-        self.job_stats: dict[int, dict[str, int]] = {}
+        self.stats: dict[int, dict[str, int]] = {}
+        """The per-job counters, by cell (an entry's ``stats``)."""
         self.behind: set[int] = set()
         """Jobs this pipeline aggregates as a fallback behind a switch."""
 
     # ----------------------------------------------------------------- tables
-    def set_shared(self, job_id: int, entry: SharedEntry, reserved: int) -> None:
-        """Create or replace the shared entry of ``job_id`` (whose reservation holds
-        ``reserved`` slots).
+    def set_shared(self, job_id: int, entry: SharedEntry) -> None:
+        """Create or replace the shared entry of ``job_id``.
 
         Raises:
             JobTableError: a region outside the pool or not a power of two, an offset
-                outside it, or job slots past the header's largest slot.
+                outside it, or more shared slots than the header has slots.
         """
         size, base = entry.size, entry.base
         if size < 1 or size & (size - 1):
@@ -119,12 +132,10 @@ class Sharing:
             raise JobTableError(f"shared region {base}+{size} outside the pool of {self.slots}")
         if not 0 <= entry.offset < size:
             raise JobTableError(f"shared offset {entry.offset} outside 0..{size - 1}")
-        if entry.count < 1 or reserved + entry.count - 1 > MAX_SLOT:
-            raise JobTableError(
-                f"{entry.count} shared slots after {reserved} reserved: outside 1..{MAX_SLOT}"
-            )
+        if not 1 <= entry.count <= MAX_SLOT + 1:
+            raise JobTableError(f"{entry.count} shared slots outside 1..{MAX_SLOT + 1}")
+        _check_stats(entry.stats)
         self.shared[job_id] = entry
-        self.job_stats.setdefault(job_id, dict.fromkeys(JOB_STATS, 0))
 
     def set_fallback(self, job_id: int, entry: Fallback) -> None:
         """Create or replace the fallback entry of ``job_id``.
@@ -134,13 +145,28 @@ class Sharing:
         """
         if not 0 <= entry.mac < 1 << 48 or not 0 <= entry.port < 1 << 9:
             raise JobTableError(f"fallback MAC {entry.mac:#x} or port {entry.port} out of range")
+        _check_stats(entry.stats)
         self.fallback[job_id] = entry
-        self.job_stats.setdefault(job_id, dict.fromkeys(JOB_STATS, 0))
 
     def covers(self, job_id: int) -> bool:
         """Whether ``job_id`` has a shared or a fallback entry (a slot past its
         reservation may then be aggregated here or passed on)."""
         return job_id in self.shared or job_id in self.fallback
+
+    def delete(self, table: str, job_id: int) -> None:
+        """Delete the ``table`` (``shared``, ``fallback`` or ``behind``) entry of a job;
+        the owner cells it holds stay held until the controller frees them.
+
+        Raises:
+            JobTableError: no such entry.
+        """
+        entries: dict[int, object] | set[int] = getattr(self, table)
+        if job_id not in entries:
+            raise JobTableError(f"job {job_id} has no {table} entry")
+        if isinstance(entries, set):
+            entries.discard(job_id)
+        else:
+            del entries[job_id]
 
     def regions(self) -> set[tuple[int, int]]:
         """The ``(base, size)`` of every shared region an entry names."""
@@ -154,17 +180,18 @@ class Sharing:
         return [int(x) for x in held]
 
     def forget(self, job_id: int) -> None:
-        """Drop ``job_id``'s entries and counters (its job is gone)."""
-        self.shared.pop(job_id, None)
-        self.fallback.pop(job_id, None)
-        self.job_stats.pop(job_id, None)
+        """Drop ``job_id``'s entries and zero its counters (its job is gone), as the
+        controller does for the next job that takes its cell."""
+        for entry in (self.shared.pop(job_id, None), self.fallback.pop(job_id, None)):
+            if entry is not None:
+                self.stats.pop(entry.stats, None)
         self.behind.discard(job_id)
 
     def reset(self) -> None:
         self.owner[:] = 0
         self.shared.clear()
         self.fallback.clear()
-        self.job_stats.clear()
+        self.stats.clear()
         self.behind.clear()
 
     # ----------------------------------------------------------------- data path
@@ -183,13 +210,26 @@ class Sharing:
         if held == 0:
             self.owner[x] = me
         elif held != me:
-            self.job_stats[job_id]["collisions"] += 1
+            self.count(job_id, "collisions")
             return -2
         return x
 
     def count(self, job_id: int, name: str) -> None:
-        """Add one to counter ``name`` of ``job_id``."""
-        self.job_stats[job_id][name] += 1
+        """Add one to counter ``name`` in the cell of ``job_id``'s entry that counts it
+        (the shared entry's for shared uses and collisions, else the fallback's)."""
+        entries = self.shared if name in ("shared_uses", "collisions") else self.fallback
+        cell = entries[job_id].stats
+        self.stats.setdefault(cell, dict.fromkeys(JOB_STATS, 0))[name] += 1
+
+    def job_counters(self, job_id: int) -> dict[str, int]:
+        """The counters of ``job_id``, read from its entries' cells (zeros without)."""
+        out = dict.fromkeys(JOB_STATS, 0)
+        for names, entry in ((JOB_STATS[:2], self.shared.get(job_id)),
+                             (JOB_STATS[2:], self.fallback.get(job_id))):  # fmt: skip
+            if entry is not None:
+                cell = self.stats.get(entry.stats, {})
+                out.update({n: cell.get(n, 0) for n in names})
+        return out
 
 
 class SharingTables:
@@ -209,16 +249,15 @@ class SharingTables:
         the job: the region's slots a running job holds are its until it leaves.
 
         Raises:
-            JobTableError: no such job; this data plane has no shared region; a region
-                that is not a power of two, leaves the pool or overlaps a reservation.
+            JobTableError: this data plane has no shared region; a region that is not a
+                power of two, leaves the pool or overlaps a reservation.
         """
-        job = self._table_job(job_id)
         self._check_sharing()
         for j in self._jobs.values():
             if j.slot_base < entry.base + entry.size and entry.base < j.slot_base + j.slot_count:
                 raise JobTableError(f"shared region {entry.base}+{entry.size} overlaps job "
                                     f"{j.job_id}'s slots {j.slot_base}+{j.slot_count}")  # fmt: skip
-        self.sharing.set_shared(job_id, entry, job.slot_count)
+        self.sharing.set_shared(job_id, entry)
 
     def set_fallback(self, job_id: int, entry: Fallback) -> None:
         """Create or replace the fallback entry of ``job_id``: its packets this switch
@@ -226,10 +265,9 @@ class SharingTables:
         workers.
 
         Raises:
-            JobTableError: no such job, this data plane has no fallback, or a MAC or port
-                out of range.
+            JobTableError: this data plane has no fallback, the job has an upstream
+                entry, or a MAC or port out of range.
         """
-        self._table_job(job_id)
         self._check_sharing()
         if job_id in self._upstream:
             raise JobTableError(f"job {job_id} is aggregated hierarchically: no fallback")
@@ -238,15 +276,43 @@ class SharingTables:
     def job_counters(self, job_id: int) -> dict[str, int]:
         """The sharing counters of ``job_id`` (:data:`~emulation.softswitch.sharing.
         JOB_STATS`); zeros for a job without a shared or fallback entry."""
-        return dict(self.sharing.job_stats.get(job_id, dict.fromkeys(JOB_STATS, 0)))
+        return self.sharing.job_counters(job_id)
 
-    def _table_job(self, job_id: int) -> _Job:
-        job = self._jobs.get(job_id)
-        if job is None:
-            raise JobTableError(f"no job {job_id}")
-        return job
+    def stats_cell(self, cell: int) -> dict[str, int]:
+        """Cell ``cell`` of the per-job counters (what a P4Runtime counter read sees)."""
+        return dict(self.sharing.stats.get(cell, dict.fromkeys(JOB_STATS, 0)))
+
+    def set_stats_cell(self, name: str, cells: Sequence[int], value: int) -> None:
+        """Set counter ``name`` in ``cells`` to ``value`` (a P4 counter write)."""
+        for cell in cells:
+            if value or cell in self.sharing.stats:
+                self.sharing.stats.setdefault(cell, dict.fromkeys(JOB_STATS, 0))[name] = value
+
+    def set_behind(self, job_id: int) -> None:
+        """Mark ``job_id`` as a job this pipeline aggregates as a fallback behind a
+        switch (the behind table): its slots follow the rules of a use that may run at
+        either place (docs/sharing.md).
+
+        Raises:
+            JobTableError: this data plane has no sharing.
+        """
+        self._check_sharing()
+        self.sharing.behind.add(job_id)
+
+    def delete_sharing(self, table: str, job_id: int) -> None:
+        """Delete a job's ``shared``, ``fallback`` or ``behind`` entry.
+
+        Raises:
+            JobTableError: no such entry.
+        """
+        self.sharing.delete(table, job_id)
 
     def _check_sharing(self) -> None:
         if not self.SHARING:
             raise JobTableError(f"{type(self).__name__} has no shared region or fallback yet "
                                 "(the Python pipeline has: --datapath python)")  # fmt: skip
+
+
+def _check_stats(cell: int) -> None:
+    if not 0 <= cell < STATS_CELLS:
+        raise JobTableError(f"counter cell {cell} outside 0..{STATS_CELLS - 1}")

@@ -994,7 +994,8 @@ def test_default_entries_read_back(rig: Any) -> None:
         for e in read(rig, p4runtime_pb2.TableEntry(is_default_action=True))
     }
     roce = ("Ingress.roce.roce_requests", "Ingress.roce.roce_jobs", "Egress.roce.roce_replies")
-    assert set(found) == {JOBS, WORKERS, UPSTREAM, FORWARD, REPLICAS, *roce}
+    sharing = ("Ingress.sharing.shared", "Ingress.sharing.fallback", "Ingress.sharing.behind")
+    assert set(found) == {JOBS, WORKERS, UPSTREAM, FORWARD, REPLICAS, *roce, *sharing}
     assert all(e.is_default_action and not e.match for e in found.values())
     actions = {name: P4INFO.action(e.action.action.action_id).name for name, e in found.items()}
     assert actions == {
@@ -1006,6 +1007,9 @@ def test_default_entries_read_back(rig: Any) -> None:
         roce[0]: "Ingress.roce.roce_qp_miss",
         roce[1]: "Ingress.roce.roce_job_miss",
         roce[2]: "Egress.roce.roce_reply_miss",
+        sharing[0]: "Ingress.sharing.shared_miss",
+        sharing[1]: "Ingress.sharing.fallback_miss",
+        sharing[2]: "Ingress.sharing.behind_miss",
     }
 
 

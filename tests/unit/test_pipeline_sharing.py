@@ -26,7 +26,7 @@ from hostlib.transport.memory import LinkModel
 
 LANES = 8
 SLOTS = 64
-REGION = SharedEntry(count=4, base=32, size=4)
+REGION = SharedEntry(count=4, base=32, size=4, stats=1)
 A, B = 7, 8
 WORKERS_A: tuple[Addr, ...] = (("10.0.0.1", 5001), ("10.0.0.2", 5002))
 WORKERS_B: tuple[Addr, ...] = (("10.0.1.1", 5001), ("10.0.1.2", 5002))
@@ -55,8 +55,8 @@ def switch() -> Pipeline:
     p.add_job(JobConfig(A, WORKERS_A, slot_count=1))
     p.add_job(JobConfig(B, WORKERS_B, slot_count=1))
     p.set_shared(A, REGION)
-    p.set_shared(B, SharedEntry(count=4, base=32, size=4, offset=2))
-    p.set_fallback(B, Fallback(FALLBACK, FALLBACK_MAC, 5))
+    p.set_shared(B, SharedEntry(count=4, base=32, size=4, offset=2, stats=2))
+    p.set_fallback(B, Fallback(FALLBACK, FALLBACK_MAC, 5, stats=2))
     return p
 
 
@@ -205,12 +205,13 @@ class Fabric:
         self.fallback = Pipeline(LANES, slots=SLOTS)
         self.switches = {self.SWITCH: self.switch, self.FALLBACK: self.fallback}
         self.workers: dict[int, dict[Addr, WorkerState]] = {}
-        for job, offset, reserved in ((A, 0, 2), (B, 1, 0)):
+        for cell, (job, offset, reserved) in enumerate(((A, 0, 2), (B, 1, 0))):
             local = tuple((f"10.1.{job}.{r + 1}", 6000) for r in range(3))
             self.switch.add_job(JobConfig(job, local, reserved))
             count = self.WINDOW - reserved
-            self.switch.set_shared(job, SharedEntry(count, base=16, size=4, offset=offset))
-            self.switch.set_fallback(job, Fallback(self.FALLBACK))
+            shared = SharedEntry(count, base=16, size=4, offset=offset, stats=cell)
+            self.switch.set_shared(job, shared)
+            self.switch.set_fallback(job, Fallback(self.FALLBACK, stats=cell))
             install_behind(self.fallback, job, 3, self.WINDOW, self.SWITCH)
             self.workers[job] = {
                 addr: WorkerState(JobSpec(job, r, 3, self.SWITCH, LANES, self.WINDOW),
