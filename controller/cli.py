@@ -4,13 +4,17 @@ Subcommands (simple_switch_CLI and p4runtime-shell users will recognise the read
 
 - ``jobs``: the installed jobs, read from the switch's tables;
 - ``add-job --job J --slots N IP:PORT ...``: install a job, rank r = the r-th address;
+  ``--shared N [--region SIZE] --fallback IP:PORT`` gives it N more slots in the
+  switch's shared region and a fallback aggregator (docs/sharing.md);
+- ``add-behind --job J --workers N --slots S IP:PORT``: install job J on this switch as the
+  fallback aggregator of the switch at IP:PORT;
 - ``remove-job --job J``: tear a job down and clear its slots;
 - ``set-upstream --job J --rank R IP:PORT [--mac MAC --port P]``: make the switch a leaf
   of hierarchical aggregation for job J (its partial sums go to the upstream switch at
   IP:PORT, as rank R there); ``remove-upstream --job J`` undoes it;
 - ``show-bitmap --job J --slot S``: one slot's registers in both sets (bitmaps, ranks
   seen, remaining, seq, exponent, lane values);
-- ``stats``: the switch's counters;
+- ``stats``: the switch's counters, and each sharing job's;
 - ``drops [--ingress P --egress P]``: show or set the drop simulator.
 
 The switch is ``--switch HOST:PORT`` (default: ``inalab switch``'s 127.0.0.1:9559) or the
@@ -129,7 +133,34 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     add.add_argument("--job", type=_nonneg, required=True, help="job id 0..65535")
     add.add_argument("--slots", type=_nonneg, default=256, help="slots per set (default 256)")
     add.add_argument("--slot-base", type=_nonneg, help="first slot (default: lowest free)")
+    add.add_argument(
+        "--shared", type=_nonneg, default=0, metavar="N",
+        help="N more slots in the switch's shared region, best effort (default 0)",
+    )  # fmt: skip
+    add.add_argument(
+        "--region", type=_nonneg, metavar="SIZE",
+        help="slots of the shared region, a power of two, made at the top of the pool if "
+        "the switch has none (default: the switch's, or --shared rounded up)",
+    )  # fmt: skip
+    add.add_argument(
+        "--fallback", type=_worker, metavar="IP:PORT",
+        help="the job's fallback aggregator: what collides or does not fit goes there",
+    )  # fmt: skip
+    add.add_argument("--fallback-mac", type=_mac, default="00:00:00:00:00:00")
+    add.add_argument(
+        "--fallback-port", type=_nonneg, default=0, help="switch port toward the fallback"
+    )
     add.add_argument("workers", type=_worker, nargs="+", metavar="IP:PORT")
+
+    behind = sub.add_parser(
+        "add-behind", help="install a job as the fallback aggregator of another switch"
+    )
+    behind.add_argument("--job", type=_nonneg, required=True, help="job id 0..65535")
+    behind.add_argument("--workers", type=_nonneg, required=True, help="the job's ranks")
+    behind.add_argument("--slots", type=_nonneg, default=256, help="its whole window")
+    behind.add_argument("--mac", type=_mac, default="00:00:00:00:00:00", help="switch's MAC")
+    behind.add_argument("--port", type=_nonneg, default=0, help="port toward the switch")
+    behind.add_argument("address", type=_worker, metavar="IP:PORT", help="switch's INA address")
 
     remove = sub.add_parser("remove-job", help="tear a job down and clear its slots")
     remove.add_argument("--job", type=_nonneg, required=True)
@@ -204,7 +235,7 @@ def _manifest_entry(path: Path, name: str | None) -> dict[str, Any]:
     return doc
 
 
-_WRITES = {"add-job", "remove-job", "set-upstream", "remove-upstream"}
+_WRITES = {"add-job", "add-behind", "remove-job", "set-upstream", "remove-upstream"}
 
 
 def run(args: argparse.Namespace) -> int:
@@ -256,8 +287,21 @@ def _jobs(ctl: Any, args: argparse.Namespace) -> int:
         span = f"{e.slot_base}+{e.slot_count}"
         up = job.upstream
         above = "" if up is None else f"; upstream rank {up.rank} at {up.ip}:{up.udp_port}"
-        print(f"{e.job_id:>6} {e.num_workers:>7} {span:>13} {e.mgid:>5}  {ranks}{above}")
+        print(f"{e.job_id:>6} {e.num_workers:>7} {span:>13} {e.mgid:>5}  {ranks}{above}"
+              f"{_sharing_text(job)}")  # fmt: skip
     return 0
+
+
+def _sharing_text(job: Any) -> str:
+    out = ""
+    if job.shared is not None:
+        s = job.shared
+        out += f"; {s.count} shared in region {s.base}+{s.size} from {s.offset}"
+    if job.fallback is not None:
+        out += f"; fallback {job.fallback.ip}:{job.fallback.udp_port}"
+    if job.behind:
+        out += "; fallback aggregator behind the switch"
+    return out
 
 
 def _job_doc(job: Any) -> dict[str, Any]:
@@ -279,6 +323,13 @@ def _job_doc(job: Any) -> dict[str, Any]:
             "mac": job.upstream.mac,
             "egress_port": job.upstream.egress_port,
         },
+        "shared": None
+        if job.shared is None
+        else {k: getattr(job.shared, k) for k in ("count", "base", "size", "offset")},
+        "fallback": None
+        if job.fallback is None
+        else {k: getattr(job.fallback, k) for k in ("ip", "udp_port", "mac", "egress_port")},
+        "behind": job.behind,
     }
 
 
@@ -286,10 +337,27 @@ def _add_job(ctl: Any, args: argparse.Namespace) -> int:
     from controller.switch import WorkerAddress
 
     workers = [WorkerAddress(ip, port) for ip, port in args.workers]
-    job = ctl.add_job(args.job, workers, args.slots, args.slot_base)
+    fallback = None
+    if args.fallback is not None:
+        ip, udp_port = args.fallback
+        fallback = WorkerAddress(ip, udp_port, args.fallback_mac, args.fallback_port)
+    job = ctl.add_job(args.job, workers, args.slots, args.slot_base, shared=args.shared,
+                      region=args.region, fallback=fallback)  # fmt: skip
     e = job.entry
     print(f"job {e.job_id}: {e.num_workers} workers, slots {e.slot_base}+{e.slot_count}, "
-          f"multicast group {e.mgid}")  # fmt: skip
+          f"multicast group {e.mgid}{_sharing_text(job)}")  # fmt: skip
+    return 0
+
+
+def _add_behind(ctl: Any, args: argparse.Namespace) -> int:
+    from controller.switch import WorkerAddress
+
+    ip, udp_port = args.address
+    switch = WorkerAddress(ip, udp_port, args.mac, args.port)
+    job = ctl.add_behind(args.job, args.workers, args.slots, switch)
+    e = job.entry
+    print(f"job {e.job_id}: fallback aggregator of {switch.ip}:{switch.udp_port}, "
+          f"{e.num_workers} workers, slots {e.slot_base}+{e.slot_count}")  # fmt: skip
     return 0
 
 
@@ -347,12 +415,23 @@ def _show_bitmap(ctl: Any, args: argparse.Namespace) -> int:
 
 def _stats(ctl: Any, args: argparse.Namespace) -> int:
     counters = ctl.counters()
+    sharing = [j for j in ctl.installed_jobs() if j.shared or j.fallback]
+    per_job = {str(j.job_id): ctl.job_counters(j.job_id) for j in sharing}
     if args.json:
-        print(json.dumps(counters, indent=2))
+        print(json.dumps(counters | ({"jobs": per_job} if per_job else {}), indent=2))
         return 0
     for name, value in counters.items():
         if value or args.all or not name.startswith("drop_"):
             print(f"{name:<22} {value}")
+    if per_job:
+        print(f"\n{'job':>6} {'reserved':>9} {'shared':>7} {'shared uses':>12} "
+              f"{'collisions':>11} {'to fallback':>12} {'from fallback':>14}")  # fmt: skip
+        for job in sharing:
+            c = per_job[str(job.job_id)]
+            shared = 0 if job.shared is None else job.shared.count
+            print(f"{job.job_id:>6} {job.entry.slot_count:>9} {shared:>7} "
+                  f"{c['shared_uses']:>12} {c['collisions']:>11} {c['to_fallback']:>12} "
+                  f"{c['from_fallback']:>14}")  # fmt: skip
     return 0
 
 
@@ -370,6 +449,7 @@ def _drops(ctl: Any, args: argparse.Namespace) -> int:
 _COMMANDS = {
     "jobs": _jobs,
     "add-job": _add_job,
+    "add-behind": _add_behind,
     "remove-job": _remove_job,
     "set-upstream": _set_upstream,
     "remove-upstream": _remove_upstream,

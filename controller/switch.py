@@ -44,6 +44,18 @@ from controller.p4info import P4Info
 from controller.registers import Bmv2Registers, P4RuntimeRegisters, RegisterAccess
 from controller.replicas import ReplicaEntry, Replicas
 from controller.roce import Roce
+from controller.sharing import (
+    Behind,
+    Fallback,
+    FallbackEntry,
+    Shared,
+    SharedEntry,
+    SharingCounters,
+    best_offset,
+    free_cell,
+    regions,
+    served,
+)
 from controller.slots import SlotRead, Slots
 from controller.stats import Stats
 from controller.tables import roll_back
@@ -110,6 +122,12 @@ class InstalledJob:
     group: tuple[tuple[int, int], ...]
     upstream: UpstreamEntry | None = None
     """Where the job's partial sums go (a leaf of hierarchical aggregation), or None."""
+    shared: SharedEntry | None = None
+    """The job's slots in the shared region (docs/sharing.md), or None."""
+    fallback: FallbackEntry | None = None
+    """The job's fallback aggregator, or None."""
+    behind: bool = False
+    """Whether this switch is the job's fallback aggregator, behind another switch."""
 
     @property
     def job_id(self) -> int:
@@ -140,6 +158,9 @@ class SwitchController:
         self.drop_simulator = DropSimulator(self.registers)
         self.slots = Slots(self.registers, p4info)
         self.stats = Stats(client, p4info)
+        self.sharing = _Sharing(client, p4info, self.registers) if served(p4info) else None
+        """The shared region, the fallback and their counters (p4/sharing.p4); None for
+        a program without them (p4/tna/ yet)."""
         self.roce = Roce(client, p4info, self.registers) if Roce.served_by(p4info) else None
         """A job's RoCEv2 queue pairs (p4/roce.p4, p4/tna/roce.p4): install after
         :meth:`add_job`; :meth:`remove_job` removes them. None for a program without
@@ -216,6 +237,9 @@ class SwitchController:
         slot_base: int | None = None,
         *,
         upstream: tuple[int, WorkerAddress] | None = None,
+        shared: int = 0,
+        region: int | None = None,
+        fallback: WorkerAddress | None = None,
     ) -> InstalledJob:
         """Install a job whose rank r is ``workers[r]``.
 
@@ -227,9 +251,17 @@ class SwitchController:
             upstream: ``(rank, address)``: make this switch a leaf of hierarchical
                 aggregation for the job, as :meth:`set_upstream` does, with the entry
                 written before the jobs entry (no packet of the job finds it missing).
+            shared: job slots after the reservation that are aggregated in the
+                switch's shared region, best effort (docs/sharing.md).
+            region: pool slots of the shared region (a power of two), made at the top
+                of the pool if the switch has none; by default the switch's region, or
+                the shared count rounded up to a power of two.
+            fallback: the job's fallback aggregator: what collides in the region, or
+                lies past it, goes there (a soft switch or one-armed eBPF aggregator
+                with the job installed by :meth:`add_behind`).
 
         Raises:
-            ValueError: a bad worker list, slot count or upstream.
+            ValueError: a bad worker list, slot count, upstream or sharing request.
             JobExistsError: the job id is installed.
             NoFreeSlotsError: no free range, or ``slot_base``'s range is taken.
             AlreadyExistsError: ``upstream`` given and the job has an upstream entry.
@@ -239,13 +271,17 @@ class SwitchController:
             raise ValueError(f"{len(workers)} workers; a job has 1..{MAX_WORKERS}")
         if len({(w.ip, w.udp_port) for w in workers}) != len(workers):
             raise ValueError("two ranks share one address and port")
-        if not 1 <= slot_count <= self.slots_per_set:
-            raise ValueError(f"slot count {slot_count} outside 1..{self.slots_per_set}")
+        least = 0 if shared or fallback is not None else 1
+        if not least <= slot_count <= self.slots_per_set:
+            raise ValueError(f"slot count {slot_count} outside {least}..{self.slots_per_set}")
         up = None if upstream is None else _upstream_entry(job_id, *upstream)
+        if up is not None and (shared or fallback is not None):
+            raise ValueError("a job aggregated hierarchically has no shared slots or fallback")
         jobs = self.jobs.read()
         if any(j.job_id == job_id for j in jobs):
             raise JobExistsError(f"job {job_id} is installed")
-        base = _place(jobs, slot_count, self.slots_per_set, slot_base)
+        sharing = self._sharing_plan(job_id, jobs, slot_count, shared, region, fallback)
+        base = _place(jobs, slot_count, self.slots_per_set, slot_base, sharing.regions())
         groups = self.multicast.read()
         taken = set(groups) | {j.mgid for j in jobs}
         mgid = next(m for m in range(1, 1 << 16) if m not in taken)
@@ -260,7 +296,8 @@ class SwitchController:
         group = tuple((w.port, rank) for rank, w in enumerate(workers))
         undo: list[Callable[[], None]] = []
         try:
-            self.slots.clear(base, slot_count)
+            if slot_count:
+                self.slots.clear(base, slot_count)
             self.multicast.insert(mgid, group)
             undo.append(lambda: self.multicast.delete(mgid))
             for replica in replicas:
@@ -272,12 +309,117 @@ class SwitchController:
             if up is not None:
                 self.upstream.insert(up)
                 undo.append(lambda: self.upstream.delete(job_id))
+            sharing.insert(undo)
             self.jobs.insert(entry)
         except BaseException:
             roll_back(undo, f"job {job_id}")
             raise
-        log.info("job %d: %d workers, slots %d+%d", job_id, len(workers), base, slot_count)
-        return InstalledJob(entry, bindings, replicas, group, up)
+        log.info("job %d: %d workers, slots %d+%d%s", job_id, len(workers), base, slot_count,
+                 sharing.describe())  # fmt: skip
+        return InstalledJob(entry, bindings, replicas, group, up, sharing.shared,
+                            sharing.fallback)  # fmt: skip
+
+    def add_behind(
+        self, job_id: int, num_workers: int, slot_count: int, switch: WorkerAddress
+    ) -> InstalledJob:
+        """Install ``job_id`` on this switch as the fallback aggregator of ``switch``,
+        which passes on what it cannot aggregate: every rank is bound to ``switch``'s
+        INA address (it passes packets on from its own), results go back to it, and
+        the job's slots follow the rules of a use that may run at either place.
+
+        Raises:
+            ValueError: a worker count or slot count out of range.
+            ControllerError: the program has no sharing tables.
+            JobExistsError, NoFreeSlotsError, P4RuntimeError: as :meth:`add_job`.
+        """
+        if self.sharing is None:
+            raise ControllerError("this switch's program has no sharing tables (p4/sharing.p4)")
+        if not 1 <= num_workers <= MAX_WORKERS:
+            raise ValueError(f"{num_workers} workers; a job has 1..{MAX_WORKERS}")
+        if not 1 <= slot_count <= self.slots_per_set:
+            raise ValueError(f"slot count {slot_count} outside 1..{self.slots_per_set}")
+        jobs = self.jobs.read()
+        if any(j.job_id == job_id for j in jobs):
+            raise JobExistsError(f"job {job_id} is installed")
+        taken = regions(self.sharing.shared.read())
+        base = _place(jobs, slot_count, self.slots_per_set, None, taken)
+        groups = self.multicast.read()
+        mgid = next(m for m in range(1, 1 << 16) if m not in set(groups) | {j.mgid for j in jobs})
+        entry = JobEntry(job_id, num_workers, base, slot_count, mgid)
+        replica = ReplicaEntry(job_id, 0, switch.port, switch.mac, switch.ip, switch.udp_port)
+        bindings = tuple(WorkerEntry(job_id, r, switch.ip, switch.udp_port)
+                         for r in range(num_workers))  # fmt: skip
+        undo: list[Callable[[], None]] = []
+        behind = self.sharing.behind
+        try:
+            self.slots.clear(base, slot_count)
+            self.multicast.insert(mgid, ((switch.port, 0),))
+            undo.append(lambda: self.multicast.delete(mgid))
+            self.replicas.insert(replica)
+            undo.append(lambda: self.replicas.delete(replica))
+            for binding in bindings:
+                self.workers.insert(binding)
+                undo.append(lambda b=binding: self.workers.delete(b))  # type: ignore[misc]
+            behind.insert(job_id)
+            undo.append(lambda: behind.delete(job_id))
+            self.jobs.insert(entry)
+        except BaseException:
+            roll_back(undo, f"job {job_id}")
+            raise
+        log.info("job %d: fallback behind %s:%d, slots %d+%d", job_id, switch.ip,
+                 switch.udp_port, base, slot_count)  # fmt: skip
+        return InstalledJob(entry, bindings, (replica,), ((switch.port, 0),), behind=True)
+
+    def _sharing_plan(
+        self, job_id: int, jobs: Sequence[JobEntry], reserved: int, shared: int,
+        region: int | None, fallback: WorkerAddress | None,
+    ) -> _Plan:  # fmt: skip
+        """The shared and fallback entries ``add_job`` writes for a job.
+
+        Raises:
+            ValueError: a negative count, a region that is no power of two or differs
+                from the switch's, or sharing on a program without its tables.
+            NoFreeSlotsError: no room at the top of the pool for a new region.
+        """
+        if not shared and fallback is None:
+            return _Plan(regions(self.sharing.shared.read()) if self.sharing else set())
+        if self.sharing is None:
+            raise ValueError("this switch's program has no sharing tables (p4/sharing.p4)")
+        if shared < 0:
+            raise ValueError(f"shared slot count {shared} < 0")
+        entries = self.sharing.shared.read()
+        taken = regions(entries)
+        cell = free_cell(entries, self.sharing.fallback.read())
+        fb = None if fallback is None else FallbackEntry(
+            job_id, fallback.ip, fallback.udp_port, fallback.mac, fallback.port, cell)  # fmt: skip
+        if not shared:
+            return _Plan(taken, None, fb, self.sharing)
+        base, size = self._region(jobs, taken, shared, region)
+        offset = best_offset([e for e in entries if e.base == base], size, shared)
+        entry = SharedEntry(job_id, shared, base, size, offset, cell)
+        if reserved + shared - 1 > 0x7FFF:
+            raise ValueError(f"{reserved} reserved + {shared} shared slots pass slot 32767")
+        return _Plan(taken | {(base, size)}, entry, fb, self.sharing)
+
+    def _region(
+        self, jobs: Sequence[JobEntry], taken: set[tuple[int, int]], shared: int,
+        region: int | None,
+    ) -> tuple[int, int]:  # fmt: skip
+        """The switch's shared region ``(base, size)``, made at the top of the pool if
+        it has none."""
+        if taken:
+            (base, size), *others = sorted(taken)
+            if others or (region is not None and region != size):
+                raise ValueError(f"the switch's shared region is {size} slots at {base}; "
+                                 f"one region a switch, not {region}")  # fmt: skip
+            return base, size
+        size = region if region is not None else 1 << max(shared - 1, 0).bit_length()
+        if size < 1 or size & (size - 1) or size > self.slots_per_set:
+            raise ValueError(f"shared region of {size} slots: a power of two up to the pool")
+        base = self.slots_per_set - size
+        _place(jobs, size, self.slots_per_set, base)  # NoFreeSlotsError if reserved
+        self.slots.clear(base, size)
+        return base, size
 
     def installed_jobs(self) -> list[InstalledJob]:
         """Every job on the switch, read from its tables."""
@@ -285,6 +427,7 @@ class SwitchController:
         replicas = self.replicas.read()
         groups = self.multicast.read()
         upstream = {u.job_id: u for u in self.upstream.read()}
+        shared, fallback, behind = self._sharing_entries()
         return [
             InstalledJob(
                 entry,
@@ -292,9 +435,23 @@ class SwitchController:
                 tuple(r for r in replicas if r.job_id == entry.job_id),
                 groups.get(entry.mgid, ()),
                 upstream.get(entry.job_id),
+                shared.get(entry.job_id),
+                fallback.get(entry.job_id),
+                entry.job_id in behind,
             )
             for entry in self.jobs.read()
         ]
+
+    def _sharing_entries(
+        self,
+    ) -> tuple[dict[int, SharedEntry], dict[int, FallbackEntry], set[int]]:
+        if self.sharing is None:
+            return {}, {}, set()
+        return (
+            {e.job_id: e for e in self.sharing.shared.read()},
+            {e.job_id: e for e in self.sharing.fallback.read()},
+            set(self.sharing.behind.read()),
+        )
 
     def job(self, job_id: int) -> InstalledJob:
         """One installed job.
@@ -320,13 +477,16 @@ class SwitchController:
         self.jobs.delete(job_id)
         if job.upstream is not None:
             self.upstream.delete(job_id)
+        if self.sharing is not None:
+            self.sharing.remove(job, self.slots)
         for binding in job.workers:
             self.workers.delete(binding)
         for replica in job.replicas:
             self.replicas.delete(replica)
         if job.entry.mgid in self.multicast.read():
             self.multicast.delete(job.entry.mgid)
-        self.slots.clear(job.entry.slot_base, job.entry.slot_count)
+        if job.entry.slot_count:
+            self.slots.clear(job.entry.slot_base, job.entry.slot_count)
         log.info("job %d removed", job_id)
         return job
 
@@ -412,6 +572,14 @@ class SwitchController:
         """The switch's statistics and drop counts by name."""
         return self.stats.read()
 
+    def job_counters(self, job_id: int) -> dict[str, int]:
+        """The sharing counters of ``job_id`` (``shared_uses``, ``collisions``,
+        ``to_fallback``, ``from_fallback``); zeros on a program without them."""
+        if self.sharing is None:
+            return dict.fromkeys(("shared_uses", "collisions", "to_fallback", "from_fallback"), 0)
+        job = self.job(job_id)
+        return self.sharing.counters.read(job.shared, job.fallback)
+
     def set_drops(self, ingress: float, egress: float) -> None:
         """Simulated loss at ingress and per replica at egress (0 turns it off)."""
         self.drop_simulator.set(ingress, egress)
@@ -449,27 +617,89 @@ def _upstream_entry(job_id: int, rank: int, address: WorkerAddress) -> UpstreamE
     return UpstreamEntry(job_id, rank, address.ip, address.udp_port, address.mac, address.port)
 
 
-def _place(jobs: Sequence[JobEntry], count: int, pool: int, base: int | None) -> int:
-    """The first slot of a free range of ``count`` slots (``base``'s, if given).
+def _place(
+    jobs: Sequence[JobEntry], count: int, pool: int, base: int | None,
+    regions: set[tuple[int, int]] = frozenset(),  # type: ignore[assignment]
+) -> int:  # fmt: skip
+    """The first slot of a free range of ``count`` slots (``base``'s, if given), outside
+    every reservation and shared region.
 
     Raises:
         NoFreeSlotsError: no such range.
     """
+    taken = [(j.slot_base, j.slot_count) for j in jobs] + sorted(regions)
 
     def free(start: int) -> bool:
         return (
             start >= 0
             and start + count <= pool
-            and all(
-                start + count <= j.slot_base or j.slot_base + j.slot_count <= start for j in jobs
-            )
+            and all(start + count <= lo or lo + n <= start for lo, n in taken)
         )
 
     if base is not None:
         if not free(base):
             raise NoFreeSlotsError(f"slots {base}..{base + count - 1} are not free")
         return base
-    for start in sorted({0, *(j.slot_base + j.slot_count for j in jobs)}):
+    for start in sorted({0, *(lo + n for lo, n in taken)}):
         if free(start):
             return start
     raise NoFreeSlotsError(f"no free range of {count} slots in a pool of {pool}")
+
+
+class _Sharing:
+    """The sharing tables, counters and owner register of one switch."""
+
+    def __init__(self, client: P4RuntimeClient, p4info: P4Info, registers: RegisterAccess):
+        self.shared = Shared(client, p4info)
+        self.fallback = Fallback(client, p4info)
+        self.behind = Behind(client, p4info)
+        self.counters = SharingCounters(client, p4info, registers)
+
+    def remove(self, job: InstalledJob, slots: Slots) -> None:
+        """Delete a job's sharing entries (its jobs entry is gone: its packets stop) and
+        free the region's slots it holds, cleared first."""
+        if job.shared is not None:
+            self.shared.delete(job.job_id)
+            held = self.counters.held(job.shared)
+            for cell in held:
+                slots.clear(cell, 1)
+            self.counters.release(held)
+            log.info("job %d: %d shared slots freed", job.job_id, len(held))
+        if job.fallback is not None:
+            self.fallback.delete(job.job_id)
+        if job.behind:
+            self.behind.delete(job.job_id)
+
+
+@dataclass
+class _Plan:
+    """The sharing entries of a job being installed."""
+
+    taken: set[tuple[int, int]]
+    shared: SharedEntry | None = None
+    fallback: FallbackEntry | None = None
+    tables: _Sharing | None = None
+
+    def regions(self) -> set[tuple[int, int]]:
+        return self.taken
+
+    def insert(self, undo: list[Callable[[], None]]) -> None:
+        tables, job = self.tables, (self.shared or self.fallback)
+        if tables is None or job is None:
+            return
+        tables.counters.zero(job.stats)  # the cell's last job counted there
+        if self.fallback is not None:
+            tables.fallback.insert(self.fallback)
+            undo.append(lambda: tables.fallback.delete(job.job_id))
+        if self.shared is not None:
+            tables.shared.insert(self.shared)
+            undo.append(lambda: tables.shared.delete(job.job_id))
+
+    def describe(self) -> str:
+        out = ""
+        if self.shared is not None:
+            e = self.shared
+            out += f", {e.count} shared in {e.base}+{e.size} from {e.offset}"
+        if self.fallback is not None:
+            out += f", fallback {self.fallback.ip}:{self.fallback.udp_port}"
+        return out

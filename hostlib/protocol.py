@@ -13,8 +13,8 @@ adds lanes as they were extracted; hosts byte-swap once per packet with numpy.
 Header (16 bytes, offsets in bytes)::
 
     0      version:4 | ptype:4
-    1      flags:8          FLAG_RESEND: the host marks retransmissions for its own
-                            statistics and for pcaps; the switch ignores flags
+    1      flags:8          FLAG_RESEND: the host marks retransmissions (statistics,
+                            pcaps; the switch routes them in a shared slot only)
     2..3   job_id:16        selects the job entry (ATP-style per-job isolation)
     4      rank:8           worker rank within the job, < MAX_WORKERS
     5      exponent:s8      block exponent E (2**E <= max|x| < 2**(E+1)); in a result:
@@ -175,9 +175,10 @@ EXPONENT_MAX = 127
 """Largest value of the signed 8-bit exponent field; float32 exponents never exceed it."""
 
 FLAG_RESEND = 0x01
-"""flags bit the host sets on a retransmission. Informational only (host statistics,
-pcaps): the switch ignores flags and tells a retransmission by its bitmap and seq
-registers, since a packet it never saw must be aggregated however it is marked."""
+"""flags bit the host sets on a retransmission (host statistics, pcaps). The switch
+tells a retransmission by its bitmap and seq registers, since a packet it never saw must
+be aggregated however it is marked; the flag only chooses where a packet of a shared slot
+goes (to the fallback when the switch cannot answer it: docs/sharing.md)."""
 
 
 ROCE_UDP_PORT = 4791
