@@ -40,7 +40,10 @@ __all__ = [
 SOURCE = Path(__file__).with_name("ina.bpf.c")
 """The program, kept in the repository beside this module."""
 
-HEADERS = tuple(Path(__file__).with_name(name) for name in ("roce.bpf.h", "forward.bpf.h"))
+HEADERS = tuple(
+    Path(__file__).with_name(name)
+    for name in ("roce.bpf.h", "forward.bpf.h", "sharing.bpf.h", "onearmed.bpf.h")
+)
 """The files ``SOURCE`` includes from beside it (part of the cached object's identity)."""
 
 INSTALL_HINT = "install clang and libbpf (Debian/Ubuntu: apt-get install clang llvm libbpf-dev)"

@@ -9,6 +9,12 @@ the controller see the same switch whichever data plane runs. Registers (the slo
 counters live only in the kernel: reads and writes of them go to the maps, the slots
 under their spin lock (``BPF_F_LOCK``).
 
+Sharing (#41, ``sharing.bpf.h``): the shared, fallback and behind tables of a job are one
+value of the ``sharing`` map, rewritten from the control plane's view
+(:attr:`Pipeline.sharing`) at every write of any of them; the owner register is the
+``owner`` map and the per-job counters the ``share_stats`` map's cells, both only in the
+kernel (``self.sharing.owner`` is empty, and ``self.sharing.stats`` counts nothing).
+
 Map layouts: :mod:`emulation.softswitch.ebpf.layout`. Loading and attaching:
 :mod:`emulation.softswitch.ebpf.libbpf`.
 """
@@ -33,6 +39,9 @@ from emulation.softswitch.ebpf.layout import (
     LINK_COUNTS,
     MAX_PORTS,
     MAX_REPLICAS,
+    SHARE_BEHIND,
+    SHARE_FALLBACK,
+    SHARE_SHARED,
     FwdKind,
     be16,
     be32_ip,
@@ -61,6 +70,7 @@ from emulation.softswitch.pipeline import (
     SlotState,
 )
 from emulation.softswitch.roce_tables import ROCE_ARRAYS, RoceTableError, qp_registers
+from emulation.softswitch.sharing import JOB_STATS, STATS_CELLS, Fallback, SharedEntry
 from hostlib.protocol import (
     EXPONENT_MIN,
     LANE_BYTES,
@@ -108,7 +118,7 @@ class EbpfDataplane(Pipeline):
         LibbpfError: no libbpf, or the kernel refused the program or a map.
     """
 
-    SHARING = False  # the program has no shared region or fallback yet (#41)
+    SHARING = True  # the shared region, the fallback, behind jobs: sharing.bpf.h (#41)
 
     def __init__(
         self,
@@ -133,8 +143,12 @@ class EbpfDataplane(Pipeline):
         # work (a second caller of the lane loops), which a 2,048-lane program cannot bear.
         path = program or build_program(lanes, defines=("INA_ROCE",) if roce else ())
         registers = qp_registers(slots)
-        self.object = BpfObject(path, {"slots": slots, "roce_qps": registers})
+        self.object = BpfObject(path, {"slots": slots, "owner": slots, "roce_qps": registers})
         self._maps = self._open_maps()
+        self.sharing.owner = np.zeros(0, dtype=np.uint32)  # the kernel's: the owner map
+        self._owner_cells: set[int] = set()
+        """Owner cells that may be held: those of every region an entry has named, and
+        any written non-zero (the program takes no other), since the last reset."""
         self._roce = EbpfRoceTables(lanes, registers, {n: self._maps[n] for n in ROCE_MAPS})
         self.roce = self._roce  # what the P4Runtime server's RoCEv2 writes reach
         self._cpus = possible_cpus()
@@ -161,6 +175,9 @@ class EbpfDataplane(Pipeline):
             "worker_ranks": (ctypes.sizeof(layout.InaRankKey), 4),
             **roce_map_sizes(),
             "slots": (4, ctypes.sizeof(self._slot_type)),
+            "sharing": (4, ctypes.sizeof(layout.InaSharing)),
+            "owner": (4, 4),
+            "share_stats": (4, ctypes.sizeof(layout.InaJobStats)),
             "stats": (4, 8),
             "links": (4, 8),
         }
@@ -302,10 +319,23 @@ class EbpfDataplane(Pipeline):
         self._maps["upstream"].delete(_U32(job_id))
 
     def remove_job(self, job_id: int) -> None:
+        """As :meth:`Pipeline.remove_job`; the owner cells the job holds are cleared
+        (both sets) before they are freed, so that no job takes one with a use left in
+        it."""
         mgid = self._job(job_id).mgid
-        super().remove_job(job_id)  # its table deletes are synced; these two are not
+        held = self._held(job_id)
+        cells = {e.stats for e in (self.sharing.shared.get(job_id),
+                                   self.sharing.fallback.get(job_id)) if e is not None}  # fmt: skip
+        super().remove_job(job_id)  # its table deletes are synced; these are not
         self._maps["upstream"].delete(_U32(job_id))
         self._maps["groups"].delete(_U32(mgid))
+        self._maps["sharing"].delete(_U32(job_id))
+        for x in held:
+            self._clear(x, 1)
+            self._maps["owner"].update(_U32(x), _U32(0))
+        for cell in cells:  # its counters are zeroed, as Sharing.forget drops them
+            self._maps["share_stats"].update(_U32(cell), self._stats_cell())
+        self._write_cfg()
 
     def set_forward(self, mac: int, action: tuple[str, int]) -> None:
         super().set_forward(mac, action)
@@ -324,12 +354,14 @@ class EbpfDataplane(Pipeline):
         self._write_cfg()
 
     def reset(self) -> None:
-        """Empty every table map, clear the slots, counters and link counters."""
+        """Empty every table map, clear the slots, owner cells, counters and link
+        counters."""
         super().reset()
         for name, key_type in (("jobs", _U32), ("workers", layout.InaWorkerKey),
                                ("worker_ranks", layout.InaRankKey),
                                ("groups", _U32), ("replicas", layout.InaReplicaKey),
-                               ("upstream", _U32), ("forward", _U64)):  # fmt: skip
+                               ("upstream", _U32), ("forward", _U64),
+                               ("sharing", _U32)):  # fmt: skip
             table = self._maps[name]
             for key in list(table.keys(key_type)):
                 table.delete(key)
@@ -337,6 +369,11 @@ class EbpfDataplane(Pipeline):
         for name, size in (("stats", len(COUNTERS)), ("links", layout.link_index(MAX_PORTS, 0, 0))):
             for i in range(size):
                 self._maps[name].update(_U32(i), zero)
+        for cell in range(STATS_CELLS):
+            self._maps["share_stats"].update(_U32(cell), self._stats_cell())
+        for x in self._owner_cells:
+            self._maps["owner"].update(_U32(x), _U32(0))
+        self._owner_cells.clear()
         self._write_cfg()
 
     def _put_job(self, job_id: int) -> None:
@@ -366,8 +403,99 @@ class EbpfDataplane(Pipeline):
             forward_only=int(self.forward_only), fwd_kind=_FWD_KINDS[kind], fwd_value=value,
             slots=self.slots, one_armed=int(self.one_armed is not None),
             own_ip=be32_ip(self.one_armed) if self.one_armed else 0,
+            sharing=int(bool(self.sharing.shared or self.sharing.fallback or self.sharing.behind)),
         )  # fmt: skip
         self._maps["cfg"].update(_U32(0), cfg)
+
+    # ----------------------------------------------------------------- sharing (#41)
+    def set_shared(self, job_id: int, entry: SharedEntry) -> None:
+        super().set_shared(job_id, entry)
+        self._owner_cells.update(range(entry.base, entry.base + entry.size))
+        self._put_sharing(job_id)
+
+    def set_fallback(self, job_id: int, entry: Fallback) -> None:
+        super().set_fallback(job_id, entry)
+        self._put_sharing(job_id)
+
+    def set_behind(self, job_id: int) -> None:
+        super().set_behind(job_id)
+        self._put_sharing(job_id)
+
+    def delete_sharing(self, table: str, job_id: int) -> None:
+        super().delete_sharing(table, job_id)
+        self._put_sharing(job_id)
+
+    def _put_sharing(self, job_id: int) -> None:
+        """Write the job's ``sharing`` value from the control plane's view of its three
+        entries (delete it when it has none), and ``cfg.sharing``."""
+        shared = self.sharing.shared.get(job_id)
+        fallback = self.sharing.fallback.get(job_id)
+        value = layout.InaSharing()
+        if shared is not None:
+            value.flags |= SHARE_SHARED
+            value.count, value.base, value.mask = shared.count, shared.base, shared.size - 1
+            value.offset, value.stats = shared.offset, shared.stats
+        if fallback is not None:
+            value.flags |= SHARE_FALLBACK
+            value.ip, value.udp_port = be32_ip(fallback.addr[0]), be16(fallback.addr[1])
+            value.mac, value.egress_port = _mac_bytes(fallback.mac), fallback.port
+            value.fb_stats = fallback.stats
+        if job_id in self.sharing.behind:
+            value.flags |= SHARE_BEHIND
+        if value.flags:
+            self._maps["sharing"].update(_U32(job_id), value)
+        else:
+            self._maps["sharing"].delete(_U32(job_id))
+        self._write_cfg()
+
+    def _held(self, job_id: int) -> list[int]:
+        """The owner cells ``job_id`` holds now (``Sharing.release``'s, in the kernel)."""
+        held, value = [], _U32()
+        for x in sorted(self._owner_cells):
+            self._maps["owner"].lookup(_U32(x), value)
+            if value.value and value.value >> 16 == job_id:
+                held.append(x)
+        return held
+
+    def _stats_cell(self) -> Any:
+        """A ``share_stats`` cell's value on every CPU, zeros."""
+        return (layout.InaJobStats * self._cpus)()
+
+    def stats_cell(self, cell: int) -> dict[str, int]:
+        """As :meth:`Pipeline.stats_cell`, summed over CPUs."""
+        values = self._stats_cell()
+        if not 0 <= cell < STATS_CELLS or not self._maps["share_stats"].lookup(_U32(cell), values):
+            return dict.fromkeys(JOB_STATS, 0)
+        return {name: sum(int(getattr(v, name)) for v in values) for name in JOB_STATS}
+
+    def set_stats_cell(self, name: str, cells: Sequence[int], value: int) -> None:
+        """As :meth:`Pipeline.set_stats_cell`: ``value`` on CPU 0, 0 on the others (see
+        :meth:`set_counter`).
+
+        Raises:
+            ValueError: no such counter.
+        """
+        if name not in JOB_STATS:
+            raise ValueError(f"no sharing counter {name!r}")
+        table = self._maps["share_stats"]
+        for cell in cells:
+            if not 0 <= cell < STATS_CELLS:
+                continue
+            values = self._stats_cell()
+            table.lookup(_U32(cell), values)
+            for cpu, v in enumerate(values):
+                setattr(v, name, value if cpu == 0 else 0)
+            table.update(_U32(cell), values)
+
+    def job_counters(self, job_id: int) -> dict[str, int]:
+        """As :meth:`Pipeline.job_counters`, from the kernel's cells."""
+        out = dict.fromkeys(JOB_STATS, 0)
+        for names, entry in ((JOB_STATS[:2], self.sharing.shared.get(job_id)),
+                             (JOB_STATS[2:], self.sharing.fallback.get(job_id))):  # fmt: skip
+            if entry is not None:
+                cell = self.stats_cell(entry.stats)
+                out.update({n: cell[n] for n in names})
+        return out
 
     # ----------------------------------------------------------------- registers
     def _slot(self, s: int) -> Any:
@@ -403,6 +531,9 @@ class EbpfDataplane(Pipeline):
             if cell.array in ROCE_ARRAYS:
                 out.append(self._roce_register(cell))
                 continue
+            if cell.array == "owner":
+                out.append(self._owner(cell))
+                continue
             s, pool_set = self._locate(cell)
             if s not in entries:
                 entries[s] = self._slot(s)
@@ -414,6 +545,9 @@ class EbpfDataplane(Pipeline):
         # the controller writes registers of slots no packet uses, as bmv2's Thrift does).
         if cell.array in ROCE_ARRAYS:
             self._roce_register(cell, value)
+            return
+        if cell.array == "owner":
+            self._owner(cell, value)
             return
         s, pool_set = self._locate(cell)
         entry = self._slot(s)
@@ -439,6 +573,24 @@ class EbpfDataplane(Pipeline):
             return value
         except RoceTableError as exc:
             raise JobTableError(str(exc)) from None
+
+    def _owner(self, cell: RegisterCell, value: int | None = None) -> int:
+        """Read (``value`` None) or write an owner cell (sharing.bpf.h); what it holds.
+
+        Raises:
+            JobTableError: the index outside the pool.
+        """
+        if not 0 <= cell.index < self.slots:
+            raise JobTableError(f"owner[{cell.index}] outside 0..{self.slots - 1}")
+        key = _U32(cell.index)
+        if value is None:
+            held = _U32()
+            self._maps["owner"].lookup(key, held)
+            return int(held.value)
+        self._maps["owner"].update(key, _U32(value))
+        if value:
+            self._owner_cells.add(cell.index)
+        return value
 
     def _locate(self, cell: RegisterCell) -> tuple[int, int]:
         """(slot, set) of a register cell; raises JobTableError out of range."""

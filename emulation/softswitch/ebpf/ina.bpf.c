@@ -9,7 +9,9 @@
  *   exponent, final), then one of: consumed, dropped (counted by reason), the result
  *   multicast to the job's replicas (bpf_clone_redirect per copy, bpf_redirect for the
  *   last), the unicast answer to a retransmission out of its ingress port, or the
- *   partial sum sent to the upstream switch (hierarchical aggregation);
+ *   partial sum sent to the upstream switch (hierarchical aggregation); a job's slots past
+ *   its reservation in a shared region of the pool, or passed on unchanged to its
+ *   fallback aggregator, whose results come back to be multicast (sharing.bpf.h);
  * - with INA_ROCE (`inalab switch --roce`), IPv4/UDP to ROCE_UDP_PORT: INA over RoCEv2,
  *   a UC RDMA WRITE aggregated as the soft switch's roce.py does, through the same slot
  *   code, answered by WRITEs with their ICRC (roce.bpf.h);
@@ -34,9 +36,11 @@
  * program sits on the ingress of a host's only NIC. INA packets to the host's address
  * (cfg.own_ip), over UDP or (with INA_ROCE) RoCEv2, are aggregated as above, and every answer leaves by that NIC to the next
  * hop toward its worker (the MAC the worker's own packets came from, else the kernel's
- * routes and neighbour table: next_hop), so results are unicast datagrams from the
- * host's address; every other frame (ARP, SSH,
+ * routes and neighbour table: next_hop, onearmed.bpf.h), so results are unicast datagrams
+ * from the host's address; every other frame (ARP, SSH,
  * the P4Runtime connection, INA for other hosts) goes on to the host's stack untouched.
+ * That is how a server is a fallback aggregator (sharing.bpf.h): its jobs are behind a
+ * switch, which passes their packets on and takes their results.
  *
  * Constants and every struct shared with Python come from ina_gen.h, generated at
  * compile time by layout.py from hostlib/protocol.py. Counters are per CPU.
@@ -124,24 +128,6 @@ struct {
     __type(key, __u32);
     __type(value, __u32);
 } ifports SEC(".maps");
-
-/* One-armed: the source MAC each worker's packets arrive with (the worker's, or the
- * router's in front of it), by (IPv4, UDP port): where its results go next. */
-struct {
-    __uint(type, BPF_MAP_TYPE_LRU_HASH);
-    __uint(max_entries, 32768);
-    __type(key, __u64);
-    __type(value, __u64);
-} learned SEC(".maps");
-
-/* next_hop's question to the kernel, per CPU: on the stack, its 64 bytes were more than
- * the RoCEv2 replies' call chain had left (roce.bpf.h). */
-struct {
-    __uint(type, BPF_MAP_TYPE_PERCPU_ARRAY);
-    __uint(max_entries, 1);
-    __type(key, __u32);
-    __type(value, struct bpf_fib_lookup);
-} fib_scratch SEC(".maps");
 
 /* The registers: max_entries is set to the pool's slots per set before loading. */
 struct {
@@ -308,43 +294,7 @@ struct origin {
     __u32 in_port;
 };
 
-static __always_inline __u64 endpoint_key(__be32 ip, __be16 port)
-{
-    return ((__u64)ip << 16) | port;
-}
-
-/* One-armed: the MAC of the next hop toward the worker at `dst_ip`:`dst_port`. First the
- * one its own packets came from (learned: symmetric routing, as a learning switch
- * assumes); else the kernel's routes and neighbour table (bpf_fib_lookup, which the
- * kernel answers only where the interface forwards: net.ipv4.conf.IFACE.forwarding). 0,
- * or -1 when neither knows (counted: no_route). */
-static __always_inline int next_hop(struct __sk_buff *skb, __be32 own_ip, __be32 dst_ip,
-                                    __be16 dst_port, __u8 *mac)
-{
-    __u64 key = endpoint_key(dst_ip, dst_port);
-    __u64 *known = bpf_map_lookup_elem(&learned, &key);
-    if (known) {
-        __builtin_memcpy(mac, known, ETH_ALEN);
-        return 0;
-    }
-    __u32 zero = 0;
-    struct bpf_fib_lookup *f = bpf_map_lookup_elem(&fib_scratch, &zero);
-    if (!f)
-        return -1;
-    __builtin_memset(f, 0, sizeof(*f));
-    f->family = 2; /* AF_INET */
-    f->l4_protocol = IPPROTO_UDP;
-    f->tot_len = IP_BYTES + UDP_BYTES + INA_HEADER_SIZE + INA_PAYLOAD_BYTES;
-    f->ipv4_src = own_ip;
-    f->ipv4_dst = dst_ip;
-    f->ifindex = skb->ifindex;
-    if (bpf_fib_lookup(skb, f, sizeof(*f), BPF_FIB_LOOKUP_OUTPUT) != BPF_FIB_LKUP_RET_SUCCESS)
-        return -1;
-    if (f->ifindex != skb->ifindex)
-        return -1;
-    __builtin_memcpy(mac, f->dmac, ETH_ALEN);
-    return 0;
-}
+#include "onearmed.bpf.h" /* one-armed: next_hop, learn */
 
 /* ------------------------------------------------------------------ emitting */
 static __always_inline int emit_one(struct __sk_buff *skb, const struct origin *o,
@@ -374,11 +324,15 @@ static __always_inline int emit_one(struct __sk_buff *skb, const struct origin *
  * copy but the group's last is a bpf_clone_redirect; the last is the frame itself
  * (bpf_redirect), one clone and one copy of the frame fewer per result. "Last" is the
  * group's last entry, not the last replica kept: deciding that first would make every
- * subset of kept replicas a verifier state of its own. */
-static __always_inline int emit_multicast(struct __sk_buff *skb, const struct origin *o,
-                                          __u32 job_id, struct ina_job *job,
-                                          struct ina_cfg *c)
+ * subset of kept replicas a verifier state of its own. A global function: the verifier
+ * checks its loop once, not once for every way there (a result, the upstream's, the
+ * fallback's: inlined, the 64-lane program took 835,000 of the verifier's million
+ * instructions and the 2,048-lane one 907,000; so, 128,000 and 200,000). */
+__noinline int emit_multicast(struct __sk_buff *skb, const struct origin *o, __u32 job_id,
+                              struct ina_job *job, struct ina_cfg *c)
 {
+    if (!o || !job || !c) /* a global function's pointers may be NULL, to the verifier */
+        return TC_ACT_SHOT;
     __u32 mgid = job->mgid;
     struct ina_group *g = bpf_map_lookup_elem(&groups, &mgid);
     if (!g)
@@ -440,6 +394,8 @@ static __always_inline int emit_upward(struct __sk_buff *skb, const struct origi
     return emit_one(skb, o, up->mac, up->ip, up->udp_port, up->egress_port, 1, c);
 }
 
+#include "sharing.bpf.h" /* the shared region and the fallback (M_*, share_slot, ...) */
+
 /* ------------------------------------------------------------------ the slot */
 /* INA_NO_LOCK compiles the program without the slot lock: only for the test that shows
  * two CPUs updating one slot need it (tests/integration/test_ebpf_switch.py). */
@@ -459,6 +415,8 @@ enum verdict {
     V_ANSWER,      /* a retransmission of a finished use: payload = the stored result */
     V_RESEND_UP,   /* ... whose result has not come from upstream: the partial, again */
     V_TAKEN,       /* the upstream switch's result, stored: multicast it */
+    V_FALLBACK,    /* a shared slot's retransmission: to the fallback (sharing.bpf.h) */
+    V_FIRST = 8,   /* or'ed into V_AGGREGATED, V_COMPLETED: a shared slot's use started */
 };
 
 /* Lane loops, inside the slot's lock: no helper may be called there. Unrolled by 8:
@@ -500,12 +458,12 @@ static __always_inline void lanes_add_read(__s32 *values, __be32 *pkt)
 }
 
 /* Steps 1-4 of Pipeline.process for a DATA packet, under the lock: the verdict, and the
- * exponent the emitted packet carries. */
-static __always_inline enum verdict slot_data(struct ina_slot *slot, __u32 set, __u32 rank,
-                                              __u32 seq, __s32 exp, __u32 workers,
-                                              int has_upstream, __be32 *pkt, __s32 *out_exp)
+ * exponent the emitted packet carries. `mode`: M_*. */
+static __always_inline __u32 slot_data(struct ina_slot *slot, __u32 set, __u32 rank,
+                                       __u32 seq, __s32 exp, __u32 workers, __u32 mode,
+                                       __be32 *pkt, __s32 *out_exp)
 {
-    enum verdict v;
+    __u32 v, first = 0;
     set &= 1;
     slot_lock(slot);
     struct ina_set *st = &slot->sets[set];
@@ -513,24 +471,32 @@ static __always_inline enum verdict slot_data(struct ina_slot *slot, __u32 set, 
     if (seq == stored && (stored || left)) {
         if (left == 0) {
             /* Before the bitmaps: the sender's next use may have cleared its bit. */
-            v = (has_upstream && !st->final) ? V_RESEND_UP : V_ANSWER;
+            v = ((mode & M_UPSTREAM) && !st->final) ? V_RESEND_UP : V_ANSWER;
             lanes_read(slot->values[set], pkt);
             *out_exp = st->exponent;
             goto out;
         }
-    } else if (left || (stored && ((seq - stored) & 0x80000000))) {
-        v = V_STALE; /* another use while this one runs, or older than the finished one */
+    } else if (stored && ((seq - stored) & 0x80000000)) {
+        v = V_STALE; /* older than the use the slot holds */
         goto out;
+    } else if (left || (mode & M_LOOSE)) { /* a use starts where another runs, or loose */
+        v = (mode & M_RESEND_FB) ? V_FALLBACK : V_STALE; /* its use may be the fallback's */
+        if (v == V_FALLBACK || !(mode & M_LOOSE))
+            goto out;
+        slot->bitmap[set] = 0; /* the uses before may have run at the other place */
+        left = 0;
     }
     __u32 bit = 1U << (rank & 31);
     __u32 seen = slot->bitmap[set] & bit;
     slot->bitmap[set] |= bit;
-    slot->bitmap[set ^ 1] &= ~bit;
-    if (seen) {
-        v = V_DUPLICATE;
+    if (!(mode & M_LOOSE))
+        slot->bitmap[set ^ 1] &= ~bit;
+    if (seen) { /* counted already: a shared slot's retransmission goes to the fallback */
+        v = (mode & M_RESEND_FB) ? V_FALLBACK : V_DUPLICATE;
         goto out;
     }
     if (left == 0) { /* first contribution: write, no clearing between uses */
+        first = mode & M_SHARED ? V_FIRST : 0;
         left = workers - 1;
         st->seq = seq;
         st->final = 0;
@@ -547,10 +513,10 @@ static __always_inline enum verdict slot_data(struct ina_slot *slot, __u32 set, 
     }
     st->remaining = left;
     if (left) {
-        v = V_AGGREGATED;
+        v = V_AGGREGATED | first;
         goto out;
     }
-    v = V_COMPLETED;
+    v = V_COMPLETED | first;
     *out_exp = st->exponent;
 out:
     slot_unlock(slot);
@@ -580,17 +546,6 @@ static __always_inline enum verdict slot_result(struct ina_slot *slot, __u32 set
 }
 
 /* ------------------------------------------------------------------ INA */
-/* One-armed: remember the MAC a worker's packet came from (written only when it changed). */
-static __always_inline void learn(const struct origin *o)
-{
-    __u64 key = endpoint_key(o->src_ip, o->src_port);
-    __u64 mac = 0;
-    __builtin_memcpy(&mac, o->src_mac, ETH_ALEN);
-    __u64 *known = bpf_map_lookup_elem(&learned, &key);
-    if (!known || *known != mac)
-        bpf_map_update_elem(&learned, &key, &mac, BPF_ANY);
-}
-
 /* The datagram is what the UDP length says, as far as the frame holds it. */
 static __always_inline __u32 datagram_len(struct __sk_buff *skb, struct udphdr *udp)
 {
@@ -638,9 +593,12 @@ static __noinline int ina(struct __sk_buff *skb, __u32 in_port, struct ina_cfg *
     __s32 exp = h->exponent;
     int from_upstream = 0;
     struct ina_upstream *up = NULL;
+    struct ina_sharing *sh = c->sharing ? bpf_map_lookup_elem(&sharing, &job_id) : NULL;
     if (vt != INA_VT_DATA) {
         if (vt != INA_VT_RESULT)
             return drop(C_DROP_MALFORMED);
+        if (sh && (sh->flags & SHARE_FALLBACK))
+            return from_fallback(skb, &o, sh, job_id, lanes, n, c);
         up = bpf_map_lookup_elem(&upstream, &job_id);
         if (!up)
             return drop(C_DROP_MALFORMED); /* results never go to a switch, else */
@@ -661,8 +619,9 @@ static __noinline int ina(struct __sk_buff *skb, __u32 in_port, struct ina_cfg *
             return drop(C_DROP_BAD_SOURCE);
     }
     __u32 slot_rel = pidx & INA_SLOT_MASK;
-    if (slot_rel >= job->slot_count)
-        return drop(C_DROP_BAD_SLOT);
+    if (slot_rel >= job->slot_count &&
+        (from_upstream || !sh || !(sh->flags & (SHARE_SHARED | SHARE_FALLBACK))))
+        return drop(C_DROP_BAD_SLOT); /* past the reservation: shared, else the fallback's */
     if (lanes != INA_LANES)
         return drop(C_DROP_BAD_LANES);
     if (n != INA_HEADER_SIZE + INA_PAYLOAD_BYTES)
@@ -670,23 +629,33 @@ static __noinline int ina(struct __sk_buff *skb, __u32 in_port, struct ina_cfg *
     __be32 *pkt = data + INA_OFF + INA_HEADER_SIZE;
     if ((void *)(pkt + INA_LANES) > end)
         return drop(C_DROP_BAD_LENGTH);
-    __u32 index = job->slot_base + slot_rel;
+    __u32 index = job->slot_base + slot_rel, mode = 0;
+    int place = from_upstream ? 0 /* the slot of a partial sum sent up: reserved */
+                              : share_slot(sh, job, job_id, slot_rel, h->flags, &index, &mode);
+    if (place)
+        return place < 0 ? drop(C_DROP_BAD_SLOT) : to_fallback(skb, &o, job_id, c);
     struct ina_slot *slot = bpf_map_lookup_elem(&slots, &index);
     if (!slot)
         return drop(C_DROP_BAD_SLOT); /* a job entry outside the pool: no register */
     __u32 set = pidx & INA_POOL_SET_BIT ? 1 : 0;
     __s32 out_exp = exp;
-    enum verdict v;
+    __u32 v;
     if (from_upstream) {
         v = slot_result(slot, set, seq, exp, pkt);
     } else {
         if (!up)
             up = bpf_map_lookup_elem(&upstream, &job_id);
-        v = slot_data(slot, set, rank, seq, exp, job->num_workers, up != NULL, pkt, &out_exp);
+        mode |= up ? M_UPSTREAM : 0;
+        v = slot_data(slot, set, rank, seq, exp, job->num_workers, mode, pkt, &out_exp);
     }
     if (c->one_armed && !from_upstream)
         learn(&o); /* after the lane loops: a branch before them doubles the verifier's work */
+    if (v & V_FIRST)
+        count_shared_use(job_id);
+    v &= ~V_FIRST;
     switch (v) {
+    case V_FALLBACK:
+        return to_fallback(skb, &o, job_id, c);
     case V_STALE:
         return drop(C_DROP_STALE);
     case V_DUPLICATE:

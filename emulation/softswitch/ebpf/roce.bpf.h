@@ -567,8 +567,8 @@ static __always_inline int roce_aggregate(struct __sk_buff *skb, const struct or
         return drop(C_DROP_BAD_SLOT);
     struct ina_upstream *up = bpf_map_lookup_elem(&upstream, &job_id);
     __u32 set = pidx & INA_POOL_SET_BIT ? 1 : 0;
-    enum verdict v = slot_data(slot, set, rank, out->seq, out->exp, job->num_workers,
-                               up != NULL, pkt, &out->exp);
+    __u32 v = slot_data(slot, set, rank, out->seq, out->exp, job->num_workers,
+                        up ? M_UPSTREAM : 0, pkt, &out->exp); /* no sharing over RoCEv2 */
     if (c->one_armed)
         learn(o);
     switch (v) {
