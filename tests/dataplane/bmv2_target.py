@@ -22,6 +22,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Protocol
 
+import sharing_steps
 from roce_steps import endpoint
 from runner import (
     COUNTERS,
@@ -85,6 +86,12 @@ class Bmv2Control(Protocol):
     def close(self) -> None: ...
 
 
+def _address(port: int) -> WorkerAddress:
+    """A port's identity as the controller takes an address."""
+    me = port_identity(port)
+    return WorkerAddress(me.ip, me.udp_port, me.mac, me.port)
+
+
 class _ControllerAdapter:
     """:class:`Bmv2Control` over :class:`controller.switch.SwitchController`.
 
@@ -96,6 +103,7 @@ class _ControllerAdapter:
         self.grpc_address = grpc_address
         self.thrift_address = thrift_address
         self._ctl: SwitchController | None = None
+        self._jobs: list[Job] = []
 
     def push_pipeline(self, p4info: Path | None, bmv2_json: Path | None) -> None:
         pipeline = None
@@ -113,6 +121,9 @@ class _ControllerAdapter:
     ) -> None:
         if job.msg_packets is not None:  # RoCEv2: ranks at (IPv4, 4791), then queue pairs
             self._add_roce_job(job, workers)
+            return
+        self._jobs.append(job)
+        if sharing_steps.install(self._require(), job, _address):
             return
         addrs = [WorkerAddress(w.ip, w.udp_port, w.mac, w.port) for w in workers]
         up = None
@@ -137,7 +148,8 @@ class _ControllerAdapter:
         self._require().set_drops(ingress, egress)
 
     def counters(self) -> dict[str, int]:
-        return self._require().counters()
+        ctl = self._require()
+        return ctl.counters() | sharing_steps.job_counters(ctl, self._jobs)
 
     def close(self) -> None:
         if self._ctl is not None:
@@ -251,7 +263,11 @@ class Bmv2Target:
         self._require_control().set_drops(ingress, egress)
 
     def counters(self) -> dict[str, int]:
-        return {k: v for k, v in self._settle().items() if k in COUNTERS}
+        return {
+            k: v
+            for k, v in self._settle().items()
+            if k in COUNTERS or sharing_steps.is_job_counter(k)
+        }
 
     def _settle(self) -> dict[str, int]:
         """The counters once the switch has processed every frame sent so far.

@@ -24,6 +24,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, NamedTuple, Protocol
 
+import sharing_steps
 from roce_steps import (
     OPCODES,
     RoceJob,
@@ -142,6 +143,7 @@ class Job:
     workers: tuple[int, ...]  # ports, index = rank
     upstream: UpstreamPort | None = None
     msg_packets: int | None = None  # a RoCEv2 job's packets per message (roce_steps.py)
+    sharing: sharing_steps.SharingSpec | None = None  # shared slots, fallback, behind
 
 
 @dataclass(frozen=True)
@@ -291,7 +293,8 @@ def parse_vector(doc: Any, path: Path) -> Vector:
         for j in jobs
         if j.msg_packets is not None
     }
-    ctx = _Ctx(lanes, ports, targets, roce, switch_qpns(list(roce.values())))
+    ctx = _Ctx(lanes, ports, targets, roce, switch_qpns(list(roce.values())),
+               sharing_steps.counter_keys(jobs))  # fmt: skip
     raw_steps = _list(top["steps"], at / "steps", 1)
     steps = tuple(_step(s, at / "steps" / i, i, ctx) for i, s in enumerate(raw_steps))
     return Vector(path, top["description"], targets, lanes, ports, jobs, drops, steps)
@@ -316,13 +319,18 @@ class _Ctx:
     targets: tuple[str, ...]
     roce: dict[int, RoceJob] = field(default_factory=dict)  # RoCEv2 jobs by id
     qpns: dict[tuple[int, int, int], int] = field(default_factory=dict)
+    job_counters: frozenset[str] = frozenset()  # sharing_steps' job<J>.<counter>
 
 
 def _job(value: Any, at: _Where, ports: tuple[int, ...]) -> Job:
-    job = _obj(value, at, {"job_id", "slot_count", "workers"}, {"upstream", "roce"})
+    job = _obj(value, at, {"job_id", "slot_count"},
+               {"workers", "upstream", "roce", "shared", "fallback", "behind"})  # fmt: skip
+    sharing = sharing_steps.parse(job, at, lambda p, here: _int(p, here, 1, len(ports)))
+    if "workers" not in job and (sharing is None or sharing.behind is None):
+        raise at.error("missing workers")
     workers = tuple(
         _int(p, at / "workers" / i, 1, len(ports))
-        for i, p in enumerate(_list(job["workers"], at / "workers", 1))
+        for i, p in enumerate(_list(job.get("workers", []), at / "workers"))
     )
     if len(set(workers)) != len(workers):
         raise (at / "workers").error("a port is bound to two ranks")
@@ -337,7 +345,8 @@ def _job(value: Any, at: _Where, ports: tuple[int, ...]) -> Job:
         )
         if upstream.port in workers:
             raise (here / "port").error("is a worker of the job")
-    slot_count = _int(job["slot_count"], at / "slot_count", 1, SOFT_SLOTS)
+    least = 0 if sharing is not None and sharing.behind is None else 1
+    slot_count = _int(job["slot_count"], at / "slot_count", least, SOFT_SLOTS)
     msg_packets = None
     if "roce" in job:
         r = _obj(job["roce"], at / "roce", {"msg_packets"}, set())
@@ -346,7 +355,7 @@ def _job(value: Any, at: _Where, ports: tuple[int, ...]) -> Job:
             raise (at / "roce").error("msg_packets: a power of two dividing slot_count, "
                                       "and no upstream")  # fmt: skip
     return Job(_int(job["job_id"], at / "job_id", 0, 0xFFFF), slot_count, workers, upstream,
-               msg_packets)  # fmt: skip
+               msg_packets, sharing)  # fmt: skip
 
 
 def _drops(value: Any, at: _Where) -> tuple[float, float]:
@@ -385,7 +394,7 @@ def _step(value: Any, at: _Where, index: int, ctx: _Ctx) -> Step:
             raise (here / "timeout").error("must be a number of seconds in (0, 5]")
         return Step(index, kind, ports=ports, timeout=float(timeout))
     if kind == "expect_counters":
-        c = _obj(body, here, set(), set(COUNTERS))
+        c = _obj(body, here, set(), set(COUNTERS) | ctx.job_counters)
         return Step(index, kind, counters={k: _int(v, here / k, 0, 2**31) for k, v in c.items()})
     return Step(index, kind, drops=_drops(body, here))
 
@@ -642,6 +651,7 @@ class SoftSwitchTarget:
         self._ctl: SwitchController | None = None
         self._socks: dict[int, socket.socket] = {}
         self._sent = 0
+        self._jobs: tuple[Job, ...] = ()
 
     def configure(self, vector: Vector, run_dir: Path) -> None:
         if vector.roce:
@@ -659,13 +669,19 @@ class SoftSwitchTarget:
         # Configured as bmv2 is: P4Runtime writes from the controller.
         self._ctl = ctl = self._switch.controller()
         ctl.set_drops(*vector.drops)
+        self._jobs = vector.jobs
         for job in vector.jobs:
+            if sharing_steps.install(ctl, job, self._address):
+                continue
             addrs = [WorkerAddress(*self._socks[p].getsockname()) for p in job.workers]
             upstream = None
             if job.upstream is not None:  # the port's socket plays the upstream switch
                 up = WorkerAddress(*self._socks[job.upstream.port].getsockname())
                 upstream = (job.upstream.rank, up)
             ctl.add_job(job.job_id, addrs, job.slot_count, upstream=upstream)
+
+    def _address(self, port: int) -> WorkerAddress:
+        return WorkerAddress(*self._socks[port].getsockname())
 
     def roce_ips(self, port: int) -> tuple[str, str]:
         raise TargetUnavailable("no RoCEv2 on this target (configure says why)")
@@ -699,7 +715,9 @@ class SoftSwitchTarget:
             if time.monotonic() > deadline:
                 raise VectorFailure(f"switch received {c['received']} of {self._sent} datagrams")
             time.sleep(0.005)
-        return {k: v for k, v in c.items() if k in COUNTERS}
+        return {k: v for k, v in c.items() if k in COUNTERS} | sharing_steps.job_counters(
+            ctl, self._jobs
+        )
 
     def close(self) -> None:
         for sock in self._socks.values():
@@ -813,7 +831,7 @@ def _none_arrived(
 
 def _do_counters(step: Step, target: Target, baseline: _Counters, vector: Vector) -> _Counters:
     now = target.counters()
-    delta = {k: now.get(k, 0) - baseline.get(k, 0) for k in COUNTERS}
+    delta = {k: now.get(k, 0) - baseline.get(k, 0) for k in COUNTERS | step.counters.keys()}
     want = {k: 0 for k in STRICT_COUNTERS} | step.counters
     if wrong := {k: (v, delta[k]) for k, v in sorted(want.items()) if delta[k] != v}:
         detail = ", ".join(f"{k}: expected +{v}, got +{d}" for k, (v, d) in wrong.items())
