@@ -109,6 +109,7 @@ def check_report(args: argparse.Namespace, machine: Machine) -> str:
         *_switches(topo, plan, args, machine, default_lanes(topo)),
         *_links(topo, plan),
         *_jobs(topo, jobs, args.job),
+        *_sharing(topo, args),
         *_convergence(topo, args.topology),
         *_tools(topo, getattr(args, "p4_tools", None)),
     ]
@@ -193,8 +194,14 @@ def _switches(
             wanted = args.datapath or s.datapath
             plane = "data plane: " + _datapath(plan.datapaths[s.name], wanted, machine)
         ports = ", ".join(f"{p}: {n}" for p, n in topo.ports(s.name).items())
+        role = s.role
+        if s.fallback is not None:
+            role += f" (fallback {s.fallback})"
+        elif s.role == "fallback":
+            front = [o.name for o in topo.switches if o.fallback == s.name]
+            role += f" (of {', '.join(front)}: finishes what its shared region cannot hold)"
         lines.append(
-            f"  {s.name:<10} {what}, {s.role}, {s.lanes} lanes, {args.switch_slots} slots; {plane}"
+            f"  {s.name:<10} {what}, {role}, {s.lanes} lanes, {args.switch_slots} slots; {plane}"
         )
         lines.append(f"  {'':<10} ports {ports}")
     return lines
@@ -278,6 +285,44 @@ def _jobs(topo: Topology, jobs: tuple[TopologyJob, ...], job_id: int | None) -> 
             lines.append(f"    {s} sums {', '.join(members)}{up}")
         lines.append(f"    dynamiccl is told: {_summary(summarize_topology(topo, job.job_id))}")
     return lines
+
+
+def _sharing(topo: Topology, args: argparse.Namespace) -> list[str]:
+    """``--sharing`` other than ``reserve``: whether the bench's jobs (``--jobs``, else
+    ``--job`` or the first) can have it, and what each job takes
+    (:func:`~emulation.mininet.sharing.plan_sharing`; the window of ``shared`` is the
+    bench's ``--slots``, given after ``bench``, so only the pool is checked here).
+
+    Raises:
+        CheckError: a ``--jobs`` id the topology has not, or a policy the jobs cannot have.
+    """
+    from emulation.mininet.sharing import plan_sharing
+
+    policy = getattr(args, "sharing", "reserve")
+    if policy == "reserve":
+        return []
+    ids = args.jobs or [args.job if args.job is not None else None]
+    by_id = {j.job_id: j for j in topo.jobs}
+    if not topo.jobs:
+        raise CheckError(f"--sharing {policy}: topology {topo.name} has no jobs")
+    chosen = []
+    for job_id in ids:
+        if job_id is not None and job_id not in by_id:
+            raise CheckError(f"--jobs: topology {topo.name} has no job {job_id}")
+        chosen.append(by_id[job_id] if job_id is not None else topo.jobs[0])
+    try:
+        plan = plan_sharing(topo, chosen, policy, 1, args.switch_slots)
+    except ValueError as exc:
+        raise CheckError(str(exc)) from None
+    names = ", ".join(str(j.job_id) for j in chosen)
+    if plan.policy == "partition":
+        what = f"each reserves {plan.window} of {plan.pool} slots, its window"
+    else:
+        fallbacks = ", ".join(f"{f} behind {s}" for s, f in plan.fallbacks.items())
+        what = (f"each reserves none and shares its window (the bench's --slots, at most"
+                f" {plan.pool}) in a region of the whole pool ({plan.pool} slots); fallback"
+                f" {fallbacks}")  # fmt: skip
+    return [f"sharing: {policy} for the bench of job(s) {names}: {what}"]
 
 
 def _convergence(topo: Topology, path: str) -> list[str]:

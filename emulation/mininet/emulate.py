@@ -42,6 +42,8 @@ from typing import TYPE_CHECKING, Any
 from emulation.argtypes import delay, int_in, positive_float, probability, rates
 from emulation.mininet.fabric import EmulatedFabric
 from emulation.mininet.overrides import apply_overrides, default_lanes, describe_links
+from emulation.mininet.sharing import POLICIES as SHARING_POLICIES
+from emulation.mininet.sharing import SharingPlan, plan_sharing
 
 if TYPE_CHECKING:
     from emulation.bench.config import BenchConfig
@@ -119,6 +121,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         metavar="S",
         help="--jobs: job k starts k*S seconds after the first when together (default 0)",
     )
+    add("--sharing", choices=SHARING_POLICIES, default="reserve",
+        help="bench: how jobs take their switch's memory (--switch-slots): reserve (each "
+        "reserves its window, --slots; the default), partition (the pool split evenly "
+        "among the --jobs: each reserves --switch-slots // N, its window), shared (no "
+        "reservation: each shares its window in a region of the whole pool, a power of "
+        "two; what collides goes to the switch's fallback node, role fallback in the "
+        "topology) (docs/emulation.md 'Several jobs and switch memory: --sharing')")  # fmt: skip
     add("--cli", action="store_true", help="open Mininet's CLI once the network is up")
     # Sub-usages read "inalab emulate TOPOLOGY bench", as the command is typed.
     sub = parser.add_subparsers(dest="action", metavar="ACTION", prog=f"{parser.prog} TOPOLOGY")
@@ -256,6 +265,7 @@ def run(args: argparse.Namespace) -> int:
             _check_replay_flags(args, topo, job)
         elif args.action == "wire-floor" and args.rate is None:
             _host_link_rate(topo, "wire-floor", "--rate MBIT (or --bw MBIT)")
+        args.sharing_plan = _sharing(args, topo, job)
         tools = _bmv2_tools(topo, args.p4_tools)
         _check_machine()
     except (TopologyError, _Refused) as exc:
@@ -290,6 +300,36 @@ def run(args: argparse.Namespace) -> int:
 
 class _Refused(Exception):
     """This machine or these flags cannot run the emulation."""
+
+
+def _sharing(
+    args: argparse.Namespace, topo: Topology, job: TopologyJob | None
+) -> SharingPlan | None:
+    """The bench's :class:`~emulation.mininet.sharing.SharingPlan` for ``--sharing``
+    (None: not the bench, whose jobs reserve their window as ever); ``partition`` sets
+    ``args.slots`` to each job's share of the pool, its window.
+
+    Raises:
+        _Refused: ``--sharing`` other than ``reserve`` for another action, or a policy
+            the jobs cannot have (:func:`~emulation.mininet.sharing.plan_sharing`).
+    """
+    if args.action != "bench":
+        if args.sharing != "reserve":
+            raise _Refused(f"--sharing {args.sharing} is the bench's: inalab emulate T "
+                           f"[--jobs A,B] --sharing {args.sharing} bench ...")  # fmt: skip
+        return None
+    jobs = args.jobs or ([job] if job is not None else [])
+    try:
+        plan = plan_sharing(topo, jobs, args.sharing, args.slots, args.switch_slots,
+                            getattr(args, "transport", "udp"))  # fmt: skip
+    except ValueError as exc:
+        raise _Refused(str(exc)) from None
+    if plan.policy == "partition" and args.slots != plan.window:
+        print(f"{PROG}: note: --sharing partition: each job's window is its share of the"
+              f" pool, {plan.window} slots (not --slots {args.slots})",
+              file=sys.stderr)  # fmt: skip
+        args.slots = plan.window
+    return plan
 
 
 def _check_rates(args: argparse.Namespace) -> None:
@@ -452,13 +492,16 @@ def _run(
           f" {len(topo.links)} links; starting", flush=True)  # fmt: skip
     pool = max(args.switch_slots, slots)
     seed = getattr(args, "seed", 0)
+    sharing = getattr(args, "sharing_plan", None)
     with emulate(
         topo, run_dir, pool, not bench, args.pcap, seed, slots, args.datapath,
         bmv2_tools=tools, in_order_links=args.in_order_links,
-        roce=getattr(args, "transport", "udp") == "rdma",
+        roce=getattr(args, "transport", "udp") == "rdma", sharing=sharing,
     ) as em:  # fmt: skip
         for line in describe_plan(em.topology, em.plan, tools):
             print(line, flush=True)
+        if sharing is not None:
+            print(f"# {sharing.describe()}", flush=True)
         if args.in_order_links:
             print("# links: every veth keeps each flow's order (TSO off, GRO on)", flush=True)
         print(f"# manifest: {run_dir / 'manifest.json'}", flush=True)
@@ -516,6 +559,7 @@ def _bench(args: argparse.Namespace, em: Emulation, job: TopologyJob, run_dir: P
         "emulation": {
             **emulation_metadata(em.topology, job, run_dir),
             "hierarchical": fabric.hierarchical,
+            "sharing": None if em.sharing is None else em.sharing.to_json(),
         },
         "loss_applies_to": "switch drop simulator (INA only); link loss in emulation.links",
     }
@@ -530,6 +574,11 @@ def _bench(args: argparse.Namespace, em: Emulation, job: TopologyJob, run_dir: P
     except BenchError as exc:
         print(f"{PROG}: failed: {exc}", file=sys.stderr)
         return 1
+    finally:
+        for job_id, counters in em.sharing_counters.items():  # the bench's own job id
+            counts = ", ".join(f"{k} {v}" for k, v in counters.items())
+            print(f"# sharing: job {job_id} on {job.switch}, its runs summed: {counts}",
+                  flush=True)  # fmt: skip
 
 
 def convergence_footnote(

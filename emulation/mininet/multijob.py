@@ -5,8 +5,13 @@ the bench's sweep (:func:`emulation.bench.sweep.run_sweep`) on its own hosts, un
 own job id on the switches: first each alone, one after the other, then all together
 (job k starting ``k * --stagger`` seconds after the first). Its time per call together
 against alone is what sharing the fabric cost it. The switches' slot pool is
-``emulate``'s ``--switch-slots``: jobs whose ``--slots`` do not all fit fail to install
-(today's static partition: a job's slot range is its own for its whole run).
+``emulate``'s ``--switch-slots``, taken as ``--sharing`` says
+(:mod:`emulation.mininet.sharing`): by default each job reserves its ``--slots``, and
+jobs whose ranges do not all fit fail to install (a job's slot range is its own for its
+whole run); ``partition`` splits the pool evenly, ``shared`` puts every job's window in
+one region of the whole pool with the switch's fallback node behind it. Under
+``shared`` each job's sharing counters on its switch (``shared_uses``, ``collisions``,
+``to_fallback``, ``from_fallback``) are recorded per phase.
 
 ``run --jobs`` runs COMMAND once per rank of every job at the same time (two torch
 training jobs through one switch, say), each job installed under its own id, its rank
@@ -30,6 +35,7 @@ from emulation.bench.config import BenchConfig
 from emulation.bench.rows import Row
 from emulation.mininet.fabric import EmulatedFabric
 from emulation.mininet.network import Emulation
+from emulation.mininet.sharing import SharingPlan
 from emulation.topology import TopologyJob
 
 __all__ = ["SCHEMA", "JobRun", "check_jobs", "run_commands", "run_jobs"]
@@ -37,7 +43,9 @@ __all__ = ["SCHEMA", "JobRun", "check_jobs", "run_commands", "run_jobs"]
 PROG = "inalab emulate"
 
 SCHEMA = "inalab-multijob/1"
-"""The JSON document's schema: ``jobs``, each with its ``alone`` and ``together`` rows."""
+"""The JSON document's schema: ``sharing`` (the policy), ``jobs``, each with its
+``alone`` and ``together`` rows (and, under ``shared``, its ``counters`` together and
+``counters_alone``)."""
 
 
 @dataclasses.dataclass
@@ -51,6 +59,10 @@ class JobRun:
     together: list[Row] = dataclasses.field(default_factory=list)
     error: str | None = None
     """Why its run failed (a run of the other jobs goes on)."""
+    counters_alone: dict[str, int] | None = None
+    """Its sharing counters on its switch over its run alone (``shared`` only)."""
+    counters: dict[str, int] | None = None
+    """Its sharing counters on its switch over the run together (``shared`` only)."""
 
 
 def check_jobs(jobs: Sequence[TopologyJob]) -> str | None:
@@ -97,14 +109,18 @@ def run_jobs(
             return 2
         runs.append(JobRun(job, cfg, k * args.stagger))
     print(f"# {len(runs)} jobs: " + "; ".join(_describe(r) for r in runs), flush=True)
+    em.sharing_counters.clear()
     for run in runs:
         print(f"# job {run.job.job_id} alone ...", flush=True)
         run.alone = _sweep(em, run, run_dir / f"job{run.job.job_id}-alone")
+        run.counters_alone = em.sharing_counters.pop(run.job.job_id, None)
     print("# all jobs together ...", flush=True)
     _together(em, runs, run_dir)
-    _print_table(runs)
+    for run in runs:
+        run.counters = em.sharing_counters.pop(run.job.job_id, None)
+    _print_table(runs, em.sharing)
     if args.json is not None:
-        args.json.write_text(json.dumps(_document(runs, args), indent=1) + "\n")
+        args.json.write_text(json.dumps(_document(runs, args, em.sharing), indent=1) + "\n")
         print(f"# json: {args.json}")
     failed = [r for r in runs if r.error is not None]
     for run in failed:
@@ -206,9 +222,13 @@ def run_commands(
     return next((status.get(j.job_id, 1) for j in jobs if status.get(j.job_id, 1)), 0)
 
 
-def _print_table(runs: Sequence[JobRun]) -> None:
-    """Per job, algorithm and size: time per call alone and together (slowest rank)."""
-    print("#\n#  job  workers  algo      size (B)      alone (us)   together (us)   x alone")
+def _print_table(runs: Sequence[JobRun], sharing: SharingPlan | None = None) -> None:
+    """Per job, algorithm and size: time per call alone and together (slowest rank);
+    under ``shared``, each job's sharing counters together after it."""
+    print("#")
+    if sharing is not None:
+        print(f"# {sharing.describe()}")
+    print("#  job  workers  algo      size (B)      alone (us)   together (us)   x alone")
     for run in runs:
         together = {(r.algo, r.nbytes): r for r in run.together}
         for row in run.alone:
@@ -219,13 +239,20 @@ def _print_table(runs: Sequence[JobRun]) -> None:
             print(f"{run.job.job_id:6d} {run.cfg.workers:8d}  {row.algo:6s} {row.nbytes:12d}"
                   f" {row.time_us_max:15.0f} {t}")  # fmt: skip
     print("# time = the slowest rank's mean per call; x alone = together / alone")
+    for run in runs:
+        if run.counters is not None:
+            counts = ", ".join(f"{k} {v}" for k, v in run.counters.items())
+            print(f"# job {run.job.job_id} together on {run.job.switch}: {counts}")
 
 
-def _document(runs: Sequence[JobRun], args: argparse.Namespace) -> dict[str, Any]:
+def _document(
+    runs: Sequence[JobRun], args: argparse.Namespace, sharing: SharingPlan | None = None
+) -> dict[str, Any]:
     return {
         "schema": SCHEMA,
         "topology": str(args.topology),
         "stagger_s": args.stagger,
+        "sharing": None if sharing is None else sharing.to_json(),
         "jobs": [
             {
                 "job": r.job.job_id,
@@ -236,6 +263,8 @@ def _document(runs: Sequence[JobRun], args: argparse.Namespace) -> dict[str, Any
                 "error": r.error,
                 "alone": [_row(x) for x in r.alone],
                 "together": [_row(x) for x in r.together],
+                "counters": r.counters,
+                "counters_alone": r.counters_alone,
             }
             for r in runs
         ],

@@ -12,7 +12,11 @@ Once started, :meth:`Emulation.configure` drives every switch through the contro
 - jobs: each job of the topology is installed on the switches of its aggregation tree
   (:func:`~emulation.topology.aggregation_tree`): flat on one switch, or hierarchical,
   leaves sending partial sums upward; rank k of a host binds
-  :data:`WORKER_UDP_PORT` + k.
+  :data:`WORKER_UDP_PORT` + k. How a job takes its switch's memory is the
+  :class:`~emulation.mininet.sharing.SharingPlan`'s: a reservation of its window, or
+  (``shared``) its window in the switch's shared region, with the topology's
+  ``role: fallback`` node linked to the switch as its fallback aggregator, where the job
+  is installed behind the switch.
 
 Links: ``bw`` is HTB (Mininet's TCLink) and ``queue`` a pfifo under HTB's class;
 ``delay``, ``jitter`` and ``loss`` are netem's where the kernel has it, else the soft
@@ -46,6 +50,7 @@ from controller.switch import SwitchController, WorkerAddress
 from emulation.bmv2 import Bmv2Tools, Bmv2Unavailable, check_bmv2_switch, find_bmv2
 from emulation.mininet.datapaths import LinkPlan, netem_available, plan_links
 from emulation.mininet.nodes import SWITCH_CLASSES, bmv2_switch_class
+from emulation.mininet.sharing import COUNTERS, SharingPlan
 from emulation.topology import (
     AggregationTree,
     Link,
@@ -108,6 +113,11 @@ class Emulation:
     """Job id -> the switches it is installed on (what :meth:`remove_job` undoes)."""
     in_order_links: bool = False
     """Every veth runs with :data:`IN_ORDER_FEATURES` (eBPF switches only)."""
+    sharing: SharingPlan | None = None
+    """How each job takes its switch's memory (None: a reservation of ``slot_count``)."""
+    sharing_counters: dict[int, dict[str, int]] = field(default_factory=dict)
+    """Job id -> its sharing counters on its switch (``shared`` policy), summed over
+    every install, read as each install is removed (:meth:`remove_job`)."""
 
     def host(self, name: str) -> Any:
         return self.net.get(name)
@@ -212,6 +222,10 @@ class Emulation:
                 failed (what was installed is removed again).
         """
         tree = aggregation_tree(self.topology, job)
+        shared = self.sharing is not None and self.sharing.policy == "shared"
+        if shared and tree.hierarchical:
+            raise EmulationError(f"job {job.job_id}: shared switch memory is for a job on one"
+                                 " switch, not hierarchical aggregation")  # fmt: skip
         hops = self.hops
         per_switch: dict[str, list[WorkerAddress]] = {s: [] for s in tree.members}
         answers: list[tuple[Addr, int]] = []
@@ -234,7 +248,10 @@ class Emulation:
             # The root first, then down: a child's partial sums find their job ready.
             for s in sorted(per_switch, key=lambda n: (_depth(tree, n), order.index(n))):
                 ctl = self.controllers[s]
-                ctl.add_job(job.job_id, per_switch[s], slot_count=self.slot_count)
+                if shared:
+                    self._add_shared(job.job_id, s, per_switch[s], done)
+                else:
+                    ctl.add_job(job.job_id, per_switch[s], slot_count=self.slot_count)
                 done.append(s)
                 if s in tree.parent:
                     up = tree.parent[s]
@@ -250,15 +267,70 @@ class Emulation:
         self.installed[job.job_id] = done
         return answers
 
+    def fallback_of(self, switch: str) -> str:
+        """The fallback node the topology gives ``switch`` (``fallback: NAME``).
+
+        Raises:
+            EmulationError: ``switch`` has none.
+        """
+        fallback = self.topology.switch(switch).fallback
+        if fallback is None:
+            raise EmulationError(f"switch {switch} has no fallback (give it fallback: NAME, a"
+                                 " switch of role fallback linked to it)")  # fmt: skip
+        return fallback
+
+    def _add_shared(
+        self, job_id: int, switch: str, workers: Sequence[WorkerAddress], done: list[str]
+    ) -> None:
+        """Install a job of the ``shared`` policy: behind ``switch`` on its fallback node
+        first (what the switch passes on finds the job there), its whole window a
+        reservation there; then on ``switch`` with no reservation and its window in the
+        shared region, the fallback as where collisions go. The fallback node, once the
+        job is on it, is appended to ``done`` (what a failure removes)."""
+        assert self.sharing is not None
+        window = self.slot_count
+        fallback = self.fallback_of(switch)
+        hops = self.hops
+        ip, mac = self.ina_address(switch)
+        front = WorkerAddress(ip, INA_UDP_PORT, mac, _port_toward(hops[fallback], fallback, switch))
+        try:
+            self.controllers[fallback].add_behind(job_id, len(workers), window, front)
+        except Exception as exc:  # named: the switch's own install is not the one failing
+            raise EmulationError(f"behind it, on its fallback {fallback}: {exc}") from exc
+        done.append(fallback)
+        ip, mac = self.ina_address(fallback)
+        back = WorkerAddress(ip, INA_UDP_PORT, mac, _port_toward(hops[switch], switch, fallback))
+        self.controllers[switch].add_job(
+            job_id, workers, 0, shared=window, region=self.sharing.region, fallback=back
+        )
+
     def installed_switches(self, job: TopologyJob) -> list[str]:
         """The switches of ``job``'s aggregation tree, in topology order."""
         members = aggregation_tree(self.topology, job).members
         return [s.name for s in self.topology.switches if s.name in members]
 
     def remove_job(self, job_id: int) -> None:
-        """Remove a job :meth:`install_job` installed, from every switch it is on."""
+        """Remove a job :meth:`install_job` installed, from every switch it is on (a
+        fallback node last); a job sharing its switch's memory has its sharing counters
+        added to :attr:`sharing_counters` first."""
+        shared = self.sharing is not None and self.sharing.policy == "shared"
         for s in reversed(self.installed.pop(job_id, [])):
-            self.controllers[s].remove_job(job_id)
+            ctl = self.controllers[s]
+            if shared and self.topology.switch(s).fallback is not None:
+                self._add_counters(job_id, s)
+            ctl.remove_job(job_id)
+
+    def _add_counters(self, job_id: int, switch: str) -> None:
+        """Add ``job_id``'s sharing counters on ``switch`` to :attr:`sharing_counters`
+        (one that cannot be read is logged: the job is removed all the same)."""
+        try:
+            counts = self.controllers[switch].job_counters(job_id)
+        except Exception as exc:  # the removal matters more than the numbers
+            log.warning("job %d: sharing counters on %s unreadable: %s", job_id, switch, exc)
+            return
+        total = self.sharing_counters.setdefault(job_id, dict.fromkeys(COUNTERS, 0))
+        for key, value in counts.items():
+            total[key] = total.get(key, 0) + value
 
     def set_link_rate(self, mbit: float, links: Sequence[Link] | None = None) -> None:
         """Change the HTB rate of ``links`` (default: every link), both ends, to ``mbit``
@@ -313,6 +385,8 @@ class Emulation:
                 log=str(node.process.log_path),
                 ina_address={"ip": ip, "mac": mac, "udp_port": INA_UDP_PORT},
             )  # fmt: skip
+            if s.fallback is not None:
+                info["fallback"] = s.fallback
             if self.plan is not None and s.name in self.plan.datapaths:
                 choice = self.plan.datapaths[s.name]
                 info.update(datapath=choice.datapath, datapath_reason=choice.reason)
@@ -342,6 +416,7 @@ class Emulation:
             "topology": topo.name,
             "run_dir": str(self.run_dir),
             "slot_count": self.slot_count,
+            "sharing": None if self.sharing is None else self.sharing.to_json(),
             "links_emulated_by": "netem" if self.plan and self.plan.netem else "switches",
             "switches": switches,
             "hosts": hosts,
@@ -579,6 +654,7 @@ def emulate(
     bmv2_tools: Bmv2Tools | None = None,
     in_order_links: bool = False,
     roce: bool = False,
+    sharing: SharingPlan | None = None,
 ) -> Iterator[Emulation]:
     """Build, start and configure ``topo`` in Mininet; stop and remove it on exit.
 
@@ -599,6 +675,9 @@ def emulate(
             eBPF switches only), at the cost of TCP's segmentation offload.
         roce: switches aggregate INA over RoCEv2 too (soft switches: ``--roce``; p4/'s
             program always does).
+        sharing: how jobs take their switch's memory (None: each reserves
+            ``slot_count``); a ``role: fallback`` node's pool is the plan's
+            :attr:`~emulation.mininet.sharing.SharingPlan.fallback_pool`.
 
     Raises:
         EmulationError: the topology asks for what cannot be emulated here.
@@ -615,8 +694,9 @@ def emulate(
     )
     started = False
     emulation = Emulation(
-        topo, net, run_dir, {}, min(slot_count, slots), plan=plan, in_order_links=in_order_links
-    )
+        topo, net, run_dir, {}, min(slot_count, slots), plan=plan,
+        in_order_links=in_order_links, sharing=sharing,
+    )  # fmt: skip
     if in_order_links and emulation.frames_leave_the_kernel:
         raise EmulationError(
             "in-order links need every switch on the eBPF data plane (a switch that reads"
@@ -628,8 +708,9 @@ def emulate(
         for i, s in enumerate(topo.switches, 1):
             cls = bmv2_switch_class(bmv2_tools) if s.kind == "bmv2" else SWITCH_CLASSES[s.kind]()
             extra = {"datapath": plan.datapaths[s.name].datapath} if s.kind == "soft" else {}
+            pool = sharing.fallback_pool if sharing and s.role == "fallback" else slots
             net.addSwitch(s.name, cls=cls, dpid=f"{i:016x}", run_dir=run_dir,
-                          lanes=s.lanes, slots=slots, forward_only=s.role == "forward",
+                          lanes=s.lanes, slots=pool, forward_only=s.role == "forward",
                           links=plan.specs.get(s.name), pcap=pcap, seed=seed + i,
                           roce=roce, **extra)  # fmt: skip
         for link in topo.links:

@@ -267,6 +267,7 @@ def parse_topology(doc: Any, name: str = "topology", source: str = "<topology>")
         count = sum(h.name in (link.a, link.b) for link in links)
         if count != 1:
             raise at.error(f"host {h.name} has {count} links; a host has exactly one")
+    _fallbacks(switches, links, at / "switches")
     jobs = _jobs(top.get("jobs"), at / "jobs", hosts, switches)
     return Topology(name, tuple(hosts), tuple(switches), tuple(links), tuple(jobs))
 
@@ -278,12 +279,24 @@ def _switches(value: Any, at: _At) -> list[Switch]:
     for key, spec in _mapping(value, at, set(map(str, value))).items():
         where = at / key
         _name(key, where)
-        s = _mapping(spec, where, {"kind", "role", "lanes", "datapath"})
+        s = _mapping(spec, where, {"kind", "role", "lanes", "datapath", "fallback"})
         kind, role = s.get("kind", "soft"), s.get("role", "aggregate")
         if kind not in SWITCH_KINDS:
             raise (where / "kind").error(f"{kind!r} is not one of {', '.join(SWITCH_KINDS)}")
         if role not in SWITCH_ROLES:
             raise (where / "role").error(f"{role!r} is not one of {', '.join(SWITCH_ROLES)}")
+        if role == "fallback" and kind != "soft":
+            raise (where / "kind").error(
+                f"a fallback is inalab's soft switch on a server, not {kind}"
+            )
+        fallback = s.get("fallback")
+        if fallback is not None:
+            if role != "aggregate":
+                raise (where / "fallback").error(
+                    f"only an aggregate switch has a fallback, not a {role} switch"
+                )
+            if not isinstance(fallback, str):
+                raise (where / "fallback").error(f"expected a switch name, got {fallback!r}")
         datapath = s.get("datapath", "auto")
         if datapath not in SWITCH_DATAPATHS:
             raise (where / "datapath").error(
@@ -292,8 +305,47 @@ def _switches(value: Any, at: _At) -> list[Switch]:
         if kind != "soft" and "datapath" in s:
             raise (where / "datapath").error(f"only a soft switch has a datapath, not {kind}")
         lanes = _int(s.get("lanes", 64), where / "lanes", 1, 2048)
-        out.append(Switch(key, kind, role, lanes, datapath))
+        out.append(Switch(key, kind, role, lanes, datapath, fallback))
     return out
+
+
+def _fallbacks(switches: Sequence[Switch], links: Sequence[Link], at: _At) -> None:
+    """Each ``fallback`` a switch names is a switch of role ``fallback`` with one link, to
+    the switch naming it, and every fallback is named by one switch.
+
+    Raises:
+        TopologyError: the first that is not.
+    """
+    by_name = {s.name: s for s in switches}
+    named: dict[str, str] = {}
+    for s in switches:
+        if s.fallback is None:
+            continue
+        where = at / s.name / "fallback"
+        other = by_name.get(s.fallback)
+        if other is None:
+            raise where.error(f"{s.fallback!r} is not a switch (a fallback is a switch of "
+                              "role fallback)")  # fmt: skip
+        if other.role != "fallback":
+            raise where.error(f"{s.fallback} has role {other.role}; a fallback has role fallback")
+        if s.fallback in named:
+            raise where.error(f"{s.fallback} is the fallback of {named[s.fallback]} already:"
+                              " one switch a fallback")  # fmt: skip
+        named[s.fallback] = s.name
+    for f in switches:
+        if f.role != "fallback":
+            continue
+        if f.name not in named:
+            raise (at / f.name).error(f"fallback {f.name} is no switch's: name it on the"
+                                      " aggregating switch it is linked to (fallback:"
+                                      f" {f.name})")  # fmt: skip
+        front = named[f.name]
+        ends = [link.b if link.a == f.name else link.a for link in links
+                if f.name in (link.a, link.b)]  # fmt: skip
+        if ends != [front]:
+            shown = ", ".join(ends) or "nothing"
+            raise (at / f.name).error(f"fallback {f.name} is linked to {shown}; a fallback has"
+                                      f" one link, to {front}, which names it")  # fmt: skip
 
 
 def _hosts(value: Any, at: _At) -> list[Host]:

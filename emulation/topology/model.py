@@ -34,8 +34,12 @@ SWITCH_DATAPATHS = ("auto", "python", "ebpf")
 delay), ``ebpf`` (the program on its ports, in the kernel) or ``auto`` (the emulator picks
 ebpf where it can run and no link needs the Python delay line)."""
 
-SWITCH_ROLES = ("aggregate", "forward")
-"""``aggregate``: runs INA for the jobs that name it; ``forward``: forwards only."""
+SWITCH_ROLES = ("aggregate", "forward", "fallback")
+"""``aggregate``: runs INA for the jobs that name it; ``forward``: forwards only;
+``fallback``: a Linux server (a soft switch with one link) that finishes, as the fallback
+aggregator of the aggregating switch naming it (``fallback: NAME``), what that switch's
+shared region cannot hold (docs/sharing.md); never on a worker's path, never a job's
+switch."""
 
 
 class TopologyError(ValueError):
@@ -69,13 +73,19 @@ class Host:
 
 @dataclass(frozen=True)
 class Switch:
-    """A switch: its implementation, its role and, for INA, the packet width."""
+    """A switch: its implementation, its role and, for INA, the packet width.
+
+    Attributes:
+        fallback: an ``aggregate`` switch's fallback aggregator: the ``fallback`` node
+            linked to it (None: it has none).
+    """
 
     name: str
     kind: str = "soft"
     role: str = "aggregate"
     lanes: int = 64
     datapath: str = "auto"
+    fallback: str | None = None
 
 
 @dataclass(frozen=True)

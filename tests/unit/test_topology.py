@@ -35,6 +35,8 @@ def test_shipped_topologies_load() -> None:
         "star4.yaml": (4, 1, 4),
         "star4_bmv2.yaml": (4, 1, 4),
         "star8.yaml": (8, 1, 8),
+        "star8_fallback.yaml": (8, 2, 9),
+        "star16_fallback.yaml": (16, 2, 17),
         "leaf_spine.yaml": (8, 3, 10),
         "leaf_spine_hier.yaml": (8, 3, 10),
         "leaf_spine_hier_bmv2.yaml": (8, 3, 10),
