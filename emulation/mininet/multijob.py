@@ -279,4 +279,9 @@ def _row(row: Row) -> dict[str, Any]:
         "wrong": row.wrong,
         "retransmits": row.retransmits,
         "late_answers": row.late_answers,
+        "cpu": None if row.cpu is None else {
+            "machine": row.cpu.to_json().get("machine"),
+            "bound": row.cpu.bound,
+            "bound_by": row.cpu.bound_by,
+        },
     }
