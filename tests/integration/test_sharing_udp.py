@@ -12,25 +12,17 @@ cleared, and B's slots move onto the switch, still exact.
 
 from __future__ import annotations
 
-import itertools
 from collections.abc import Iterator
 from pathlib import Path
 
 import numpy as np
 import pytest
-from helpers import expected, in_threads, random_inputs, worker_addresses
+from sharing_jobs import LANES, SharingJob, a_leaves, share
 
-from controller.sharing import OWNER
-from controller.switch import SwitchController, WorkerAddress
+from controller.switch import WorkerAddress
 from emulation.softswitch import SoftSwitchProcess
-from hostlib import InaSession, JobSpec, RetryPolicy
-from hostlib.transport.udp import UdpTransport
 
-LANES = 64
 POOL = 64
-WINDOW = 16
-WORKERS = 3
-_job_ids = itertools.count(500)
 
 
 @pytest.fixture
@@ -48,75 +40,18 @@ def switches(tmp_path: Path) -> Iterator[tuple[SoftSwitchProcess, SoftSwitchProc
         assert codes == (0, 0), (back.log_path.read_text(), front.log_path.read_text())
 
 
-class Job:
-    """A job's sessions, installed on the switch (sharing) and on the fallback (behind)."""
-
-    def __init__(
-        self, ctl: SwitchController, fallback: SwitchController, switch: tuple[str, int],
-        back: tuple[str, int], reserved: int, shared: int,
-    ) -> None:  # fmt: skip
-        self.job_id = next(_job_ids)
-        transports = [UdpTransport(("127.0.0.1", 0)) for _ in range(WORKERS)]
-        workers = worker_addresses(t.local_addr for t in transports)
-        fallback.add_behind(self.job_id, WORKERS, WINDOW, WorkerAddress(*switch))
-        ctl.add_job(self.job_id, workers, reserved, shared=shared, region=8,
-                    fallback=WorkerAddress(*back))  # fmt: skip
-        policy = RetryPolicy(deadline=20.0)
-        self.sessions = [
-            InaSession(JobSpec(self.job_id, r, WORKERS, switch, LANES, WINDOW), t, policy)
-            for r, t in enumerate(transports)
-        ]
-
-    def bodies(self, inputs: np.ndarray) -> list[object]:
-        return [lambda s=s, x=x: s.allreduce(x) for s, x in zip(self.sessions, inputs, strict=True)]
-
-    def close(self) -> None:
-        for s in self.sessions:
-            s.close()
-        self.sessions = []
-
-
-def run_together(jobs: list[Job], rng: np.random.Generator, size: int) -> None:
-    """One call of every job at once; every rank's result must be the exact sum."""
-    inputs = [random_inputs(rng, np.int32, WORKERS, size) for _ in jobs]
-    bodies = [b for job, x in zip(jobs, inputs, strict=True) for b in job.bodies(x)]
-    results = in_threads(bodies)  # type: ignore[arg-type]
-    for j, x in enumerate(inputs):
-        for got in results[j * WORKERS : (j + 1) * WORKERS]:
-            np.testing.assert_array_equal(got, expected(x, LANES))
-
-
 def test_two_jobs_share_the_region_and_the_fallback_finishes_the_rest_exactly(
     switches: tuple[SoftSwitchProcess, SoftSwitchProcess],
 ) -> None:
     front, back = switches
     rng = np.random.default_rng(7)
+    to_front, to_back = WorkerAddress(*front.data_addr), WorkerAddress(*back.data_addr)
     with front.controller() as ctl, back.controller() as fb:
-        a = Job(ctl, fb, front.data_addr, back.data_addr, reserved=4, shared=4)
-        b = Job(ctl, fb, front.data_addr, back.data_addr, reserved=0, shared=8)
+        a = SharingJob(ctl, fb, "127.0.0.1", to_front, front.data_addr, to_back, 4, 4)
+        b = SharingJob(ctl, fb, "127.0.0.1", to_front, front.data_addr, to_back, 0, 8)
         try:
-            for size in (40 * LANES + 5, 7 * LANES, 1):
-                run_together([a, b], rng, size)
-            ca, cb = ctl.job_counters(a.job_id), ctl.job_counters(b.job_id)
-            assert ca["shared_uses"] > 0 and ca["to_fallback"] > 0, ca
-            assert cb["collisions"] > 0 and cb["from_fallback"] > 0, cb
-            assert ctl.counters()["completed"] > 0 and fb.counters()["completed"] > 0
-            jobs = {j.job_id: j for j in ctl.installed_jobs()}
-            shared = jobs[b.job_id].shared
-            assert shared is not None and (shared.count, shared.size) == (8, 8)
-
-            # A leaves: the cells it held are freed and cleared, and B takes them.
-            a.close()
-            ctl.remove_job(a.job_id)
-            fb.remove_job(a.job_id)
-            owners = ctl.registers.read(OWNER, shared.cells())
-            assert all(v >> 16 != a.job_id for v in owners), owners
-            before = ctl.job_counters(b.job_id)["shared_uses"]
-            for size in (30 * LANES, 3):
-                run_together([b], rng, size)
-            assert ctl.job_counters(b.job_id)["shared_uses"] > before
-            owners = ctl.registers.read(OWNER, shared.cells())
-            assert all(v >> 16 == b.job_id for v in owners), owners
+            share(ctl, fb, a, b, rng)
+            a_leaves(ctl, fb, a, b, rng)
         finally:
             a.close()
             b.close()
