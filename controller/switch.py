@@ -30,7 +30,7 @@ every worker uses that count and the job's total number of workers.
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Collection, Sequence
 from dataclasses import dataclass
 from types import TracebackType
 
@@ -45,6 +45,7 @@ from controller.registers import Bmv2Registers, P4RuntimeRegisters, RegisterAcce
 from controller.replicas import ReplicaEntry, Replicas
 from controller.roce import Roce
 from controller.sharing import (
+    JOB_COUNTERS,
     Behind,
     Fallback,
     FallbackEntry,
@@ -281,11 +282,8 @@ class SwitchController:
         if any(j.job_id == job_id for j in jobs):
             raise JobExistsError(f"job {job_id} is installed")
         sharing = self._sharing_plan(job_id, jobs, slot_count, shared, region, fallback)
-        base = _place(jobs, slot_count, self.slots_per_set, slot_base, sharing.regions())
-        groups = self.multicast.read()
-        taken = set(groups) | {j.mgid for j in jobs}
-        mgid = next(m for m in range(1, 1 << 16) if m not in taken)
-        entry = JobEntry(job_id, len(workers), base, slot_count, mgid)
+        base = _place(jobs, slot_count, self.slots_per_set, slot_base, sharing.taken)
+        entry = JobEntry(job_id, len(workers), base, slot_count, self._free_mgid(jobs))
         replicas = tuple(
             ReplicaEntry(job_id, rank, w.port, w.mac, w.ip, w.udp_port)
             for rank, w in enumerate(workers)
@@ -294,26 +292,14 @@ class SwitchController:
             WorkerEntry(job_id, rank, w.ip, w.udp_port) for rank, w in enumerate(workers)
         )
         group = tuple((w.port, rank) for rank, w in enumerate(workers))
-        undo: list[Callable[[], None]] = []
-        try:
-            if slot_count:
-                self.slots.clear(base, slot_count)
-            self.multicast.insert(mgid, group)
-            undo.append(lambda: self.multicast.delete(mgid))
-            for replica in replicas:
-                self.replicas.insert(replica)
-                undo.append(lambda r=replica: self.replicas.delete(r))  # type: ignore[misc]
-            for binding in bindings:
-                self.workers.insert(binding)
-                undo.append(lambda b=binding: self.workers.delete(b))  # type: ignore[misc]
+
+        def tables(undo: list[Callable[[], None]]) -> None:
             if up is not None:
                 self.upstream.insert(up)
                 undo.append(lambda: self.upstream.delete(job_id))
             sharing.insert(undo)
-            self.jobs.insert(entry)
-        except BaseException:
-            roll_back(undo, f"job {job_id}")
-            raise
+
+        self._install(entry, replicas, bindings, group, tables)
         log.info("job %d: %d workers, slots %d+%d%s", job_id, len(workers), base, slot_count,
                  sharing.describe())  # fmt: skip
         return InstalledJob(entry, bindings, replicas, group, up, sharing.shared,
@@ -343,32 +329,51 @@ class SwitchController:
             raise JobExistsError(f"job {job_id} is installed")
         taken = regions(self.sharing.shared.read())
         base = _place(jobs, slot_count, self.slots_per_set, None, taken)
-        groups = self.multicast.read()
-        mgid = next(m for m in range(1, 1 << 16) if m not in set(groups) | {j.mgid for j in jobs})
-        entry = JobEntry(job_id, num_workers, base, slot_count, mgid)
+        entry = JobEntry(job_id, num_workers, base, slot_count, self._free_mgid(jobs))
         replica = ReplicaEntry(job_id, 0, switch.port, switch.mac, switch.ip, switch.udp_port)
         bindings = tuple(WorkerEntry(job_id, r, switch.ip, switch.udp_port)
                          for r in range(num_workers))  # fmt: skip
-        undo: list[Callable[[], None]] = []
         behind = self.sharing.behind
-        try:
-            self.slots.clear(base, slot_count)
-            self.multicast.insert(mgid, ((switch.port, 0),))
-            undo.append(lambda: self.multicast.delete(mgid))
-            self.replicas.insert(replica)
-            undo.append(lambda: self.replicas.delete(replica))
-            for binding in bindings:
-                self.workers.insert(binding)
-                undo.append(lambda b=binding: self.workers.delete(b))  # type: ignore[misc]
+
+        def tables(undo: list[Callable[[], None]]) -> None:
             behind.insert(job_id)
             undo.append(lambda: behind.delete(job_id))
-            self.jobs.insert(entry)
-        except BaseException:
-            roll_back(undo, f"job {job_id}")
-            raise
+
+        self._install(entry, (replica,), bindings, ((switch.port, 0),), tables)
         log.info("job %d: fallback behind %s:%d, slots %d+%d", job_id, switch.ip,
                  switch.udp_port, base, slot_count)  # fmt: skip
         return InstalledJob(entry, bindings, (replica,), ((switch.port, 0),), behind=True)
+
+    def _free_mgid(self, jobs: Sequence[JobEntry]) -> int:
+        """The lowest multicast group id neither defined nor named by a job."""
+        taken = set(self.multicast.read()) | {j.mgid for j in jobs}
+        return next(m for m in range(1, 1 << 16) if m not in taken)
+
+    def _install(
+        self, entry: JobEntry, replicas: Sequence[ReplicaEntry], bindings: Sequence[WorkerEntry],
+        group: tuple[tuple[int, int], ...], tables: Callable[[list[Callable[[], None]]], None],
+    ) -> None:  # fmt: skip
+        """Write a job (see the module docstring): clear its slots, then its multicast
+        group, replicas, workers, the other tables' entries (``tables``, which appends
+        how to undo each), and last the jobs entry, which turns the job on; if a write
+        fails, what was written is removed before the error is raised."""
+        undo: list[Callable[[], None]] = []
+        try:
+            if entry.slot_count:
+                self.slots.clear(entry.slot_base, entry.slot_count)
+            self.multicast.insert(entry.mgid, group)
+            undo.append(lambda: self.multicast.delete(entry.mgid))
+            for replica in replicas:
+                self.replicas.insert(replica)
+                undo.append(lambda r=replica: self.replicas.delete(r))  # type: ignore[misc]
+            for binding in bindings:
+                self.workers.insert(binding)
+                undo.append(lambda b=binding: self.workers.delete(b))  # type: ignore[misc]
+            tables(undo)
+            self.jobs.insert(entry)
+        except BaseException:
+            roll_back(undo, f"job {entry.job_id}")
+            raise
 
     def _sharing_plan(
         self, job_id: int, jobs: Sequence[JobEntry], reserved: int, shared: int,
@@ -576,7 +581,7 @@ class SwitchController:
         """The sharing counters of ``job_id`` (``shared_uses``, ``collisions``,
         ``to_fallback``, ``from_fallback``); zeros on a program without them."""
         if self.sharing is None:
-            return dict.fromkeys(("shared_uses", "collisions", "to_fallback", "from_fallback"), 0)
+            return dict.fromkeys(JOB_COUNTERS.values(), 0)
         job = self.job(job_id)
         return self.sharing.counters.read(job.shared, job.fallback)
 
@@ -619,7 +624,7 @@ def _upstream_entry(job_id: int, rank: int, address: WorkerAddress) -> UpstreamE
 
 def _place(
     jobs: Sequence[JobEntry], count: int, pool: int, base: int | None,
-    regions: set[tuple[int, int]] = frozenset(),  # type: ignore[assignment]
+    regions: Collection[tuple[int, int]] = (),
 ) -> int:  # fmt: skip
     """The first slot of a free range of ``count`` slots (``base``'s, if given), outside
     every reservation and shared region.
@@ -676,12 +681,10 @@ class _Plan:
     """The sharing entries of a job being installed."""
 
     taken: set[tuple[int, int]]
+    """Every shared region's ``(base, size)``: no reservation may overlap one."""
     shared: SharedEntry | None = None
     fallback: FallbackEntry | None = None
     tables: _Sharing | None = None
-
-    def regions(self) -> set[tuple[int, int]]:
-        return self.taken
 
     def insert(self, undo: list[Callable[[], None]]) -> None:
         tables, job = self.tables, (self.shared or self.fallback)
