@@ -63,6 +63,9 @@ their shared slot held by another job slot, packets passed on to the fallback (t
 collisions among them, and slots beyond the job's reservation and shared count), and
 RESULTs of the fallback multicast to the job's workers."""
 
+SHARED_ENTRY_STATS = JOB_STATS[:2]
+"""The counters in the shared entry's cell; the others are in the fallback entry's."""
+
 
 def owner_key(job_id: int, slot: int) -> int:
     """The owner register's value for job slot ``slot`` of ``job_id`` (never 0)."""
@@ -217,19 +220,9 @@ class Sharing:
     def count(self, job_id: int, name: str) -> None:
         """Add one to counter ``name`` in the cell of ``job_id``'s entry that counts it
         (the shared entry's for shared uses and collisions, else the fallback's)."""
-        entries = self.shared if name in ("shared_uses", "collisions") else self.fallback
+        entries = self.shared if name in SHARED_ENTRY_STATS else self.fallback
         cell = entries[job_id].stats
         self.stats.setdefault(cell, dict.fromkeys(JOB_STATS, 0))[name] += 1
-
-    def job_counters(self, job_id: int) -> dict[str, int]:
-        """The counters of ``job_id``, read from its entries' cells (zeros without)."""
-        out = dict.fromkeys(JOB_STATS, 0)
-        for names, entry in ((JOB_STATS[:2], self.shared.get(job_id)),
-                             (JOB_STATS[2:], self.fallback.get(job_id))):  # fmt: skip
-            if entry is not None:
-                cell = self.stats.get(entry.stats, {})
-                out.update({n: cell.get(n, 0) for n in names})
-        return out
 
 
 class SharingTables:
@@ -275,8 +268,15 @@ class SharingTables:
 
     def job_counters(self, job_id: int) -> dict[str, int]:
         """The sharing counters of ``job_id`` (:data:`~emulation.softswitch.sharing.
-        JOB_STATS`); zeros for a job without a shared or fallback entry."""
-        return self.sharing.job_counters(job_id)
+        JOB_STATS`), read from its entries' cells (:meth:`stats_cell`, where a data plane
+        keeps them); zeros for a job without a shared or fallback entry."""
+        out = dict.fromkeys(JOB_STATS, 0)
+        for entry in (self.sharing.shared.get(job_id), self.sharing.fallback.get(job_id)):
+            if entry is not None:
+                names = SHARED_ENTRY_STATS if isinstance(entry, SharedEntry) else JOB_STATS[2:]
+                cell = self.stats_cell(entry.stats)
+                out.update({n: cell[n] for n in names})
+        return out
 
     def stats_cell(self, cell: int) -> dict[str, int]:
         """Cell ``cell`` of the per-job counters (what a P4Runtime counter read sees)."""

@@ -487,16 +487,6 @@ class EbpfDataplane(Pipeline):
                 setattr(v, name, value if cpu == 0 else 0)
             table.update(_U32(cell), values)
 
-    def job_counters(self, job_id: int) -> dict[str, int]:
-        """As :meth:`Pipeline.job_counters`, from the kernel's cells."""
-        out = dict.fromkeys(JOB_STATS, 0)
-        for names, entry in ((JOB_STATS[:2], self.sharing.shared.get(job_id)),
-                             (JOB_STATS[2:], self.sharing.fallback.get(job_id))):  # fmt: skip
-            if entry is not None:
-                cell = self.stats_cell(entry.stats)
-                out.update({n: cell[n] for n in names})
-        return out
-
     # ----------------------------------------------------------------- registers
     def _slot(self, s: int) -> Any:
         entry = self._slot_type()
