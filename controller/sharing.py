@@ -32,11 +32,14 @@ __all__ = [
     "Behind",
     "Fallback",
     "FallbackEntry",
+    "JobSharing",
+    "RegionView",
     "Shared",
     "SharedEntry",
     "SharingCounters",
     "best_offset",
     "free_cell",
+    "region_view",
     "regions",
     "served",
 ]
@@ -109,9 +112,7 @@ class Shared(TableManager):
     def read(self) -> list[SharedEntry]:
         """Every shared entry, by job id."""
         entries = [
-            SharedEntry(
-                m["job_id"], p["count"], p["base"], p["mask"] + 1, p["offset"], p["stats"]
-            )
+            SharedEntry(m["job_id"], p["count"], p["base"], p["mask"] + 1, p["offset"], p["stats"])
             for m, _, p in self._read()
         ]
         return sorted(entries, key=lambda e: e.job_id)
@@ -194,9 +195,7 @@ class SharingCounters:
         ]
         for found in self.client.read(wanted) if wanted else ():
             entry = found.counter_entry
-            out[JOB_COUNTERS[self.p4info.counter(entry.counter_id).name]] = (
-                entry.data.packet_count
-            )
+            out[JOB_COUNTERS[self.p4info.counter(entry.counter_id).name]] = entry.data.packet_count
         return out
 
     def zero(self, cell: int) -> None:
@@ -222,6 +221,15 @@ class SharingCounters:
         values = self.registers.read(OWNER, cells)
         return [c for c, v in zip(cells, values, strict=True) if v and v >> 16 == entry.job_id]
 
+    def region(self, entry: SharedEntry) -> RegionView:
+        """``entry``'s job's view of its region now.
+
+        Raises:
+            P4RuntimeError | ThriftError: the register read failed.
+        """
+        owners = self.registers.read(OWNER, range(entry.base, entry.base + entry.size))
+        return region_view(entry, owners)
+
     def release(self, cells: Sequence[int]) -> None:
         """Free owner ``cells`` (the caller has cleared their slots first).
 
@@ -230,6 +238,63 @@ class SharingCounters:
         """
         for cell in cells:
             self.registers.fill(OWNER, cell, cell + 1, 0)
+
+
+@dataclass(frozen=True)
+class RegionView:
+    """What one job sees of the region its shared slots lie in, read from the owner
+    register: the cells it maps onto and who holds them now (what decides whether its
+    next uses there aggregate on the switch or go to the fallback).
+
+    Attributes:
+        size: the region's cells.
+        mine: the job's cells (its shared slot count).
+        held: of those, the cells the job holds.
+        blocked: of those, the cells another job holds: its uses there go to the fallback
+            for as long as that job stays.
+        free: the region's free cells.
+    """
+
+    size: int
+    mine: int
+    held: int
+    blocked: int
+    free: int
+
+
+@dataclass(frozen=True)
+class JobSharing:
+    """A job's use of the switch's memory now (``SwitchController.job_sharing``).
+
+    Attributes:
+        reserved: the job's reserved slots (its own for its life).
+        shared: its job slots in the shared region, past the reserved ones (0: none).
+        region: what it sees of that region (None: no shared slots).
+        counters: its sharing counters so far (``shared_uses``, ``collisions``,
+            ``to_fallback``, ``from_fallback``).
+        fallback: whether it has a fallback aggregator.
+    """
+
+    reserved: int
+    shared: int
+    region: RegionView | None
+    counters: dict[str, int]
+    fallback: bool
+
+
+def region_view(entry: SharedEntry, owners: Sequence[int]) -> RegionView:
+    """``entry``'s view of its region whose owner cells (from ``entry.base`` on) are
+    ``owners``."""
+    mine = set(entry.cells())
+    held = blocked = 0
+    for cell in mine:
+        value = owners[cell - entry.base]
+        if value and value >> 16 == entry.job_id:
+            held += 1
+        elif value:
+            blocked += 1
+    free = sum(1 for v in owners if not v)
+    return RegionView(entry.size, len(mine), held, blocked, free)
 
 
 def free_cell(shared: Sequence[SharedEntry], fallback: Sequence[FallbackEntry]) -> int:

@@ -49,6 +49,7 @@ from controller.sharing import (
     Behind,
     Fallback,
     FallbackEntry,
+    JobSharing,
     Shared,
     SharedEntry,
     SharingCounters,
@@ -584,6 +585,22 @@ class SwitchController:
             return dict.fromkeys(JOB_COUNTERS.values(), 0)
         job = self.job(job_id)
         return self.sharing.counters.read(job.shared, job.fallback)
+
+    def job_sharing(self, job_id: int) -> JobSharing:
+        """What ``job_id`` holds of the switch's memory and sees of its shared region
+        now, with its sharing counters (what dynamiccl reads of contention).
+
+        Raises:
+            JobNotFoundError: no such job.
+            P4RuntimeError | ThriftError: a read failed.
+        """
+        job = self.job(job_id)
+        shared = job.shared
+        region = None
+        if shared is not None and self.sharing is not None:
+            region = self.sharing.counters.region(shared)
+        return JobSharing(job.entry.slot_count, 0 if shared is None else shared.count, region,
+                          self.job_counters(job_id), job.fallback is not None)  # fmt: skip
 
     def set_drops(self, ingress: float, egress: float) -> None:
         """Simulated loss at ingress and per replica at egress (0 turns it off)."""
