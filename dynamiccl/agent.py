@@ -62,6 +62,7 @@ from dynamiccl.actions import (
     algorithms_for,
     parse_action,
 )
+from dynamiccl.contention import CHANGE, Contention, fallback_floor, fallback_fraction
 from dynamiccl.model import (
     AlgoParams,
     Profile,
@@ -193,6 +194,8 @@ class ArmView:
         count: calls measured in the context since the last change.
         retransmissions: the measured mean of retransmissions per call (None: untried).
         available: False when the switch is unreachable or short of slots for it.
+        fallback: the fraction of the arm's packets the job's contention sends to the
+            fallback aggregator (0 without a reading, or for an arm that needs no switch).
     """
 
     action: Action
@@ -202,6 +205,7 @@ class ArmView:
     count: int
     available: bool
     retransmissions: float | None = None
+    fallback: float = 0.0
 
     @property
     def estimate(self) -> float:
@@ -217,6 +221,7 @@ class ArmView:
             "count": self.count,
             "retransmissions": self.retransmissions,
             "available": self.available,
+            "fallback": self.fallback,
         }
 
 
@@ -317,6 +322,7 @@ class Agent:
         self._rng = random.Random(seed)
         self._contexts: dict[tuple[str, int], _Context] = {}
         self._model_cache: dict[tuple[str, int, Action], float] = {}
+        self._blocked: float | None = None  # the contention the shared arms ran under
 
     # ------------------------------------------------------------------ deciding
     def decide(
@@ -326,6 +332,7 @@ class Agent:
         *,
         free_slots: int | None = None,
         switch_reachable: bool = True,
+        contention: Contention | None = None,
     ) -> AgentDecision:
         """The action for the next call of ``collective`` on ``size_bytes``.
 
@@ -335,12 +342,21 @@ class Agent:
             free_slots: the job's slots the switch can give now (None: unknown, assumed
                 enough); an INA or CollNet arm needs at least its window.
             switch_reachable: False: no INA or CollNet arm is chosen.
+            contention: the job's reading of the switch memory it shares
+                (:func:`~dynamiccl.contention.read_contention`; None: none shared). A
+                window within the reservation is an "INA reserved" arm, a wider one an
+                "INA shared" arm, whose prior is at least the fallback's floor for the
+                part of it the reading sends there; when the blocked fraction has moved
+                by :data:`~dynamiccl.contention.CHANGE` since the shared arms last ran,
+                their times are forgotten and explored again.
 
         Raises:
             ValueError: unknown collective or non-positive size.
         """
+        if contention is not None and self.learn:
+            self._see(contention)
         arms = self.arms(collective, size_bytes, free_slots=free_slots,
-                         switch_reachable=switch_reachable)  # fmt: skip
+                         switch_reachable=switch_reachable, contention=contention)  # fmt: skip
         bucket = size_bucket(size_bytes)
         # Never empty: every collective has a ring action (checked at construction),
         # which needs no switch and always has a finite prediction.
@@ -364,8 +380,10 @@ class Agent:
         *,
         free_slots: int | None = None,
         switch_reachable: bool = True,
+        contention: Contention | None = None,
     ) -> tuple[ArmView, ...]:
-        """Every action of ``collective`` with the agent's view of it, best first.
+        """Every action of ``collective`` with the agent's view of it, best first
+        (``contention``: see :meth:`decide`).
 
         Raises:
             ValueError: unknown collective or non-positive size.
@@ -383,12 +401,40 @@ class Agent:
             arm = ctx.arms.get(action) if ctx is not None else None
             observed = arm.mean if arm is not None and arm.count else None
             ok = _switch_ok(action, free_slots, switch_reachable)
+            share = 0.0
+            if contention is not None and action.needs_switch:
+                ok = ok and contention.usable(action.window)
+                share = fallback_fraction(contention, action.window)
+                floor = self._floor(contention, action, size_bytes)
+                model, prior = max(model, floor), max(prior, floor)
             retx = arm.retx if arm is not None and arm.count else None
             count = arm.count if arm else 0
-            views.append(ArmView(action, model, prior, observed, count, ok, retx))
+            views.append(ArmView(action, model, prior, observed, count, ok, retx, share))
         return tuple(
             sorted(views, key=lambda v: (not v.available, v.estimate, *_prior_order(v)[1:]))
         )
+
+    def _floor(self, contention: Contention, action: Action, size_bytes: int) -> float:
+        """The fallback link's floor under ``action`` (0 when the link is unshaped)."""
+        bandwidth = None if self.topology is None else self.topology.link_bandwidth
+        return fallback_floor(contention, action.window, size_bytes, self.workers, bandwidth)
+
+    def _see(self, contention: Contention) -> None:
+        """Take a contention reading: when its blocked fraction has moved by
+        :data:`~dynamiccl.contention.CHANGE` or more since the last one, every context
+        forgets its shared arms' times (measured under the old contention), counts a
+        change and explores again."""
+        before, self._blocked = self._blocked, contention.blocked
+        if before is None or abs(contention.blocked - before) < CHANGE:
+            return
+        for ctx in self._contexts.values():
+            stale = [a for a in ctx.arms if a.needs_switch and a.window > contention.reserved]
+            if not stale:
+                continue
+            for action in stale:
+                del ctx.arms[action]
+            ctx.changes += 1
+            ctx.greedy_calls = 0
 
     def _pick(self, ctx: _Context, usable: list[ArmView]) -> tuple[ArmView, str]:
         candidates = self._candidates(usable)

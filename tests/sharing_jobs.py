@@ -19,6 +19,7 @@ from helpers import expected, in_threads, random_inputs, worker_addresses
 
 from controller.sharing import OWNER
 from controller.switch import SwitchController, WorkerAddress
+from dynamiccl.contention import fallback_fraction, read_contention
 from hostlib import InaSession, JobSpec, RetryPolicy
 from hostlib.transport.udp import UdpTransport
 
@@ -93,6 +94,23 @@ def share(
     assert front["completed"] > 0 and back["completed"] > 0, (front, back)
     shared = ctl.job(b.job_id).shared
     assert shared is not None and (shared.count, shared.size) == (8, REGION)
+    contended(ctl, a, b)
+
+
+def contended(ctl: SwitchController, a: SharingJob, b: SharingJob) -> None:
+    """What dynamiccl reads of the two jobs' contention: the region is full, each job's
+    cells are its own or the other's, B's blocked cells are those A holds, and the
+    fallback completed part of the uses of whichever job collided."""
+    va, vb = (ctl.job_sharing(j.job_id) for j in (a, b))
+    assert va.region is not None and vb.region is not None
+    assert (va.reserved, va.shared, vb.reserved, vb.shared) == (4, 4, 0, 8)
+    assert va.region.free == vb.region.free == 0, (va, vb)
+    assert va.region.held + va.region.blocked == 4 and vb.region.held + vb.region.blocked == 8
+    assert vb.region.blocked == va.region.held and va.region.blocked <= vb.region.held
+    ra, _ = read_contention(ctl, a.job_id)
+    rb, _ = read_contention(ctl, b.job_id)
+    assert rb.blocked == va.region.held / 8 and ra.blocked == va.region.blocked / 4
+    assert rb.fallback_share is not None and 0 < rb.fallback_share <= 1, rb
 
 
 def a_leaves(
@@ -108,8 +126,17 @@ def a_leaves(
     owners = ctl.registers.read(OWNER, shared.cells())
     assert all(v >> 16 != a.job_id for v in owners), owners
     before = ctl.job_counters(b.job_id)["shared_uses"]
+    alone, counters = read_contention(ctl, b.job_id)
+    assert alone.blocked == 0 and alone.region_free == REGION - ctl.job_sharing(
+        b.job_id).region.held  # fmt: skip
     for size in (30 * LANES, 3):
         run_together([b], rng, size)
     assert ctl.job_counters(b.job_id)["shared_uses"] > before
+    after, _ = read_contention(ctl, b.job_id, counters)
+    # its region's cells all its own now; slots 8..15 of its window lie past its
+    # shared ones, and only they go to the fallback
+    assert after.blocked == 0 and after.region_free == 0, after
+    assert fallback_fraction(after, WINDOW) == 0.5
+    assert after.fallback_share is not None and 0 < after.fallback_share < 1, after
     owners = ctl.registers.read(OWNER, shared.cells())
     assert all(v >> 16 == b.job_id for v in owners), owners
