@@ -317,6 +317,8 @@ def _sharing(topo: Topology, args: argparse.Namespace) -> list[str]:
     names = ", ".join(str(j.job_id) for j in chosen)
     if plan.policy == "partition":
         what = f"each reserves {plan.window} of {plan.pool} slots, its window"
+    elif plan.policy == "dynamic":
+        what = plan.describe().removeprefix("sharing: dynamic: ")
     else:
         fallbacks = ", ".join(f"{f} behind {s}" for s, f in plan.fallbacks.items())
         what = (f"each reserves none and shares its window (the bench's --slots, at most"

@@ -42,8 +42,8 @@ from typing import TYPE_CHECKING, Any
 from emulation.argtypes import delay, int_in, positive_float, probability, rates
 from emulation.mininet.fabric import EmulatedFabric
 from emulation.mininet.overrides import apply_overrides, default_lanes, describe_links
+from emulation.mininet.sharing import DEFAULT_ROUNDS, SharingPlan, plan_sharing
 from emulation.mininet.sharing import POLICIES as SHARING_POLICIES
-from emulation.mininet.sharing import SharingPlan, plan_sharing
 
 if TYPE_CHECKING:
     from emulation.bench.config import BenchConfig
@@ -121,13 +121,19 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         metavar="S",
         help="--jobs: job k starts k*S seconds after the first when together (default 0)",
     )
+    add("--rounds", type=int_in(1, 1000), default=DEFAULT_ROUNDS, metavar="R",
+        help="--sharing dynamic: rounds per job and phase, each one dynamiccl decision "
+        f"and one sweep of it (default {DEFAULT_ROUNDS})")  # fmt: skip
     add("--sharing", choices=SHARING_POLICIES, default="reserve",
         help="bench: how jobs take their switch's memory (--switch-slots): reserve (each "
         "reserves its window, --slots; the default), partition (the pool split evenly "
         "among the --jobs: each reserves --switch-slots // N, its window), shared (no "
         "reservation: each shares its window in a region of the whole pool, a power of "
         "two; what collides goes to the switch's fallback node, role fallback in the "
-        "topology) (docs/emulation.md 'Several jobs and switch memory: --sharing')")  # fmt: skip
+        "topology), dynamic (each reserves --switch-slots // 2N and shares the pool's top "
+        "half, with the fallback; dynamiccl picks INA reserved, INA shared, ring or tree "
+        "round by round: bench --algos auto) (docs/emulation.md 'Several jobs and switch "
+        "memory: --sharing')")  # fmt: skip
     add("--cli", action="store_true", help="open Mininet's CLI once the network is up")
     # Sub-usages read "inalab emulate TOPOLOGY bench", as the command is typed.
     sub = parser.add_subparsers(dest="action", metavar="ACTION", prog=f"{parser.prog} TOPOLOGY")
@@ -324,10 +330,11 @@ def _sharing(
                             getattr(args, "transport", "udp"))  # fmt: skip
     except ValueError as exc:
         raise _Refused(str(exc)) from None
-    if plan.policy == "partition" and args.slots != plan.window:
-        print(f"{PROG}: note: --sharing partition: each job's window is its share of the"
-              f" pool, {plan.window} slots (not --slots {args.slots})",
-              file=sys.stderr)  # fmt: skip
+    if plan.policy in ("partition", "dynamic") and args.slots != plan.window:
+        what = ("its share of the pool" if plan.policy == "partition"
+                else "its reservation and its slots in the region")  # fmt: skip
+        print(f"{PROG}: note: --sharing {plan.policy}: each job's window is {what},"
+              f" {plan.window} slots (not --slots {args.slots})", file=sys.stderr)  # fmt: skip
         args.slots = plan.window
     return plan
 

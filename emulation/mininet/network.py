@@ -46,6 +46,7 @@ from pathlib import Path
 from typing import Any
 
 from controller.forwarder import HostRoute
+from controller.sharing import OWNER
 from controller.switch import SwitchController, WorkerAddress
 from emulation.bmv2 import Bmv2Tools, Bmv2Unavailable, check_bmv2_switch, find_bmv2
 from emulation.mininet.datapaths import LinkPlan, netem_available, plan_links
@@ -222,7 +223,7 @@ class Emulation:
                 failed (what was installed is removed again).
         """
         tree = aggregation_tree(self.topology, job)
-        shared = self.sharing is not None and self.sharing.policy == "shared"
+        shared = self.sharing is not None and self.sharing.fallback
         if shared and tree.hierarchical:
             raise EmulationError(f"job {job.job_id}: shared switch memory is for a job on one"
                                  " switch, not hierarchical aggregation")  # fmt: skip
@@ -282,11 +283,12 @@ class Emulation:
     def _add_shared(
         self, job_id: int, switch: str, workers: Sequence[WorkerAddress], done: list[str]
     ) -> None:
-        """Install a job of the ``shared`` policy: behind ``switch`` on its fallback node
-        first (what the switch passes on finds the job there), its whole window a
-        reservation there; then on ``switch`` with no reservation and its window in the
-        shared region, the fallback as where collisions go. The fallback node, once the
-        job is on it, is appended to ``done`` (what a failure removes)."""
+        """Install a job of the ``shared`` or ``dynamic`` policy: behind ``switch`` on its
+        fallback node first (what the switch passes on finds the job there), its whole
+        window a reservation there; then on ``switch`` with the plan's reservation and the
+        rest of its window in the shared region, the fallback as where collisions go. The
+        fallback node, once the job is on it, is appended to ``done`` (what a failure
+        removes)."""
         assert self.sharing is not None
         window = self.slot_count
         fallback = self.fallback_of(switch)
@@ -300,9 +302,10 @@ class Emulation:
         done.append(fallback)
         ip, mac = self.ina_address(fallback)
         back = WorkerAddress(ip, INA_UDP_PORT, mac, _port_toward(hops[switch], switch, fallback))
-        self.controllers[switch].add_job(
-            job_id, workers, 0, shared=window, region=self.sharing.region, fallback=back
-        )
+        plan = self.sharing
+        reserved = plan.reserved
+        self.controllers[switch].add_job(job_id, workers, reserved, shared=window - reserved,
+                                         region=plan.region, fallback=back)  # fmt: skip
 
     def installed_switches(self, job: TopologyJob) -> list[str]:
         """The switches of ``job``'s aggregation tree, in topology order."""
@@ -313,7 +316,7 @@ class Emulation:
         """Remove a job :meth:`install_job` installed, from every switch it is on (a
         fallback node last); a job sharing its switch's memory has its sharing counters
         added to :attr:`sharing_counters` first."""
-        shared = self.sharing is not None and self.sharing.policy == "shared"
+        shared = self.sharing is not None and self.sharing.fallback
         for s in reversed(self.installed.pop(job_id, [])):
             ctl = self.controllers[s]
             if shared and self.topology.switch(s).fallback is not None:
@@ -331,6 +334,21 @@ class Emulation:
         total = self.sharing_counters.setdefault(job_id, dict.fromkeys(COUNTERS, 0))
         for key, value in counts.items():
             total[key] = total.get(key, 0) + value
+
+    def region_owners(self, switch: str) -> list[int]:
+        """The owner register over ``switch``'s shared region (the plan's, at the top of
+        its pool, where the controller makes it): 0 for a free cell, else its holder's
+        ``job << 16 | slot + 1``.
+
+        Raises:
+            EmulationError: no shared region in the plan.
+        """
+        plan = self.sharing
+        if plan is None or plan.region is None:
+            raise EmulationError("no shared region: --sharing shared or dynamic")
+        ctl = self.controllers[switch]
+        top = ctl.slots_per_set
+        return ctl.registers.read(OWNER, range(top - plan.region, top))
 
     def set_link_rate(self, mbit: float, links: Sequence[Link] | None = None) -> None:
         """Change the HTB rate of ``links`` (default: every link), both ends, to ``mbit``

@@ -58,6 +58,17 @@ def test_shared_puts_every_window_in_a_region_of_the_whole_pool() -> None:
     assert "fallback (f1 behind s1)" in plan.describe()
 
 
+def test_dynamic_reserves_a_share_of_the_lower_half_and_shares_the_top_half() -> None:
+    plan = plan_sharing(STAR8F, STAR8F.jobs, "dynamic", 8, 256)
+    got = (plan.window, plan.reserved, plan.shared, plan.region, plan.jobs)
+    assert got == (192, 64, 128, 128, 2)  # 2 x 64 reserved below a region of 128
+    four = plan_sharing(STAR16F, STAR16F.jobs, "dynamic", 8, 256)
+    assert (four.window, four.reserved, four.shared) == (160, 32, 128)
+    assert plan.fallback and plan.fallbacks == {"s1": "f1"}
+    assert plan.fallback_pool == 2 * 192
+    assert "dynamiccl picks INA within the reservation (window 64)" in plan.describe()
+
+
 @pytest.mark.parametrize(
     ("topology", "policy", "slots", "pool", "message"),
     [
@@ -77,12 +88,14 @@ def test_shared_puts_every_window_in_a_region_of_the_whole_pool() -> None:
             1,
             "a pool of 1 slots (--switch-slots) cannot be split among 2 jobs",
         ),
+        ("star8_fallback.yaml", "dynamic", 8, 4, "leaves no reservation for each of 2 jobs"),
+        ("star8.yaml", "dynamic", 8, 64, "--sharing dynamic: job 4's switch s1 has no fallback"),
         (
             "star8_fallback.yaml",
             "lottery",
             8,
             64,
-            "--sharing lottery: one of reserve, partition, shared",
+            "--sharing lottery: one of reserve, partition, shared, dynamic",
         ),
     ],
 )
@@ -96,7 +109,7 @@ def test_what_a_policy_cannot_be(
     assert message in str(caught.value)
 
 
-@pytest.mark.parametrize("policy", ["partition", "shared"])
+@pytest.mark.parametrize("policy", ["partition", "shared", "dynamic"])
 def test_hierarchical_jobs_take_reserve_only(policy: str) -> None:
     topo = load_topology(TOPOLOGIES / "leaf_spine_hier.yaml")
     with pytest.raises(ValueError, match=rf"--sharing {policy}: job 1 aggregates on several"
@@ -169,8 +182,8 @@ def test_check_refuses_what_the_bench_would() -> None:
                 "100",
                 "bench",
             ),
-            "--sharing shared: the shared region is the whole pool, --switch-slots 100: give a"
-            " power of two (e.g. 64)",
+            "--sharing shared: the shared region is the whole pool or its half, --switch-slots 100:"
+            " give a power of two (e.g. 64)",
         ),
         (
             (
