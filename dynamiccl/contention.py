@@ -36,6 +36,7 @@ __all__ = [
     "SharingSource",
     "fallback_floor",
     "fallback_fraction",
+    "prospective",
     "read_contention",
 ]
 
@@ -181,3 +182,13 @@ def read_contention(
         fallback=state.fallback,
     )
     return reading, counters
+
+
+def prospective(reserved: int, shared: int, owners: list[int], fallback: bool = True) -> Contention:
+    """The contention a job not on the switch now (between two of its runs) would meet
+    in a region whose owner cells are ``owners``: its shared slots spread over the
+    region, so the fraction blocked is the fraction of cells other jobs hold (exact when
+    its shared slots cover the region, as under ``inalab emulate --sharing dynamic``)."""
+    held = sum(1 for v in owners if v)
+    blocked = held / len(owners) if owners else 0.0
+    return Contention(reserved, shared, blocked, len(owners) - held, None, fallback)

@@ -11,7 +11,11 @@ jobs whose ranges do not all fit fail to install (a job's slot range is its own 
 whole run); ``partition`` splits the pool evenly, ``shared`` puts every job's window in
 one region of the whole pool with the switch's fallback node behind it. Under
 ``shared`` each job's sharing counters on its switch (``shared_uses``, ``collisions``,
-``to_fallback``, ``from_fallback``) are recorded per phase.
+``to_fallback``, ``from_fallback``) are recorded per phase. Under ``dynamic`` (``--algos
+auto``) a job's part is ``--rounds`` rounds in which dynamiccl's agent picks INA
+reserved, INA shared, ring or tree from the contention it reads
+(:mod:`emulation.mininet.dynamic`); its row is the mean over its rounds, and each round
+is in the JSON.
 
 ``run --jobs`` runs COMMAND once per rank of every job at the same time (two torch
 training jobs through one switch, say), each job installed under its own id, its rank
@@ -31,11 +35,13 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any, cast
 
+from dynamiccl.model import Profile, ProfileError
 from emulation.bench.config import BenchConfig
 from emulation.bench.rows import Row
+from emulation.mininet.dynamic import Round, round_row, run_rounds
 from emulation.mininet.fabric import EmulatedFabric
 from emulation.mininet.network import Emulation
-from emulation.mininet.sharing import SharingPlan
+from emulation.mininet.sharing import DEFAULT_ROUNDS, SharingPlan
 from emulation.topology import TopologyJob
 
 __all__ = ["SCHEMA", "JobRun", "check_jobs", "run_commands", "run_jobs"]
@@ -63,6 +69,14 @@ class JobRun:
     """Its sharing counters on its switch over its run alone (``shared`` only)."""
     counters: dict[str, int] | None = None
     """Its sharing counters on its switch over the run together (``shared`` only)."""
+    rounds_alone: list[Round] = dataclasses.field(default_factory=list)
+    """``dynamic``: its rounds alone (what the agent read, chose and measured)."""
+    rounds: list[Round] = dataclasses.field(default_factory=list)
+    """``dynamic``: its rounds together."""
+    rounds_wanted: int = DEFAULT_ROUNDS
+    """``dynamic``: rounds per phase (``--rounds``)."""
+    profile: Profile | None = None
+    """``dynamic``: the agent's cost-model profile (``--profile``; None: the built-in)."""
 
 
 def check_jobs(jobs: Sequence[TopologyJob]) -> str | None:
@@ -104,10 +118,19 @@ def run_jobs(
         except (UsageError, ValueError) as exc:
             print(f"{PROG}: error: job {job.job_id}: {exc}", file=sys.stderr)
             return 2
-        if "auto" in cfg.algos:
-            print(f"{PROG}: error: --jobs runs fixed algorithms, not auto", file=sys.stderr)
+        problem = _algos_problem(cfg.algos, em.sharing)
+        if problem:
+            print(f"{PROG}: error: {problem}", file=sys.stderr)
             return 2
-        runs.append(JobRun(job, cfg, k * args.stagger))
+        runs.append(JobRun(job, cfg, k * args.stagger, rounds_wanted=args.rounds))
+    if em.sharing is not None and em.sharing.policy == "dynamic" and args.profile is not None:
+        try:
+            profile = Profile.load(args.profile)
+        except (OSError, ProfileError) as exc:
+            print(f"{PROG}: error: --profile: {exc}", file=sys.stderr)
+            return 2
+        for run in runs:
+            run.profile = profile
     print(f"# {len(runs)} jobs: " + "; ".join(_describe(r) for r in runs), flush=True)
     em.sharing_counters.clear()
     for run in runs:
@@ -129,19 +152,39 @@ def run_jobs(
     return 1 if failed or wrong else 0
 
 
+def _algos_problem(algos: Sequence[str], sharing: SharingPlan | None) -> str | None:
+    """Why ``--algos`` cannot run under the policy (None: it can): ``dynamic`` is
+    dynamiccl's choice, ``--algos auto`` alone; the others run fixed algorithms."""
+    dynamic = sharing is not None and sharing.policy == "dynamic"
+    if dynamic and tuple(algos) != ("auto",):
+        return ("--sharing dynamic is dynamiccl's choice round by round: give --algos auto"
+                " (the other policies run fixed algorithms)")  # fmt: skip
+    if not dynamic and "auto" in algos:
+        return "--jobs runs fixed algorithms, not auto (dynamiccl's choice: --sharing dynamic)"
+    return None
+
+
 def _describe(run: JobRun) -> str:
     start = f", starts {run.start_after:g} s in" if run.start_after else ""
     return f"job {run.job.job_id} on {','.join(run.job.workers)} ({run.cfg.slots} slots{start})"
 
 
-def _sweep(em: Emulation, run: JobRun, run_dir: Path) -> list[Row]:
-    """One sweep of the job on its own hosts; its rows ([] if it failed: ``run.error``,
+def _sweep(em: Emulation, run: JobRun, run_dir: Path, together: bool = False) -> list[Row]:
+    """One sweep of the job on its own hosts, or under ``dynamic`` its rounds (kept in
+    ``run.rounds`` or ``run.rounds_alone``); its rows ([] if it failed: ``run.error``,
     whatever the failure: a thread's exception must not vanish)."""
     from emulation.bench.sweep import run_sweep
 
     run_dir.mkdir(parents=True, exist_ok=True)
     try:
-        return run_sweep(run.cfg, run_dir, fabric=EmulatedFabric(em, run.job)).rows
+        if em.sharing is None or em.sharing.policy != "dynamic":
+            return run_sweep(run.cfg, run_dir, fabric=EmulatedFabric(em, run.job)).rows
+        rounds = run_rounds(em, run.job, run.cfg, run_dir, run.rounds_wanted, run.profile)
+        if together:
+            run.rounds = rounds
+        else:
+            run.rounds_alone = rounds
+        return [r for n in run.cfg.sizes if (r := round_row(rounds, n)) is not None]
     except Exception as exc:  # any failure is the job's, reported, not lost
         run.error = f"{type(exc).__name__}: {exc}"
         return []
@@ -190,7 +233,7 @@ def _together(em: Emulation, runs: Sequence[JobRun], run_dir: Path) -> None:
 
     def body(run: JobRun) -> None:
         if run.error is None:
-            run.together = _sweep(em, run, run_dir / f"job{run.job.job_id}-together")
+            run.together = _sweep(em, run, run_dir / f"job{run.job.job_id}-together", True)
 
     _at_once([(r.start_after, functools.partial(body, r)) for r in runs])
 
@@ -240,6 +283,11 @@ def _print_table(runs: Sequence[JobRun], sharing: SharingPlan | None = None) -> 
                   f" {row.time_us_max:15.0f} {t}")  # fmt: skip
     print("# time = the slowest rank's mean per call; x alone = together / alone")
     for run in runs:
+        for phase, rounds in (("alone", run.rounds_alone), ("together", run.rounds)):
+            if rounds:
+                arms = " ".join(r.arm for r in rounds)
+                print(f"# job {run.job.job_id} auto {phase}, {len(rounds)} rounds: {arms}")
+    for run in runs:
         if run.counters is not None:
             counts = ", ".join(f"{k} {v}" for k, v in run.counters.items())
             print(f"# job {run.job.job_id} together on {run.job.switch}: {counts}")
@@ -265,6 +313,8 @@ def _document(
                 "together": [_row(x) for x in r.together],
                 "counters": r.counters,
                 "counters_alone": r.counters_alone,
+                "rounds_alone": [x.to_json() for x in r.rounds_alone] or None,
+                "rounds": [x.to_json() for x in r.rounds] or None,
             }
             for r in runs
         ],
@@ -279,7 +329,9 @@ def _row(row: Row) -> dict[str, Any]:
         "wrong": row.wrong,
         "retransmits": row.retransmits,
         "late_answers": row.late_answers,
-        "cpu": None if row.cpu is None else {
+        "cpu": None
+        if row.cpu is None
+        else {
             "machine": row.cpu.to_json().get("machine"),
             "bound": row.cpu.bound,
             "bound_by": row.cpu.bound_by,

@@ -84,3 +84,53 @@ def test_partition_gives_each_job_half_the_pool_as_its_window(tmp_path: Path) ->
     manifest = json.loads((tmp_path / "run" / "manifest.json").read_text())
     assert manifest["slot_count"] == 32  # what each job reserved on s1
     assert "each job's window is its share of the pool, 32 slots" in proc.stderr
+
+
+def test_dynamic_lets_each_jobs_agent_pick_an_arm_per_round_from_the_region_it_reads(
+    tmp_path: Path,
+) -> None:
+    """dynamiccl's choice: each job reserves 64 // 4 = 16 slots and shares the region of
+    32 on top; per round its agent reads the region and runs INA reserved (window 16),
+    INA shared (48), ring or tree. Four rounds are its exploration: every arm once,
+    exact; every reading is of the region the plan made."""
+    proc, doc = _emulate(tmp_path, "--jobs", "4,5", "--sharing", "dynamic", "--rounds", "4",
+                         "bench", *SMALL[:-1], "auto", "-e", "64K")  # fmt: skip
+    assert doc["sharing"] == {
+        "policy": "dynamic", "window": 48, "pool": 64, "reserved": 16, "shared": 32,
+        "region": 32, "fallbacks": {"s1": "f1"},
+    }  # fmt: skip
+    for job in doc["jobs"]:
+        assert job["error"] is None, job
+        for phase in ("alone", "together"):
+            (row,) = job[phase]
+            assert row["algo"] == "auto" and row["wrong"] == 0 and row["time_us"] > 0, row
+        for rounds in (job["rounds_alone"], job["rounds"]):
+            arms = sorted(r["arm"] for r in rounds)
+            assert arms == ["ina-reserved", "ina-shared", "ring", "tree"], rounds
+            assert all(r["phase"] in ("explore", "re-explore") for r in rounds), rounds
+            assert all(r["wrong"] == 0 for r in rounds), rounds
+            for r in rounds:
+                c = r["contention"]
+                assert (c["reserved"], c["shared"]) == (16, 32)
+                assert 0 <= c["blocked"] <= 1 and 0 <= c["region_free"] <= 32
+                assert c["blocked"] == (32 - c["region_free"]) / 32
+    assert "# job 4 auto together, 4 rounds:" in proc.stdout
+    assert "each job's window is its reservation and its slots in the region, 48" in proc.stderr
+
+
+def test_dynamic_takes_auto_alone_and_auto_needs_dynamic(tmp_path: Path) -> None:
+    for policy, algos, why in (
+        ("dynamic", "ina", "--sharing dynamic is dynamiccl's choice round by round: give"
+         " --algos auto"),
+        ("partition", "auto", "--jobs runs fixed algorithms, not auto (dynamiccl's choice:"
+         " --sharing dynamic)"),
+    ):  # fmt: skip
+        proc = subprocess.run(
+            [sys.executable, "-m", "emulation.cli", "emulate", "topologies/star8_fallback.yaml",
+             "--datapath", "ebpf", "--switch-slots", "64", "--run-dir", str(tmp_path / policy),
+             "--jobs", "4,5", "--sharing", policy, "bench", "-b", "64K", "-e", "64K",
+             "--algos", algos],
+            capture_output=True, text=True, timeout=300, cwd=REPO, check=False,
+        )  # fmt: skip
+        assert proc.returncode == 2, proc.stderr
+        assert why in proc.stderr, proc.stderr
