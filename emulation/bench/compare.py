@@ -176,10 +176,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace) -> int:
     """Print the comparison and write the plot; 0, or 2 with one line on stderr for a
-    file that cannot be read or compared (as the other commands' bad arguments)."""
+    file that cannot be read or compared (as the other commands' bad arguments).
+    Multi-job documents (``inalab emulate T --jobs ... bench --json``) are compared by
+    :mod:`emulation.bench.jobs_compare`."""
     try:
         if args.plot is not None and not args.plot.parent.is_dir():
             raise CompareError(f"--plot: directory {args.plot.parent} does not exist")
+        if _jobs_documents(args.files):
+            return _compare_jobs(args)
         runs = _read_all(args.files)
         differences = check_same_configuration(runs, force=args.force)
         baseline = resolve_baseline(runs, args.baseline)
@@ -190,6 +194,42 @@ def run(args: argparse.Namespace) -> int:
     print(format_comparison(series, runs, baseline, differences))
     if args.plot is not None:
         write_comparison_plot(args.plot, series, _title(runs, baseline))
+        print(f"# plot: {args.plot}")
+    return 0
+
+
+def _jobs_documents(paths: Sequence[Path]) -> bool:
+    """Whether the files are multi-job documents (all of them; False: bench runs).
+
+    Raises:
+        CompareError: a file unreadable, or multi-job documents mixed with others.
+    """
+    from dynamiccl.model import read_json
+    from emulation.bench.jobs_compare import is_multijob
+
+    kinds = [is_multijob(read_json(p, "bench JSON", CompareError)) for p in paths]
+    if any(kinds) and not all(kinds):
+        first = paths[kinds.index(True)]
+        raise CompareError(f"{first} is a multi-job run (emulate --jobs): compare it with"
+                           " other multi-job runs, not bench runs")  # fmt: skip
+    return all(kinds)
+
+
+def _compare_jobs(args: argparse.Namespace) -> int:
+    """The multi-job comparison: its table, and its plot with ``--plot``."""
+    from dynamiccl.model import read_json
+    from emulation.bench.jobs_compare import JobsError, format_jobs, read_jobs, write_jobs_plot
+
+    docs = [read_json(p, "bench JSON", CompareError) for p in args.files]
+    try:
+        series = read_jobs(args.files, docs)
+        table = format_jobs(series)
+    except JobsError as exc:
+        print(f"{PROG}: error: {exc}", file=sys.stderr)
+        return 2
+    print(table)
+    if args.plot is not None:
+        write_jobs_plot(args.plot, series)
         print(f"# plot: {args.plot}")
     return 0
 
