@@ -42,7 +42,15 @@ from emulation.mininet.network import Emulation
 from emulation.mininet.sharing import DEFAULT_ROUNDS, SharingPlan
 from emulation.topology import TopologyJob
 
-__all__ = ["DEFAULT_ROUNDS", "Round", "arms", "job_agent", "round_row", "run_rounds"]
+__all__ = [
+    "DEFAULT_ROUNDS",
+    "Round",
+    "arms",
+    "job_agent",
+    "round_row",
+    "rounds_cpu",
+    "run_rounds",
+]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -163,3 +171,17 @@ def round_row(rounds: Sequence[Round], size: int) -> Row | None:
         wrong=sum(r.row.wrong for r in mine), retransmits=sum(r.row.retransmits for r in mine),
         chosen=chosen, cpu=None, transport=None, sent_bytes=None,
     )  # fmt: skip
+
+
+def rounds_cpu(rounds: Sequence[Round], size: int) -> dict[str, Any] | None:
+    """The CPU of the job's rounds at ``size``, as a row's JSON ``cpu``: the busiest
+    round's machine, bound when any round was (and by what); None when none measured."""
+    cpus = [r.row.cpu for r in rounds if r.row.nbytes == size and r.row.cpu is not None]
+    if not cpus:
+        return None
+    machines = [m for c in cpus if (m := c.to_json().get("machine")) is not None]
+    return {
+        "machine": max(machines) if machines else None,
+        "bound": any(c.bound for c in cpus),
+        "bound_by": sorted({b for c in cpus for b in c.bound_by}),
+    }

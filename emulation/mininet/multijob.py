@@ -38,7 +38,7 @@ from typing import Any, cast
 from dynamiccl.model import Profile, ProfileError
 from emulation.bench.config import BenchConfig
 from emulation.bench.rows import Row
-from emulation.mininet.dynamic import Round, round_row, run_rounds
+from emulation.mininet.dynamic import Round, round_row, rounds_cpu, run_rounds
 from emulation.mininet.fabric import EmulatedFabric
 from emulation.mininet.network import Emulation
 from emulation.mininet.sharing import DEFAULT_ROUNDS, SharingPlan
@@ -309,8 +309,8 @@ def _document(
                 "slots": r.cfg.slots,
                 "start_after_s": r.start_after,
                 "error": r.error,
-                "alone": [_row(x) for x in r.alone],
-                "together": [_row(x) for x in r.together],
+                "alone": [_row(x, r.rounds_alone) for x in r.alone],
+                "together": [_row(x, r.rounds) for x in r.together],
                 "counters": r.counters,
                 "counters_alone": r.counters_alone,
                 "rounds_alone": [x.to_json() for x in r.rounds_alone] or None,
@@ -321,7 +321,11 @@ def _document(
     }
 
 
-def _row(row: Row) -> dict[str, Any]:
+def _row(row: Row, rounds: Sequence[Round] = ()) -> dict[str, Any]:
+    """A row's JSON; an ``auto`` row of ``dynamic`` rounds takes their CPU
+    (:func:`~emulation.mininet.dynamic.rounds_cpu`)."""
+    if rounds:
+        return _row(row) | {"chosen": row.chosen, "cpu": rounds_cpu(rounds, row.nbytes)}
     return {
         "algo": row.algo,
         "size_bytes": row.nbytes,
