@@ -117,6 +117,16 @@ def _int_in(lo: int, hi: int | None = None) -> Callable[[str], int]:
     return parse
 
 
+def _fraction(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        value = math.nan
+    if not 0.0 <= value <= 1.0:
+        raise argparse.ArgumentTypeError(f"expected a fraction in 0..1, got {text!r}")
+    return value
+
+
 def int_list(lo: int, hi: int) -> Callable[[str], tuple[int, ...]]:
     """An argparse parser of comma-separated integers in ``lo..hi``, sorted, without
     repeats (``--lanes-choices``, ``--window-choices`` here and in ``inalab replay``)."""
@@ -218,6 +228,24 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         + ",".join(map(str, DEFAULT_WINDOW_CHOICES))
         + ")",
     )
+    shared = parser.add_argument_group(
+        "contention for switch memory (--explain; docs/dynamiccl.md 'Contention for switch memory')"
+    )
+    shared.add_argument(
+        "--reserved",
+        type=_int_in(0),
+        metavar="N",
+        help="the job's reserved slots: INA windows up to N are INA reserved, wider ones "
+        "INA shared (implies --explain)",
+    )
+    shared.add_argument(
+        "--shared", type=_int_in(0), default=0, metavar="N",
+        help="the job's slots in the shared region past the reservation (default 0)",
+    )  # fmt: skip
+    shared.add_argument(
+        "--blocked", type=_fraction, default=0.0, metavar="F",
+        help="the share of those slots another job holds now, 0..1 (default 0)",
+    )  # fmt: skip
     parser.add_argument(
         "--export-tuner", type=Path, metavar="PATH", help="write an NCCL tuner rule file"
     )
@@ -267,7 +295,10 @@ def _run(args: argparse.Namespace, summarize: Summarize | None, remarks: list[st
     summary, given, hosts = _network(args, summarize)
     workers = _workers(given, profile, remarks)
     ina = not args.no_ina
-    if args.explain or args.agent_state is not None or args.collective != "allreduce":
+    if args.reserved is None and (args.shared or args.blocked):
+        raise _UsageError("--shared and --blocked describe a job with --reserved N")
+    if (args.explain or args.agent_state is not None or args.reserved is not None
+            or args.collective != "allreduce"):  # fmt: skip
         if args.export_tuner is not None:
             raise _UsageError("--export-tuner writes algorithms only: leave out --explain")
         if args.size is None:
@@ -337,8 +368,17 @@ def _explain(
     workers: int,
     hosts: int | None,
 ) -> int:
-    """``--explain``: the online agent's view of every action for ``--size``."""
+    """``--explain``: the online agent's view of every action for ``--size``, under the
+    contention ``--reserved/--shared/--blocked`` give."""
     from dynamiccl.agent import Agent, AgentError
+    from dynamiccl.contention import Contention, ContentionError
+
+    contention = None
+    if args.reserved is not None:
+        try:
+            contention = Contention(args.reserved, args.shared, args.blocked)
+        except ContentionError as exc:
+            raise _UsageError(str(exc)) from None
 
     if args.agent_state is not None:
         try:
@@ -351,9 +391,13 @@ def _explain(
         if hosts is not None and hosts < workers:
             offered.insert(1, "collnet")  # several ranks per host: CollNet can run
         slots = summary.slots if summary.slots else max(args.window_choices)
+        windows = tuple(args.window_choices)
+        if contention is not None:  # both kinds of INA arm, whatever the choices say
+            slots = max(contention.slots, 1)
+            windows = tuple(sorted({*windows, contention.reserved, contention.slots} - {0}))
         actions = {
             c: action_space(c, switch_lanes=args.switch_lanes, slots=slots, algorithms=offered,
-                            lane_choices=args.lanes_choices, window_choices=args.window_choices)
+                            lane_choices=args.lanes_choices, window_choices=windows)
             for c in ALL_COLLECTIVES
         }  # fmt: skip
         agent = Agent(profile, workers, summary, actions, learn=False)
@@ -361,7 +405,7 @@ def _explain(
     if args.collective not in agent.actions:
         raise _UsageError(f"{args.agent_state} has no actions for {args.collective}")
     decision = agent.decide(args.collective, args.size, free_slots=args.slots,
-                            switch_reachable=not args.no_ina)  # fmt: skip
+                            switch_reachable=not args.no_ina, contention=contention)  # fmt: skip
     if args.json:
         doc = {
             "collective": args.collective,
@@ -371,6 +415,7 @@ def _explain(
             "summary": None if args.summary is None else str(args.summary),
             "profile": profile.source,
             "agent": who,
+            "contention": None if contention is None else contention.to_dict(),
             "explain": decision.to_dict(),
         }
         print(json.dumps(doc, indent=2))
@@ -381,10 +426,15 @@ def _explain(
     )
     print(f"# profile: {_profile_label(args, profile)}")
     print(f"# decided by {who}")
+    if contention is not None:
+        print(f"# contention: {contention.describe()}")
     print(f"{'action':>16} {'model':>12} {'prior':>12} {'measured':>12} {'calls':>6}")
     for arm in decision.arms:
         cells = (_ms(arm.model), _ms(arm.prior), _ms(arm.observed), str(arm.count))
         note = "" if arm.available else "  (switch unreachable or short of slots)"
+        if arm.available and contention is not None and arm.action.needs_switch:
+            note = f"  (INA {contention.arm(arm.action.window)}"
+            note += f", {arm.fallback:.0%} to the fallback)" if arm.fallback else ")"
         print(f"{arm.action.label:>16} " + " ".join(f"{c:>12}" for c in cells[:3])
               + f" {cells[3]:>6}{note}")  # fmt: skip
     print(f"choice: {decision.action.label} ({decision.phase}): {decision.reason}")

@@ -348,3 +348,24 @@ def test_explain_a_saved_agent(tmp_path: Path) -> None:
     assert len(bad.stderr.strip().splitlines()) == 1
     assert _decide("--size", "1M", "--workers", "4", "--explain", "--export-tuner",
                    str(tmp_path / "r.csv")).returncode == 2  # fmt: skip
+
+
+def test_contention_splits_ina_into_reserved_and_shared_arms_with_the_fallback_floor() -> None:
+    """``--reserved/--shared/--blocked``: the INA windows within the reservation are INA
+    reserved; the whole window is INA shared, its prior at least the fallback's floor for
+    the share the reading sends there (4 x 16 MiB x 0.75 over 1 Gbit/s: 403 ms)."""
+    base = ("--size", "16M", "--topology", str(TOPOLOGIES / "star8_fallback.yaml"),
+            "--job", "4", "--reserved", "64", "--shared", "192")  # fmt: skip
+    held = _ok(_decide(*base, "--blocked", "1"))
+    assert "# contention: 64 slots reserved, 192 shared (100% held by other jobs)" in held
+    shared = next(line for line in held.splitlines() if line.split()[:1] == ["ina/l2048/w256"])
+    assert "(INA shared, 75% to the fallback)" in shared
+    assert float(shared.split()[3]) == pytest.approx(0.75 * 4 * 16 * 2**20 / 125e6 * 1e3, 1e-3)
+    assert any("ina/l2048/w64" in ln and "(INA reserved)" in ln for ln in held.splitlines())
+    free = _ok(_decide(*base, "--blocked", "0", "--json"))
+    arms = {a["action"]: a for a in json.loads(free)["explain"]["arms"]}
+    assert arms["ina/l2048/w256"]["fallback"] == 0.0
+    assert arms["ina/l2048/w256"]["prior_seconds"] < 0.4
+    alone = _decide("--size", "16M", "--workers", "4", "--shared", "8")
+    assert alone.returncode == 2
+    assert "--shared and --blocked describe a job with --reserved N" in alone.stderr
