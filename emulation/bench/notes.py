@@ -56,7 +56,8 @@ def wrap(text: str) -> list[str]:
 
 # ----------------------------------------------------------------- legend
 RETX_NOTE = (
-    "# retx = packets the ranks sent again (all ranks, warm-up calls included): loss"
+    "# retx = packets the ranks sent again (all ranks, warm-up calls included; the"
+    " JSON's retransmits_timed: during the timed calls alone): loss"
     " recovered by the hosts, at once when later packets were answered first (fast;"
     " the JSON's retransmits_fast) or by their timers. The JSON says what each was for:"
     " host_drops (a rank's kernel dropped a datagram: its socket buffer was full),"

@@ -125,6 +125,7 @@ def merge_ranks(
                 max_abs_err=max(r.max_abs_err for r in at),
                 retransmits=sum(getattr(r, "retransmits", 0) for r in at),
                 fast_retransmits=sum(getattr(r, "fast_retransmits", 0) for r in at),
+                retransmits_timed=sum(getattr(r, "retransmits_timed", 0) for r in at),
                 host_drops=sum(getattr(r, "host_drops", 0) for r in at),
                 late_answers=sum(getattr(r, "late_answers", 0) for r in at),
                 late_timers=sum(getattr(r, "late_timers", 0) for r in at),

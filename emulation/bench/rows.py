@@ -87,6 +87,10 @@ class Row:
     transmit counters over the timed calls), summed over hosts: headers, retransmissions
     and (Gloo) TCP's acknowledgements included. ``None`` where ranks share no link of
     their own (loopback)."""
+    retransmits_timed: int = 0
+    """Of ``retransmits``, those sent during the timed calls: the warm-up's include what
+    ranks entering the first call apart cost (a rank early sends its window and its
+    timers fire until the others join), which is not the network's doing."""
 
     @property
     def algbw(self) -> float:
@@ -186,6 +190,7 @@ class Row:
                 max_abs_err=_real(doc.get("max_abs_err", 0.0)),
                 retransmits=_whole(doc.get("retransmits", 0)),
                 fast_retransmits=_whole(doc.get("retransmits_fast", 0)),
+                retransmits_timed=_whole(doc.get("retransmits_timed", 0)),
                 host_drops=_whole(doc.get("host_drops", 0)),
                 late_answers=_whole(doc.get("late_answers", 0)),
                 late_timers=_whole(doc.get("late_timers", 0)),
@@ -218,6 +223,7 @@ class Row:
             "max_abs_err": self.max_abs_err,
             "retransmits": self.retransmits,
             "retransmits_fast": self.fast_retransmits,
+            "retransmits_timed": self.retransmits_timed,
             "host_drops": self.host_drops,
             "late_answers": self.late_answers,
             "late_timers": self.late_timers,

@@ -170,6 +170,8 @@ class SizeResult:
     late_timers: int = 0
     """Timers this rank served late and re-armed instead of retransmitting: it had
     not been running, nor (on one machine) had its peers (``Communicator.late_timers``)."""
+    retransmits_timed: int = 0
+    """Of ``retransmits``, those sent during the timed calls (after the warm-up)."""
     sent_bytes: int | None = None
     """Bytes per timed call out of this rank's host link (its interface's transmit
     counter), measured by a host's head rank in an emulated network; else ``None``."""
@@ -633,6 +635,7 @@ def _run_size(
     late, late_timers = coll.late_answers, coll.late_timers
     for _ in range(plan.warmup):
         call()
+    resent_warm = coll.retransmits
     link = _own_link(plan.placement)
     tx0 = None if link is None else link_tx_bytes(link)
     y, (elapsed, cpu_s, t_start, t_end) = _timed(call, plan.iters, x)
@@ -643,7 +646,8 @@ def _run_size(
     return SizeResult(
         nbytes, count, mean_us, wrong, max_err, coll.retransmits - resent, ran,
         cpu_s, t_start, t_end, coll.fast_retransmits - fast, coll.host_drops - drops,
-        coll.late_answers - late, coll.late_timers - late_timers, sent,
+        coll.late_answers - late, coll.late_timers - late_timers,
+        coll.retransmits - resent_warm, sent,
     )  # fmt: skip
 
 

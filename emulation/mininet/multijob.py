@@ -332,6 +332,7 @@ def _row(row: Row, rounds: Sequence[Round] = ()) -> dict[str, Any]:
         "time_us": row.time_us_max,
         "wrong": row.wrong,
         "retransmits": row.retransmits,
+        "retransmits_timed": row.retransmits_timed,
         "late_answers": row.late_answers,
         "cpu": None
         if row.cpu is None

@@ -265,6 +265,7 @@ def test_json_document_schema(tmp_path: Path) -> None:
         "max_abs_err",
         "retransmits",
             "retransmits_fast",
+            "retransmits_timed",
             "host_drops",
             "late_answers",
             "late_timers",
