@@ -104,6 +104,13 @@ typedef struct {
     double *sent_at, *slot_rto, *slot_deadline, *stall_at;
     char *resent, *queued, *rearmed;
     int64_t *slot_tx;
+    /* hostlib.ina's flagged, _resends, _spurious and _spurious_rtt: results carry the
+       RESEND flag of what they answer; per slot, the retransmissions of its packet, and
+       a packet resent once that a first transmission completed, with its round trip */
+    int flagged;
+    int32_t *resends;
+    int64_t *spurious;
+    double *spurious_rtt;
     int64_t done, tx, high_tx;
     int reorder;
     double last_progress;
@@ -114,7 +121,7 @@ typedef struct {
     uint8_t *fastbuf; /* copies of packets found lost, sent by the next on_timer */
     Py_ssize_t nfast, capfast;
     /* statistics */
-    int64_t sent, retransmitted, fast_retransmitted, stale, foreign, late_timers;
+    int64_t sent, retransmitted, fast_retransmitted, stale, foreign, late_timers, late_samples;
     /* congestion control (hostlib.congestion): the session's window, the packets it
        holds back, which results are in, the oldest packet without its result, and per
        slot whether its packet's round trip is a sample */
@@ -275,6 +282,7 @@ static int32_t send_new(InaCore *c, int64_t index, double now) {
     c->outstanding[slot] = index;
     c->sent_at[slot] = now;
     c->resent[slot] = 0;
+    c->resends[slot] = 0;
     c->sample[slot] = (char)(c->cc_on && c->done > 0);
     /* Before the call's first result the peers may still be entering the call
        (RetryPolicy.timeout). */
@@ -287,6 +295,7 @@ static int32_t send_new(InaCore *c, int64_t index, double now) {
 
 static int resend(InaCore *c, int32_t slot, int64_t index, double now) {
     c->resent[slot] = 1;
+    c->resends[slot]++;
     if (arm(c, slot, index, now) < 0) return -1;
     c->slotbuf[(size_t)slot * c->psize + 1] |= FLAG_RESEND;
     c->sent++;
@@ -338,18 +347,35 @@ static int take(InaCore *c, const uint8_t *d, size_t len, double now) {
     int64_t seq = get32(d + 12);
     int64_t index = ((seq - c->first_seq) % SEQ_MODULUS + SEQ_MODULUS) % SEQ_MODULUS;
     int32_t slot = index < c->npackets ? (int32_t)(index % c->window) : -1;
-    if (slot < 0 || c->outstanding[slot] != index) { c->stale++; return -2; }
+    if (slot < 0 || c->outstanding[slot] != index) {
+        c->stale++;
+        if (slot >= 0 && c->spurious[slot] == index) { /* a late answer: hostlib.ina's
+                                                          _late_sample */
+            c->spurious[slot] = -1;
+            rtt_update(c, c->spurious_rtt[slot]);
+            c->late_samples++;
+        }
+        return -2;
+    }
     c->outstanding[slot] = -1;
     c->done++;
     c->last_progress = now;
     c->flight--;
-    if (!c->resent[slot]) { /* Karn's rule */
-        double rtt = now - c->sent_at[slot];
-        rtt_update(c, rtt);
-        /* not while this worker stalled: on one machine all stalled, no queue grew */
-        if (c->sample[slot] && c->clock.stalled == c->stall_at[slot])
-            cc_sample(&c->cc, rtt, now, c->srtt, c->window);
+    /* Karn's rule, and a result a retransmission completed is ambiguous too */
+    int flag = c->flagged ? (d[1] & FLAG_RESEND) : 0;
+    c->spurious[slot] = -1;
+    if (!c->resent[slot]) {
+        if (!flag) {
+            double rtt = now - c->sent_at[slot];
+            rtt_update(c, rtt);
+            /* not while this worker stalled: on one machine all stalled, no queue grew */
+            if (c->sample[slot] && c->clock.stalled == c->stall_at[slot])
+                cc_sample(&c->cc, rtt, now, c->srtt, c->window);
+        }
         if (c->slot_tx[slot] > c->high_tx) c->high_tx = c->slot_tx[slot];
+    } else if (c->flagged && !flag && c->resends[slot] == 1) {
+        c->spurious[slot] = index;
+        c->spurious_rtt[slot] = now - c->sent_at[slot];
     }
     int64_t block = c->is_float ? index - c->window : index;
     if (block >= 0) {
@@ -515,6 +541,7 @@ static void InaCore_dealloc(InaCore *c) {
     if (c->have_uses) PyBuffer_Release(&c->uses);
     free(c->local_exp); free(c->global_exp); free(c->slotbuf); free(c->outstanding);
     free(c->sent_at); free(c->slot_rto); free(c->slot_deadline); free(c->resent);
+    free(c->resends); free(c->spurious); free(c->spurious_rtt);
     free(c->queued); free(c->rearmed); free(c->stall_at); free(c->slot_tx); free(c->heap);
     free(c->order); free(c->fastbuf); free(c->held.v); free(c->sample);
     free(c->released);
@@ -527,7 +554,7 @@ static int InaCore_init(InaCore *c, PyObject *args, PyObject *kw) {
                             "min_timeout", "max_timeout", "backoff", "deadline", "late_timer",
                             "stream_min_bytes", "batch_results", "stall_check", "first_timeout",
                             "cwnd", "base_rtt", "round_start", "round_min", "round_samples", "cuts",
-                            "cc_target", "cc_beta", "cc_max_cut", NULL};
+                            "cc_target", "cc_beta", "cc_max_cut", "flagged", NULL};
     PyObject *data, *out, *uses;
     long long first_seq, samples, stream_min = STREAM_MIN_BYTES;
     double stall_check = 0.0025;
@@ -535,13 +562,15 @@ static int InaCore_init(InaCore *c, PyObject *args, PyObject *kw) {
     c->batch_results = BATCH_RESULTS;
     c->first_timeout = 0.0;
     c->cc = (CcWindow){INFINITY, INFINITY, -INFINITY, INFINITY, 0, 0, INFINITY, 0.8, 0.5};
+    c->flagged = 1;
     if (!PyArg_ParseTupleAndKeywords(
-            args, kw, "iiiiiOOOLdddLddddd|LiddddddLLddd", names, &c->job_id, &c->rank,
+            args, kw, "iiiiiOOOLdddLddddd|LiddddddLLdddp", names, &c->job_id, &c->rank,
             &c->num_workers, &c->lanes, &c->window, &data, &out, &uses, &first_seq, &c->rto,
             &c->srtt, &c->rttvar, &samples, &c->min_timeout, &c->max_timeout, &c->backoff,
             &c->deadline_s, &c->late_timer, &stream_min, &c->batch_results, &stall_check,
             &c->first_timeout, &c->cc.cwnd, &c->cc.base_rtt, &c->cc.round_start,
-            &c->cc.round_min, &round_samples, &cuts, &c->cc.target, &c->cc.beta, &c->cc.max_cut))
+            &c->cc.round_min, &round_samples, &cuts, &c->cc.target, &c->cc.beta, &c->cc.max_cut,
+            &c->flagged))
         return -1;
     c->cc.cuts = cuts;
     c->cc.round_samples = round_samples;
@@ -604,6 +633,9 @@ static int InaCore_init(InaCore *c, PyObject *args, PyObject *kw) {
     stall_init(&c->clock, c->late_timer, c->min_timeout);
     c->heartbeat = stall_heartbeat(c->late_timer, stall_check);
     c->slot_tx = calloc(w, sizeof(int64_t));
+    c->resends = calloc(w, sizeof(int32_t));
+    c->spurious = malloc(w * sizeof(int64_t));
+    c->spurious_rtt = calloc(w, sizeof(double));
     c->capfast = (Py_ssize_t)w;
     c->fastbuf = malloc(w * c->psize);
     c->held.v = malloc(w * sizeof(int64_t));
@@ -615,12 +647,13 @@ static int InaCore_init(InaCore *c, PyObject *args, PyObject *kw) {
     }
     if (!c->slotbuf || !c->outstanding || !c->sent_at || !c->slot_rto || !c->slot_deadline ||
         !c->resent || !c->queued || !c->rearmed || !c->stall_at || !c->slot_tx || !c->fastbuf ||
-        !c->held.v || !c->sample || !c->released ||
+        !c->held.v || !c->sample || !c->released || !c->resends || !c->spurious ||
+        !c->spurious_rtt ||
         (c->is_float && (!c->local_exp || !c->global_exp))) {
         PyErr_NoMemory();
         return -1;
     }
-    for (size_t s = 0; s < w; s++) c->outstanding[s] = -1;
+    for (size_t s = 0; s < w; s++) c->outstanding[s] = c->spurious[s] = -1;
     if (c->is_float) {
         const float *x = (const float *)c->data.buf;
         for (int64_t b = 0; b < c->nblocks; b++) {
@@ -947,14 +980,14 @@ static PyObject *InaCore_get_state(InaCore *c, void *Py_UNUSED(x)) {
 
 static PyObject *state_counters(InaCore *c) {
     return Py_BuildValue(
-        "{s:L,s:L,s:i,s:d,s:d,s:d,s:L,s:L,s:L,s:L,s:L,s:L,s:L,s:L,s:O,s:L,s:L,s:L}",
+        "{s:L,s:L,s:i,s:d,s:d,s:d,s:L,s:L,s:L,s:L,s:L,s:L,s:L,s:L,s:L,s:O,s:L,s:L,s:L}",
         "npackets",
         (long long)c->npackets, "nblocks", (long long)c->nblocks, "window", c->window, "rto",
         c->rto, "srtt", c->srtt, "rttvar", c->rttvar, "samples", (long long)c->samples, "sent",
         (long long)c->sent, "retransmitted", (long long)c->retransmitted, "fast_retransmitted",
         (long long)c->fast_retransmitted, "stale", (long long)c->stale, "foreign",
         (long long)c->foreign, "done", (long long)c->done, "late_timers",
-        (long long)c->late_timers, "stream", c->stream ? Py_True : Py_False, "naps",
+        (long long)c->late_timers, "late_samples", (long long)c->late_samples, "stream", c->stream ? Py_True : Py_False, "naps",
         (long long)c->naps, "receives", (long long)c->receives, "received",
         (long long)c->received);
 }

@@ -255,6 +255,8 @@ class _Stats:
     foreign: int = 0
     late_timers: int = 0
     """Timers served late (``RetryPolicy.late_timer``) and re-armed instead of fired."""
+    late_samples: int = 0
+    """Round-trip samples taken from a late answer: a timeout proved spurious."""
 
 
 @dataclass
@@ -372,6 +374,11 @@ class InaAllreduce:
         window: slots this call may use, ``0..window-1`` of the job's (``None``: all
             ``spec.slots``); every worker of the job must use the same. A call of fewer
             packets uses fewer.
+        flagged: whether results carry the ``FLAG_RESEND`` of the packet that completed
+            the use or that they answer (UDP from every data plane; not RoCEv2, whose
+            transport rebuilds the header). Then a result with the flag set gives no
+            round-trip sample (it timed another worker's recovery), and a retransmission
+            proved spurious by a late answer gives one (docs/protocol.md, "Timeouts").
 
     Raises:
         TypeError: data is not float32/int32.
@@ -389,6 +396,7 @@ class InaAllreduce:
         first_seq: int = 1,
         *,
         window: int | None = None,
+        flagged: bool = True,
     ) -> None:
         check_call_data(data, first_seq)
         slots = check_window(window, spec.slots)
@@ -423,6 +431,13 @@ class InaAllreduce:
         self._slot_rto = [0.0] * w
         self._deadline = [0.0] * w  # the slot's live timer; other heap entries are stale
         self._resent = [False] * w
+        self._resends = [0] * w  # retransmissions of the slot's packet in flight
+        # Per slot, a packet resent once whose first result a first transmission
+        # completed (flag clear), and its round trip, taken if a late answer proves
+        # the retransmission was not needed.
+        self._flagged = flagged
+        self._spurious = [-1] * w
+        self._spurious_rtt = [0.0] * w
         self._rearmed = [False] * w  # the live timer was re-armed once for a stall
         self._stall_at = [0.0] * w  # the stall clock when the slot's timer was armed
         self._clock = StallClock(policy)
@@ -443,7 +458,7 @@ class InaAllreduce:
         # sample (sent after the call's first result).
         self._held: list[int] = []
         self._flight = 0
-        self._sample = [False] * w
+        self._sample_cc = [False] * w
         self._cc_on = math.isfinite(policy.cc_target)
 
     # ------------------------------------------------------------------ plan
@@ -505,6 +520,8 @@ class InaAllreduce:
         slot = index % self.window if index < self.npackets else -1
         if slot < 0 or self._outstanding[slot] != index:
             self.stats.stale += 1  # a duplicate, or the unicast re-send of a result we had
+            if slot >= 0 and self._spurious[slot] == index:
+                self._late_sample(slot)
             return None
         self._accept(slot, index, exp, data, now)
         self._detect_losses(now)
@@ -544,17 +561,18 @@ class InaAllreduce:
         self._done += 1
         self._last_progress = now
         self._flight -= 1
-        if not self._resent[slot]:  # Karn's rule: a retransmitted packet's result is ambiguous
-            rtt, policy = now - self._sent_at[slot], self.policy
-            self.rtt.update(rtt, policy)
-            # Not while this worker stalled: on one machine all stalled, no queue grew.
-            if self._sample[slot] and self._clock.stalled == self._stall_at[slot]:
-                self.rtt.cc.on_sample(
-                    rtt, now, self.rtt.srtt, self.window, policy.cc_target, policy.cc_beta,
-                    policy.cc_max_cut,
-                )  # fmt: skip
+        # Karn's rule: a retransmitted packet's result is ambiguous; so is one that a
+        # retransmission completed (another worker's recovery is in its time).
+        flag = data[1] & FLAG_RESEND if self._flagged else 0
+        self._spurious[slot] = -1
+        if not self._resent[slot]:
+            if not flag:
+                self._sample(slot, now - self._sent_at[slot], now)
             if self._slot_tx[slot] > self._high_tx:
                 self._high_tx = self._slot_tx[slot]
+        elif self._flagged and not flag and self._resends[slot] == 1:
+            self._spurious[slot] = index
+            self._spurious_rtt[slot] = now - self._sent_at[slot]
         block = index - self.window if self.is_float else index
         if block >= 0:
             sums = np.frombuffer(data, dtype=">i4", offset=HEADER_SIZE)
@@ -565,6 +583,28 @@ class InaAllreduce:
                 self._out[block] = sums
         if self.is_float and index < self.nblocks:
             self._global_exp[index] = exp
+
+    def _sample(self, slot: int, rtt: float, now: float) -> None:
+        """A round trip of ``slot``'s packet: the estimator's, and the congestion
+        window's unless this worker stalled meanwhile (on one machine all stalled, and no
+        queue grew)."""
+        policy = self.policy
+        self.rtt.update(rtt, policy)
+        if self._sample_cc[slot] and self._clock.stalled == self._stall_at[slot]:
+            self.rtt.cc.on_sample(
+                rtt, now, self.rtt.srtt, self.window, policy.cc_target, policy.cc_beta,
+                policy.cc_max_cut,
+            )  # fmt: skip
+
+    def _late_sample(self, slot: int) -> None:
+        """A late answer for the packet :attr:`_spurious` holds: its retransmission
+        reached the switch after the use had completed, so its first transmission was
+        counted, and the first result (a first transmission completed it) answered that:
+        the round trip is not ambiguous. The estimator takes it (the congestion window
+        does not: it is a round late)."""
+        self._spurious[slot] = -1
+        self.rtt.update(self._spurious_rtt[slot], self.policy)
+        self.stats.late_samples += 1
 
     def _fill(self, index: int) -> None:
         """Quantize the data of packet ``index`` with its block's global exponent."""
@@ -577,7 +617,8 @@ class InaAllreduce:
         self._outstanding[slot] = index
         self._sent_at[slot] = now
         self._resent[slot] = False
-        self._sample[slot] = self._cc_on and self._done > 0
+        self._resends[slot] = 0
+        self._sample_cc[slot] = self._cc_on and self._done > 0
         # Before the call's first result the peers may still be entering the call.
         rto = self.rtt.rto if self._done else max(self.rtt.rto, self.policy.timeout)
         self._slot_rto[slot] = rto
@@ -665,6 +706,7 @@ class InaAllreduce:
 
     def _resend(self, slot: int, index: int, now: float) -> memoryview:
         self._resent[slot] = True
+        self._resends[slot] += 1
         self._arm(slot, index, now)
         self._wire[index, 1] |= FLAG_RESEND
         self.stats.sent += 1

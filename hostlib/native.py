@@ -220,6 +220,7 @@ class NativeInaAllreduce:
         out: np.ndarray | None = None,
         stream_min_bytes: int | None = None,
         batch_results: int | None = None,
+        flagged: bool = True,
     ) -> None:
         if _core is None:
             raise ValueError(f"native INA engine: {_why_not}")
@@ -250,6 +251,7 @@ class NativeInaAllreduce:
             round_start=cc.round_start, round_min=cc.round_min,
             round_samples=cc.round_samples, cuts=cc.cuts,
             cc_target=policy.cc_target, cc_beta=policy.cc_beta, cc_max_cut=policy.cc_max_cut,
+            flagged=flagged,
             **({} if stream_min_bytes is None else {"stream_min_bytes": stream_min_bytes}),
             **({} if batch_results is None else {"batch_results": batch_results}),
         )  # fmt: skip
@@ -323,7 +325,7 @@ class NativeInaAllreduce:
         st.fast_retransmitted, st.stale, st.foreign = (
             s["fast_retransmitted"], s["stale"], s["foreign"],
         )  # fmt: skip
-        st.late_timers = s["late_timers"]
+        st.late_timers, st.late_samples = s["late_timers"], s["late_samples"]
         self.naps, self.receives, self.received = s["naps"], s["receives"], s["received"]
         return value
 

@@ -176,16 +176,17 @@ class InaSession(_InaCollectives):
         self, flat: np.ndarray, target: np.ndarray | None = None, window: int | None = None
     ) -> np.ndarray:
         engine: InaAllreduce | NativeInaAllreduce
+        flagged = getattr(self.transport, "results_flagged", True)
         if self.engine == "native":
             engine = NativeInaAllreduce(
                 self.spec, flat, self.uses, self.policy, self.rtt,
                 first_seq=self.next_seq, window=window, out=target,
-                batch_results=self.batch_results,
+                batch_results=self.batch_results, flagged=flagged,
             )  # fmt: skip
         else:
             engine = InaAllreduce(
                 self.spec, flat, self.uses, self.policy, self.rtt,
-                first_seq=self.next_seq, window=window,
+                first_seq=self.next_seq, window=window, flagged=flagged,
             )  # fmt: skip
         try:
             if isinstance(engine, NativeInaAllreduce) and self._fileno is not None:

@@ -102,6 +102,9 @@ class RdmaTransport:
     """
 
     native_io = False
+    results_flagged = False
+    """The results it rebuilds carry no ``FLAG_RESEND`` (RoCEv2's immediate has no room
+    for it): the engine keeps Karn's rule alone (``InaAllreduce``'s ``flagged``)."""
 
     def __init__(self, device: RdmaDevice, window: int, msg_packets: int, lanes: int) -> None:
         payload = lanes * LANE_BYTES

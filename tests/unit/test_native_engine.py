@@ -129,14 +129,16 @@ def _session(engine: type, seed: int, dtype: type) -> tuple[list[Any], list[Any]
 def test_the_congestion_seeds_cut_and_hold_windows() -> None:
     """The differential seeds with CC_POLICY do exercise the window: cuts, and calls
     whose window held packets back (a window below the call's at the end). Seeds 31, 37
-    and 59 deadlocked before a held packet could escape the window (``_escapes``)."""
+    and 59 deadlocked before a held packet could escape the window (``_escapes``). Since
+    results a retransmission completed give no sample, fewer samples reach the window:
+    seeds below 60 (as below 40 before)."""
     cuts, limited = 0, 0
-    for seed in range(1, 40, 2):
+    for seed in range(1, 60, 2):
         _, results = _session(InaAllreduce, seed, np.int32)
         cc = results[-2]
         cuts += int(results[-1][:, 1].sum())
         limited += int(np.isfinite(cc[:, 0]).sum())
-    assert cuts > 12 and limited > 8, (cuts, limited)  # 18 and 12 as written
+    assert cuts > 20 and limited > 8, (cuts, limited)  # 29 and 12 as written
 
 
 @pytest.mark.parametrize("dtype", [np.int32, np.float32])
