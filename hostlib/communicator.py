@@ -206,6 +206,12 @@ class Communicator:
         return sum(s.late_timers for s in self._sessions())
 
     @property
+    def late_samples(self) -> int:
+        """Round trips the INA sessions' estimators took from late answers (timeouts
+        proved spurious; the point-to-point sessions keep no such count)."""
+        return sum(getattr(s, "late_samples", 0) for s in self._sessions())
+
+    @property
     def host_drops(self) -> int:
         """Datagrams the kernel dropped for this rank's sockets (receive buffer full)."""
         total = 0

@@ -157,6 +157,9 @@ class InaSession(_InaCollectives):
         self.late_timers = 0
         """Timers served late and re-armed instead of fired (``RetryPolicy.late_timer``):
         this worker was not running when they expired (the machine stalled)."""
+        self.late_samples = 0
+        """Round trips the estimator took from late answers: timeouts proved spurious
+        (docs/protocol.md, "Timeouts")."""
         self.batch_results = batch_results
         """The native core's receive batching (:class:`~hostlib.native.NativeInaAllreduce`;
         ``None``: its default)."""
@@ -204,6 +207,7 @@ class InaSession(_InaCollectives):
         self.fast_retransmissions += engine.stats.fast_retransmitted
         self.late_answers += engine.stats.stale
         self.late_timers += engine.stats.late_timers
+        self.late_samples += engine.stats.late_samples
         if isinstance(engine, NativeInaAllreduce):
             self.naps += engine.naps
             self.receives += engine.receives
@@ -309,6 +313,10 @@ class StripedInaSession(_InaCollectives):
     @property
     def late_timers(self) -> int:
         return sum(s.late_timers for s in self.stripes)
+
+    @property
+    def late_samples(self) -> int:
+        return sum(s.late_samples for s in self.stripes)
 
     @property
     def packets(self) -> int:

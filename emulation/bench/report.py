@@ -129,6 +129,7 @@ def merge_ranks(
                 host_drops=sum(getattr(r, "host_drops", 0) for r in at),
                 late_answers=sum(getattr(r, "late_answers", 0) for r in at),
                 late_timers=sum(getattr(r, "late_timers", 0) for r in at),
+                late_samples=sum(getattr(r, "late_samples", 0) for r in at),
                 chosen=(getattr(at[0], "ran", "") or None) if algo == "auto" else None,
                 cpu=worker_cpu(at),
                 collective=collective,

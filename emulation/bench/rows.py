@@ -91,6 +91,9 @@ class Row:
     """Of ``retransmits``, those sent during the timed calls: the warm-up's include what
     ranks entering the first call apart cost (a rank early sends its window and its
     timers fire until the others join), which is not the network's doing."""
+    late_samples: int = 0
+    """Round trips the INA ranks' estimators took from late answers, summed over ranks
+    (warm-up included): timeouts proved spurious (docs/protocol.md, "Timeouts")."""
 
     @property
     def algbw(self) -> float:
@@ -191,6 +194,7 @@ class Row:
                 retransmits=_whole(doc.get("retransmits", 0)),
                 fast_retransmits=_whole(doc.get("retransmits_fast", 0)),
                 retransmits_timed=_whole(doc.get("retransmits_timed", 0)),
+                late_samples=_whole(doc.get("late_samples", 0)),
                 host_drops=_whole(doc.get("host_drops", 0)),
                 late_answers=_whole(doc.get("late_answers", 0)),
                 late_timers=_whole(doc.get("late_timers", 0)),
@@ -227,6 +231,7 @@ class Row:
             "host_drops": self.host_drops,
             "late_answers": self.late_answers,
             "late_timers": self.late_timers,
+            "late_samples": self.late_samples,
             **({"chosen": self.chosen} if self.chosen is not None else {}),
             **({"transport": self.transport} if self.transport is not None else {}),
             **({"sent_bytes": self.sent_bytes} if self.sent_bytes is not None else {}),

@@ -172,6 +172,8 @@ class SizeResult:
     not been running, nor (on one machine) had its peers (``Communicator.late_timers``)."""
     retransmits_timed: int = 0
     """Of ``retransmits``, those sent during the timed calls (after the warm-up)."""
+    late_samples: int = 0
+    """Round trips the INA estimator took from late answers (timeouts proved spurious)."""
     sent_bytes: int | None = None
     """Bytes per timed call out of this rank's host link (its interface's transmit
     counter), measured by a host's head rank in an emulated network; else ``None``."""
@@ -310,6 +312,11 @@ class _Allreduce(Protocol):
     @property
     def late_timers(self) -> int:
         """Timers served late and re-armed so far (0 for TCP)."""
+        ...
+
+    @property
+    def late_samples(self) -> int:
+        """Round trips taken from late answers so far (INA; 0 for the others)."""
         ...
 
 
@@ -489,6 +496,10 @@ class _HostAllreduce:
     def late_timers(self) -> int:
         return self.comm.late_timers
 
+    @property
+    def late_samples(self) -> int:
+        return self.comm.late_samples
+
     def close(self) -> None:
         try:
             if self._collnet is not None:
@@ -567,6 +578,10 @@ class _GlooAllreduce:
     def late_timers(self) -> int:
         return 0
 
+    @property
+    def late_samples(self) -> int:
+        return 0
+
     def close(self) -> None:
         if self._dist.is_initialized():
             self._dist.destroy_process_group()
@@ -632,7 +647,7 @@ def _run_size(
         ran = coll.chosen
     call = coll.prepare(x)
     resent, fast, drops = coll.retransmits, coll.fast_retransmits, coll.host_drops
-    late, late_timers = coll.late_answers, coll.late_timers
+    late, late_timers, late_samples = coll.late_answers, coll.late_timers, coll.late_samples
     for _ in range(plan.warmup):
         call()
     resent_warm = coll.retransmits
@@ -647,7 +662,7 @@ def _run_size(
         nbytes, count, mean_us, wrong, max_err, coll.retransmits - resent, ran,
         cpu_s, t_start, t_end, coll.fast_retransmits - fast, coll.host_drops - drops,
         coll.late_answers - late, coll.late_timers - late_timers,
-        coll.retransmits - resent_warm, sent,
+        coll.retransmits - resent_warm, coll.late_samples - late_samples, sent,
     )  # fmt: skip
 
 

@@ -333,6 +333,7 @@ def _row(row: Row, rounds: Sequence[Round] = ()) -> dict[str, Any]:
         "wrong": row.wrong,
         "retransmits": row.retransmits,
         "retransmits_timed": row.retransmits_timed,
+        "late_samples": row.late_samples,
         "late_answers": row.late_answers,
         "cpu": None
         if row.cpu is None

@@ -266,6 +266,7 @@ def test_json_document_schema(tmp_path: Path) -> None:
         "retransmits",
             "retransmits_fast",
             "retransmits_timed",
+            "late_samples",
             "host_drops",
             "late_answers",
             "late_timers",
