@@ -28,6 +28,7 @@ __all__ = [
     "lane_op",
     "missing_join",
     "missing_peek",
+    "missing_restart",
     "missing_start",
 ]
 
@@ -63,6 +64,11 @@ def missing_peek(salu: Salu, value: int, phv: Phv) -> SaluOut:
 def missing_start(salu: Salu, value: int, phv: Phv) -> SaluOut:
     """checks.p4: a free slot's use starts: every other worker is missing."""
     return SaluOut(phv.meta.others if salu.cond(value == 0) else value, value)
+
+
+def missing_restart(salu: Salu, value: int, phv: Phv) -> SaluOut:
+    """checks.p4: a loose slot's newer use takes it over: every other worker is missing."""
+    return SaluOut(phv.meta.others, value)
 
 
 def final_read(salu: Salu, value: int, phv: Phv) -> SaluOut:

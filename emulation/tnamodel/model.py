@@ -17,10 +17,8 @@ as built unless ``min_frame`` pads it as an Ethernet wire would).
 
 from __future__ import annotations
 
-import ipaddress
 import random
-from dataclasses import dataclass, field
-from typing import NamedTuple
+from dataclasses import dataclass
 
 from emulation.tnamodel.actions import (
     advance,
@@ -35,8 +33,10 @@ from emulation.tnamodel.actions import (
     lane_op,
     missing_join,
     missing_peek,
+    missing_restart,
     missing_start,
 )
+from emulation.tnamodel.control import ControlPlane, TableError, _Tables
 from emulation.tnamodel.packet import (
     Ethernet,
     Headers,
@@ -47,7 +47,7 @@ from emulation.tnamodel.packet import (
     ipv4_checksum,
     parse,
 )
-from emulation.tnamodel.phv import Meta, Phv, Upstream
+from emulation.tnamodel.phv import Meta, Phv, Resubmit
 from emulation.tnamodel.program import (
     P4_DIR,
     TNA_DIR,
@@ -56,8 +56,11 @@ from emulation.tnamodel.program import (
     load_constants,
     load_table,
 )
-from emulation.tnamodel.roce import RoceProgram, RoceReply, RoceRequest, parse_request
+from emulation.tnamodel.roce import RoceProgram, parse_request
 from emulation.tnamodel.roce import registers as roce_registers
+from emulation.tnamodel.sharing import COUNTERS as SHARING_COUNTERS
+from emulation.tnamodel.sharing import SharingProgram
+from emulation.tnamodel.sharing import registers as sharing_registers
 from emulation.tnamodel.stateful import (
     PassState,
     Register,
@@ -66,10 +69,6 @@ from emulation.tnamodel.stateful import (
 )
 
 __all__ = ["TableError", "TnaModel", "TofinoLimitError"]
-
-
-class TableError(ValueError):
-    """A table, group or register write the program's tables cannot hold."""
 
 
 @dataclass
@@ -81,8 +80,10 @@ class Bridge:
     multicast: int = 0
     flooded: int = 0
     roce: int = 0
+    fallback: int = 0
     ingress_port: int = 0
     roce_shift: int = 0
+    fallback_stats: int = 0
 
 
 @dataclass
@@ -95,45 +96,23 @@ class _Tm:
     mcast_grp: int = 0
 
 
-class Job(NamedTuple):
-    """set_job's parameters."""
-
-    num_workers: int
-    slot_base: int
-    slot_count: int
-    mgid: int
-
-
-class Destination(NamedTuple):
-    """set_destination's parameters."""
-
-    dst_mac: int
-    dst_ip: int
-    dst_port: int
-
-
-@dataclass
-class _Tables:
-    """The control plane's tables (the const ones are the program's)."""
-
-    jobs: dict[int, Job] = field(default_factory=dict)
-    workers: set[tuple[int, int, int, int]] = field(default_factory=set)
-    upstream: dict[int, Upstream] = field(default_factory=dict)
-    forward: dict[int, tuple[str, int]] = field(default_factory=dict)
-    replicas: dict[tuple[int, int, int], Destination] = field(default_factory=dict)
-    groups: dict[int, tuple[tuple[int, int], ...]] = field(default_factory=dict)
-
-
 TABLE_ACTIONS: dict[str, tuple[str, ...]] = {
     "Ingress.upstream.upstream": ("set_upstream", "upstream_miss"),
     "Ingress.jobs.jobs": ("set_job", "job_miss"),
     "Ingress.workers.workers": ("worker_hit", "worker_miss"),
     "Ingress.masks.masks": ("set_mask", "mask_miss"),
-    "Ingress.checks.checks": ("drop", "join", "peek", "start", "take"),
-    "Ingress.next_step.next_step": (
-        "answer", "answer_upstream", "duplicate", "add", "add_complete", "resubmit",
-        "stale", "first", "first_complete", "take_result",
+    "Ingress.checks.checks": (
+        "drop", "join", "peek", "start", "take", "restart", "restart_shared", "join_resend",
+        "take_over", "place", "place_resend", "to_fallback", "collide_fallback", "collide",
+        "from_fallback",
     ),
+    "Ingress.next_step.next_step": (
+        "answer", "answer_upstream", "duplicate", "duplicate_fallback", "add",
+        "add_complete", "resubmit", "stale", "first", "first_complete", "take_result",
+    ),
+    "Ingress.sharing.shared": ("set_shared", "shared_miss"),
+    "Ingress.sharing.fallback": ("set_fallback", "fallback_miss"),
+    "Ingress.sharing.behind": ("set_behind", "behind_miss"),
     "Ingress.forwarder.forward": ("set_egress_port", "flood", "forward_drop"),
     "Egress.replicas.replicas": ("set_destination", "replica_miss"),
     "Ingress.roce.roce_requests": ("set_roce_qp", "roce_qp_miss"),
@@ -151,15 +130,7 @@ the table's control and the action, e.g. ``Ingress.jobs.set_job``): what this mo
 implements, held to the P4Info by tests/unit/test_tna_model.py."""
 
 
-def _ip(text: str) -> int:
-    return int(ipaddress.IPv4Address(text))
-
-
-def _mac(text: str) -> int:
-    return int(text.replace(":", ""), 16)
-
-
-class TnaModel:
+class TnaModel(ControlPlane):
     """The TNA program with its state: registers, tables, multicast groups, counters.
 
     Args:
@@ -198,6 +169,8 @@ class TnaModel:
         self.const_tables = self._const_tables()
         self.roce = RoceProgram(self.c, self.lanes, self.registers)
         """roce.p4 and roce_replies.p4: their tables (``roce.tables``) and controls."""
+        self.sharing = SharingProgram(self.registers, self.slots)
+        """sharing.p4: its tables (``sharing.tables``), the owner register's control."""
         self.passes: list[str] = []
         """The passes the last frame took (``ingress pass 1``, ``ingress pass 2``,
         ``egress to port P rid R``), for tests of the pass structure."""
@@ -209,6 +182,7 @@ class TnaModel:
             "Egress.ina_stats": [0] * self.c["NUM_STATS"],
             "Egress.drops": [0] * self.c["NUM_DROP_REASONS"],
         }
+        self.counters.update({n: [0] * self.c["SHARING_STATS_SIZE"] for n in SHARING_COUNTERS})
 
     # ----------------------------------------------------------------- program state
     def _registers(self) -> dict[str, Register]:
@@ -219,6 +193,7 @@ class TnaModel:
             Register("Ingress.missing", 32, size, [
                 ra("missing_join", missing_join, 32), ra("missing_peek", missing_peek, 32),
                 ra("missing_start", missing_start, 32),
+                ra("missing_restart", missing_restart, 32),
             ]),
             Register("Ingress.final", 8, size, [
                 ra("final_read", final_read, 8), ra("final_clear", final_clear, 8),
@@ -242,6 +217,7 @@ class TnaModel:
             for n in range(self.lanes)
         ]
         registers += roce_registers(self.c["ROCE_QP_REGISTERS"])
+        registers += sharing_registers(self.slots)
         return {r.name: r for r in registers}
 
     def _const_tables(self) -> dict[str, ConstTable]:
@@ -254,106 +230,6 @@ class TnaModel:
             "Ingress.checks.checks": table("checks", "checks"),
             "Ingress.next_step.next_step": table("next_step", "next_step"),
         }
-
-    # ----------------------------------------------------------------- control plane
-    def set_job(
-        self, job_id: int, num_workers: int, slot_base: int, slot_count: int, mgid: int
-    ) -> None:
-        """Ingress.jobs.jobs: job_id -> set_job(num_workers, slot_base, slot_count, mgid).
-
-        Raises:
-            TableError: a field outside its width, or a range leaving the set's slots
-                (jobs.p4: the controller keeps slot_base + slot_count <= the set's slots).
-        """
-        _check_bits("job_id", job_id, 16)
-        _check_bits("num_workers", num_workers, 8)
-        _check_bits("mgid", mgid, 16)
-        if slot_base < 0 or slot_count < 1 or slot_base + slot_count > self.slots:
-            raise TableError(f"slots {slot_base}+{slot_count} leave the set of {self.slots}")
-        self.tables.jobs[job_id] = Job(num_workers, slot_base, slot_count, mgid)
-
-    def worker_hit(self, job_id: int, rank: int, ipv4_src: str, udp_src_port: int) -> None:
-        """Ingress.workers.workers: (job_id, rank, ipv4_src, udp_src_port) -> worker_hit."""
-        _check_bits("rank", rank, 8)
-        self.tables.workers.add((job_id, rank, _ip(ipv4_src), udp_src_port))
-
-    def set_upstream(
-        self, job_id: int, rank: int, dst_ip: str, dst_port: int, dst_mac: str, egress_port: int
-    ) -> None:
-        """Ingress.upstream.upstream: job_id -> set_upstream(rank, dst_ip, dst_port,
-        dst_mac, egress_port)."""
-        _check_bits("rank", rank, 8)
-        up = Upstream(rank, _ip(dst_ip), dst_port, _mac(dst_mac), egress_port)
-        self.tables.upstream[job_id] = up
-
-    def set_destination(
-        self, job_id: int, egress_rid: int, egress_port: int, dst_mac: str, dst_ip: str,
-        dst_port: int,
-    ) -> None:  # fmt: skip
-        """Egress.replicas.replicas: (job_id, egress_rid, egress_port) ->
-        set_destination(dst_mac, dst_ip, dst_port)."""
-        dest = Destination(_mac(dst_mac), _ip(dst_ip), dst_port)
-        self.tables.replicas[(job_id, egress_rid, egress_port)] = dest
-
-    def set_roce_qp(self, dest_qp: int, job_id: int, rank: int, qp_reg: int, ipv4_src: str) -> None:
-        """Ingress.roce.roce_requests: dest_qp -> set_roce_qp(job_id, rank, qp_reg, ipv4_src).
-
-        Raises:
-            TableError: a field outside its width.
-        """
-        _check_bits("dest_qp", dest_qp, 24)
-        _check_bits("rank", rank, 8)
-        _check_bits("qp_reg", qp_reg, 16)
-        self.roce.tables.requests[dest_qp] = RoceRequest(job_id, rank, qp_reg, _ip(ipv4_src))
-
-    def set_roce_job(self, job_id: int, msg_shift: int) -> None:
-        """Ingress.roce.roce_jobs: job_id -> set_roce_job(msg_shift)."""
-        _check_bits("msg_shift", msg_shift, 8)
-        self.roce.tables.jobs[job_id] = msg_shift
-
-    def set_roce_reply(
-        self, job_id: int, rank: int, position: int, qpn: int, rkey: int, va: int, psn_index: int
-    ) -> None:
-        """Egress.roce.roce_replies: (job_id, rank, position) -> set_roce_reply(qpn, rkey,
-        va, psn_index)."""
-        _check_bits("qpn", qpn, 24)
-        _check_bits("va", va, 64)
-        self.roce.tables.replies[(job_id, rank, position)] = RoceReply(qpn, rkey, va, psn_index)
-
-    def set_reply_psn(self, index: int, psn: int) -> None:
-        """Egress.roce.reply_psn[index] = psn: the worker queue pair's first reply PSN."""
-        _check_bits("psn", psn, 24)
-        self.registers["Egress.roce.reply_psn"].cells[index] = psn
-
-    def set_egress_port(self, eth_dst: str, port: int) -> None:
-        """Ingress.forwarder.forward: eth_dst -> set_egress_port(port)."""
-        self.tables.forward[_mac(eth_dst)] = ("port", port)
-
-    def flood(self, eth_dst: str, mgid: int) -> None:
-        """Ingress.forwarder.forward: eth_dst -> flood(mgid)."""
-        self.tables.forward[_mac(eth_dst)] = ("flood", mgid)
-
-    def set_group(self, mgid: int, members: list[tuple[int, int]]) -> None:
-        """Multicast group ``mgid`` (1..65535): its replicas as (egress port, rid).
-
-        Raises:
-            TableError: mgid 0 (no group on Tofino) or outside 16 bits.
-        """
-        if not 1 <= mgid <= 0xFFFF:
-            raise TableError(f"multicast group {mgid} outside 1..65535")
-        self.tables.groups[mgid] = tuple(members)
-
-    def set_drops(self, ingress: float, egress: float) -> None:
-        """The drop simulators' probabilities: round(p * 2**31) in each probability register.
-
-        Raises:
-            ValueError: a probability outside 0..1.
-        """
-        for name, p in (("ingress", ingress), ("egress", egress)):
-            if not 0.0 <= p <= 1.0:
-                raise ValueError(f"{name} drop probability {p} outside 0..1")
-        self.registers["Ingress.drop_simulator.probability"].cells[0] = round(ingress * 2**31)
-        self.registers["Egress.drop_simulator.probability"].cells[0] = round(egress * 2**31)
 
     def statistics(self) -> dict[str, int]:
         """The counters by protocol name (``received``, ..., ``drop_<reason>``): a
@@ -387,9 +263,10 @@ class TnaModel:
         """
         self.passes = []
         frame = frame.ljust(self.min_frame, b"\0")
-        tm, bridge, out = self._ingress(port, frame, second_pass=False)
+        resubmit = Resubmit()
+        tm, bridge, out = self._ingress(port, frame, None, resubmit)
         if tm.resubmit:
-            tm, bridge, out = self._ingress(port, frame, second_pass=True)
+            tm, bridge, out = self._ingress(port, frame, resubmit, Resubmit())
             if tm.resubmit:
                 raise TofinoLimitError("Tofino 1 resubmits a packet once")
         if tm.drop:
@@ -416,11 +293,21 @@ class TnaModel:
         return self.registers[register].execute(action, phv.meta.index, phv, state)
 
     # ----------------------------------------------------------------- ingress
-    def _ingress(self, port: int, frame: bytes, second_pass: bool) -> tuple[_Tm, Bridge, bytes]:
+    def _ingress(
+        self, port: int, frame: bytes, parsed: Resubmit | None, data: Resubmit
+    ) -> tuple[_Tm, Bridge, bytes]:
         """One ingress pass (InaIngress): the traffic manager's orders, the bridge header
-        and the deparsed frame."""
+        and the deparsed frame. ``parsed``: the resubmit data of pass 2 (None in pass 1);
+        ``data``: the resubmit data this pass writes (pass 1's to pass 2)."""
         hdr = parse(frame, self.c["INA_UDP_PORT"], self.lanes)
+        second_pass = parsed is not None
         phv = Phv(hdr, Meta(second_pass=int(second_pass), drop_reason=self.c["TNA_NO_DROP"]))
+        if parsed is not None:  # parsers.p4's parse_resubmit, parse_shared_*
+            phv.meta.shared_pass = parsed.shared
+            phv.meta.shared_check = parsed.shared & parsed.check
+            data.pass_, data.shared, data.check = parsed.pass_, parsed.shared, parsed.check
+            data.cell, data.held = parsed.cell, parsed.held
+        phv.meta.resubmit_data = data
         if not hdr.is_ina and hdr.udp is not None and hdr.udp.dst_port == self.c["ROCE_UDP_PORT"]:
             phv.meta.is_roce, hdr.is_ina = 1, True  # parsers.p4's parse_bth
             phv.meta.roce = parse_request(hdr, self.c, self.lanes)
@@ -457,35 +344,55 @@ class TnaModel:
             self.roce.step(phv, state)
             bridge.roce, bridge.roce_shift = 1, meta.roce.shift
         self._upstream(phv)
+        self.sharing.lookup(phv, int.from_bytes(_ipv4(phv.hdr).src), _udp(phv.hdr).src_port)
         self._jobs(phv)
         self._workers(phv)
         self._masks(phv)
-        meta.slot_diff = (meta.slot - meta.slot_count) & 0xFFFF
-        meta.index = self._index(meta.abs_slot)
         if meta.job_hit:
-            action = "advance" if meta.second_pass else "check"
-            meta.seq_diff = self._execute("Ingress.seq", action, phv, state)
+            meta.slot_diff = (meta.slot - meta.slot_count) & 0xFFFF
+            meta.slot_next = (meta.slot + 1) & 0xFFFF
+        meta.index = self._index(meta.abs_slot, meta.resubmit_data.cell)
+        if meta.job_hit:
+            advance = meta.second_pass and not meta.shared_check
+            meta.seq_diff = self._execute("Ingress.seq", "advance" if advance else "check",
+                                          phv, state)  # fmt: skip
+        self.sharing.pool_slot(phv)
         if meta.is_roce:
             self.roce.verdict(phv)
+        self.sharing.wrap(phv)
         if meta.drop_reason == c["TNA_NO_DROP"]:
             self._checks(phv, state)
         if meta.mode != c["MODE_NONE"]:
             self._next_step(phv, state)
+        self.sharing.cell(phv)
         self._values(phv, state)
+        if meta.place:
+            self.sharing.place(phv, state)
+        shared, fallback = meta.shared, meta.fallback
+        if meta.collision and shared is not None:
+            self._count("Ingress.sharing.collisions", shared.stats)
         if meta.drop_reason != c["TNA_NO_DROP"]:
             self._count("Ingress.drops", meta.drop_reason)
             tm.drop = True
         elif meta.resubmit:
+            meta.resubmit_data.pass_ = c["TNA_PASS_SECOND"]
             tm.resubmit = True
         else:
             self._results(phv, bridge, tm, port)
-            self._count("Ingress.ina_stats", meta.stat)
+            if meta.stat != c["STAT_RECEIVED"]:
+                self._count("Ingress.ina_stats", meta.stat)
+            if meta.shared_use and shared is not None:
+                self._count("Ingress.sharing.shared_uses", shared.stats)
+            if meta.from_fallback and fallback is not None:
+                self._count("Ingress.sharing.from_fallback", fallback.stats)
             if meta.complete:
                 self._count("Ingress.completed", 0)
 
-    def _index(self, abs_slot: int) -> int:
-        """{abs_slot[15], abs_slot's slot bits}: the (set, slot) register index."""
-        return (abs_slot >> 15 & 1) * self.slots + (abs_slot & (self.slots - 1))
+    def _index(self, abs_slot: int, cell: int) -> int:
+        """{abs_slot[15], abs_slot's slot bits XOR the resubmit data's cell}: the (set,
+        slot) register index (seq.p4's XOR16 hash; cell is 0 but in a shared slot's
+        pass 2, where it turns the job slot into its pool slot)."""
+        return (abs_slot >> 15 & 1) * self.slots + ((abs_slot ^ cell) & (self.slots - 1))
 
     def _header_flags(self, phv: Phv) -> None:
         hdr, meta, c = phv.hdr, phv.meta, self.c
@@ -555,27 +462,46 @@ class TnaModel:
             "upstream_ip_diff": meta.upstream_ip_diff,
             "upstream_port_diff": meta.upstream_port_diff, "slot_diff": meta.slot_diff,
             "lanes_ok": meta.lanes_ok, "length_ok": meta.length_ok, "seq_diff": meta.seq_diff,
+            "has_fallback": meta.has_fallback, "fallback_ip_diff": meta.fallback_ip_diff,
+            "fallback_port_diff": meta.fallback_port_diff, "has_shared": meta.has_shared,
+            "shared_pass": meta.shared_pass, "held": meta.resubmit_data.held & 3,
+            "resend": ina_or_zero(hdr).flags & 1, "loose": meta.is_behind,
         }  # fmt: skip
         entry = self.const_tables["Ingress.checks.checks"].apply(keys)
         modes = {
             "join": ("MODE_JOIN", "missing_join"), "peek": ("MODE_PEEK", "missing_peek"),
             "start": ("MODE_START", "missing_start"), "take": ("MODE_RESULT", "missing_peek"),
+            "restart": ("MODE_RESTART", "missing_restart"),
+            "restart_shared": ("MODE_RESTART", "missing_restart"),
+            "join_resend": ("MODE_JOIN", "missing_join"),
         }  # fmt: skip
-        if entry.action == "drop":
-            meta.drop_reason = entry.args[0]
-            meta.mode = c["MODE_NONE"]
-        elif entry.action in modes:
-            mode, action = modes[entry.action]
+        action = entry.action
+        meta.mode = c["MODE_NONE"]
+        if action in ("drop", "collide"):
+            meta.drop_reason = entry.args[0] if action == "drop" else c["DROP_BAD_SLOT"]
+        elif action in modes:
+            mode, register_action = modes[action]
             meta.mode = c[mode]
-            meta.missing = self._execute("Ingress.missing", action, phv, state)
-        else:
-            raise TableError(f"checks: unknown action {entry.action}")
+            meta.missing = self._execute("Ingress.missing", register_action, phv, state)
+        elif action not in _SHARING_CHECKS:
+            raise TableError(f"checks: unknown action {action}")
+        # sharing.p4's flags (checks.p4's actions set them as named)
+        meta.shared_use |= int(action == "restart_shared")
+        meta.resend_join |= int(action == "join_resend")
+        meta.resubmit |= int(action in ("take_over", "place", "place_resend"))
+        meta.place |= int(action in ("place", "place_resend"))
+        meta.resubmit_data.shared |= int(action in ("place", "place_resend"))
+        meta.resubmit_data.check |= int(action == "place_resend")
+        meta.to_fallback |= int(action in ("to_fallback", "collide_fallback"))
+        meta.collision |= int(action in ("collide", "collide_fallback"))
+        meta.from_fallback |= int(action == "from_fallback")
 
     def _next_step(self, phv: Phv, state: PassState) -> None:
         meta = phv.meta
         keys = {
             "mode": meta.mode, "missing": meta.missing, "rank": ina_or_zero(phv.hdr).rank,
             "has_upstream": meta.has_upstream, "num_workers": meta.num_workers,
+            "resend_join": meta.resend_join,
         }  # fmt: skip
         entry = self.const_tables["Ingress.next_step.next_step"].apply(keys)
         self._next_step_action(entry, phv, state)
@@ -593,8 +519,12 @@ class TnaModel:
         final = {"answer_upstream": "final_read", "first": "final_clear",
                  "first_complete": "final_clear"}  # fmt: skip
         action = entry.action
-        if action not in op and action not in ("duplicate", "resubmit", "stale", "take_result"):
+        others = ("duplicate", "duplicate_fallback", "resubmit", "stale", "take_result")
+        if action not in op and action not in others:
             raise TableError(f"next_step: unknown action {action}")
+        if action == "duplicate_fallback":
+            meta.to_fallback = 1  # sharing.p4: counted here, to the fallback
+            return
         if action in op:
             meta.lane_op = c["LANE_OP_" + op[action]]
         if action in stat:
@@ -632,7 +562,11 @@ class TnaModel:
     def _results(self, phv: Phv, bridge: Bridge, tm: _Tm, port: int) -> None:
         """TnaResults: where a packet that passed every check goes."""
         meta, c = phv.meta, self.c
-        if meta.answer:
+        if meta.to_fallback:
+            self._to_fallback(phv, bridge, tm)
+        elif meta.from_fallback:
+            self._to_group(phv, bridge, tm)  # the fallback's RESULT, as it came
+        elif meta.answer:
             if meta.has_upstream and meta.was_final == 0:
                 meta.stat = c["STAT_UPSTREAM_RESENT"]
                 self._to_upstream(phv, bridge, tm)
@@ -664,6 +598,18 @@ class TnaModel:
         ina.ptype, ina.rank = self.c["PTYPE_DATA"], up.rank
         tm.ucast_port = up.egress_port
         bridge.upward = 1
+
+    def _to_fallback(self, phv: Phv, bridge: Bridge, tm: _Tm) -> None:
+        """results.p4 to_fallback: the DATA packet, unchanged, to the job's fallback."""
+        hdr, fb = phv.hdr, phv.meta.fallback
+        if fb is None:
+            raise TableError("to_fallback without a fallback entry")
+        eth, ip, udp = _eth(hdr), _ipv4(hdr), _udp(hdr)
+        eth.src, eth.dst = eth.dst, fb.dst_mac.to_bytes(6)
+        ip.src, ip.dst = ip.dst, fb.dst_ip.to_bytes(4)
+        udp.src_port, udp.dst_port, udp.checksum = self.c["INA_UDP_PORT"], fb.dst_port, 0
+        tm.ucast_port = fb.egress_port
+        bridge.upward, bridge.fallback, bridge.fallback_stats = 1, 1, fb.stats
 
     def _to_group(self, phv: Phv, bridge: Bridge, tm: _Tm) -> None:
         _swap_addresses(phv.hdr, bridge, self.c["PTYPE_RESULT"])
@@ -699,11 +645,20 @@ class TnaModel:
         if self.registers[register].execute("below", 0, phv, state):
             self._count("Egress.drops", c["DROP_SIM_EGRESS"])
             return None
-        stat = "STAT_SENT_UPSTREAM" if bridge.upward else "STAT_RESULTS_SENT"
-        self._count("Egress.ina_stats", c[stat])
+        if bridge.fallback:
+            self._count("Egress.sharing.to_fallback", bridge.fallback_stats)
+        else:
+            stat = "STAT_SENT_UPSTREAM" if bridge.upward else "STAT_RESULTS_SENT"
+            self._count("Egress.ina_stats", c[stat])
         ip = _ipv4(hdr)
         ip.hdr_checksum = ipv4_checksum(ip)
         return deparse(hdr)
+
+
+_SHARING_CHECKS = frozenset(
+    {"take_over", "place", "place_resend", "to_fallback", "collide_fallback", "from_fallback"}
+)
+"""checks.p4's actions that run no register (sharing.p4's, and a loose slot's take-over)."""
 
 
 # --------------------------------------------------------------------- headers
@@ -732,8 +687,3 @@ def _udp(hdr: Headers) -> Udp:
     if hdr.udp is None:
         raise TableError("an INA packet without UDP")
     return hdr.udp
-
-
-def _check_bits(name: str, value: int, bits: int) -> None:
-    if not 0 <= value < 1 << bits:
-        raise TableError(f"{name} {value} outside {bits} bits")

@@ -9,12 +9,26 @@ and :class:`Phv`.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import NamedTuple
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, NamedTuple
 
 from emulation.tnamodel.packet import Headers
 
-__all__ = ["Meta", "Phv", "RoceMeta", "Upstream"]
+if TYPE_CHECKING:
+    from emulation.tnamodel.sharing import Fallback, Shared
+
+__all__ = ["Meta", "Phv", "Resubmit", "RoceMeta", "Upstream"]
+
+
+@dataclass
+class Resubmit:
+    """resubmit_h: what pass 1 tells pass 2 (zero in pass 1 until written)."""
+
+    pass_: int = 0
+    shared: int = 0  # a shared slot's pass 1 placed it (sharing.p4) ...
+    check: int = 0  # ... a retransmission with a fallback: seq only checked
+    cell: int = 0  # the pool slot XOR the job slot (seq.p4's XOR16 index)
+    held: int = 0  # 0 this job slot's, 1 another's, 2 past the shared count
 
 
 @dataclass
@@ -23,6 +37,9 @@ class Meta:
     @pa_auto_init_metadata does."""
 
     second_pass: int = 0
+    shared_pass: int = 0
+    shared_check: int = 0
+    resubmit_data: Resubmit = field(default_factory=Resubmit)
     version_ok: int = 0
     is_data: int = 0
     is_result: int = 0
@@ -43,6 +60,26 @@ class Meta:
     upstream: Upstream | None = None
     upstream_ip_diff: int = 0
     upstream_port_diff: int = 0
+    # sharing.p4
+    has_shared: int = 0
+    shared: Shared | None = None
+    shared_rel: int = 0
+    shared_wrap: int = 0
+    shared_left: int = 0
+    slot_next: int = 0
+    owner_me: int = 0
+    cell: int = 0
+    has_fallback: int = 0
+    fallback: Fallback | None = None
+    fallback_ip_diff: int = 0
+    fallback_port_diff: int = 0
+    is_behind: int = 0
+    place: int = 0
+    to_fallback: int = 0
+    from_fallback: int = 0
+    collision: int = 0
+    shared_use: int = 0
+    resend_join: int = 0
     draw: int = 0
     sim_drop: int = 0
     seq_diff: int = 0

@@ -35,7 +35,10 @@ _CONST_RE = re.compile(r"^\s*const\s+bit<\d+>\s+(\w+)\s*=\s*([^;]+);", re.MULTIL
 _ENTRY_RE = re.compile(
     r"^\s*\((?P<keys>[^()]*)\)\s*:\s*(?P<action>\w+)\s*(?:\((?P<args>.*)\))?\s*;"
 )
-_KEY_RE = re.compile(r"^\s*[\w.()]+\s*:\s*(?:ternary|exact)\s*@name\(\"(\w+)\"\)\s*;")
+# A key is a field, isValid() or a slice (``hdr.ina.flags[0:0]``), then its match kind.
+_KEY_RE = re.compile(
+    r"^\s*[\w.()]+(?:\[\d+:\d+\])?\s*:\s*(?:ternary|exact)\s*@name\(\"(\w+)\"\)\s*;"
+)
 _DEFAULT_RE = re.compile(r"const\s+default_action\s*=\s*(?P<action>\w+)\s*\((?P<args>.*)\)\s*;")
 _CAST_RE = re.compile(r"\(bit<\d+>\)")
 

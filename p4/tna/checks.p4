@@ -13,7 +13,10 @@
  *     last contribution (only its bit);
  *   - peek (a newer seq, pass 1; or the upstream switch's RESULT): read it; 0 means the
  *     use is finished and the slot can start the next one;
- *   - start (pass 2, the seq advanced): every other worker is missing.
+ *   - start (pass 2, the seq advanced): every other worker is missing;
+ *   - restart (a loose slot's newer use: sharing.p4): the same, whatever was missing.
+ * A slot past the job's reservation is placed in the shared region or passed on to the
+ * fallback (sharing.p4: place, to_fallback, collide*, from_fallback).
  * next_step.p4 turns the value before into the packet's fate.
  */
 #ifndef _INA_TNA_CHECKS_P4_
@@ -33,6 +36,15 @@ control TnaChecks(in tna_headers_t hdr, inout tna_ingress_metadata_t meta) {
     RegisterAction<bit<32>, tna_index_t, bit<32>>(missing) missing_peek = {
         void apply(inout bit<32> value, out bit<32> before) {
             before = value;
+        }
+    };
+
+    // A loose slot's newer use takes it over (sharing.p4): every other worker is missing,
+    // whatever the use before still waited for.
+    RegisterAction<bit<32>, tna_index_t, bit<32>>(missing) missing_restart = {
+        void apply(inout bit<32> value, out bit<32> before) {
+            before = value;
+            value = meta.others;
         }
     };
 
@@ -75,6 +87,77 @@ control TnaChecks(in tna_headers_t hdr, inout tna_ingress_metadata_t meta) {
         meta.missing = missing_peek.execute(meta.index);
     }
 
+    @name(".Ingress.checks.restart")
+    action restart() {
+        meta.mode = MODE_RESTART;
+        meta.missing = missing_restart.execute(meta.index);
+    }
+
+    // sharing.p4's: a shared slot's use, a collision, the fallback's way.
+    @name(".Ingress.checks.restart_shared")
+    action restart_shared() {
+        meta.mode = MODE_RESTART;
+        meta.shared_use = 1;
+        meta.missing = missing_restart.execute(meta.index);
+    }
+
+    @name(".Ingress.checks.join_resend")
+    action join_resend() {
+        meta.mode = MODE_JOIN;
+        meta.resend_join = 1;
+        meta.missing = missing_join.execute(meta.index);
+    }
+
+    @name(".Ingress.checks.take_over")
+    action take_over() {
+        meta.mode = MODE_NONE;
+        meta.resubmit = 1;
+    }
+
+    @name(".Ingress.checks.place")
+    action place() {
+        meta.mode = MODE_NONE;
+        meta.place = 1;
+        meta.resubmit = 1;
+        meta.resubmit_data.shared = 1;
+    }
+
+    // A retransmission with a fallback: its use starts there, never here (seq.p4).
+    @name(".Ingress.checks.place_resend")
+    action place_resend() {
+        meta.mode = MODE_NONE;
+        meta.place = 1;
+        meta.resubmit = 1;
+        meta.resubmit_data.shared = 1;
+        meta.resubmit_data.check = 1;
+    }
+
+    @name(".Ingress.checks.to_fallback")
+    action to_fallback() {
+        meta.mode = MODE_NONE;
+        meta.to_fallback = 1;
+    }
+
+    @name(".Ingress.checks.collide_fallback")
+    action collide_fallback() {
+        meta.mode = MODE_NONE;
+        meta.collision = 1;
+        meta.to_fallback = 1;
+    }
+
+    @name(".Ingress.checks.collide")
+    action collide() {
+        meta.drop_reason = (bit<8>)DROP_BAD_SLOT;
+        meta.mode = MODE_NONE;
+        meta.collision = 1;
+    }
+
+    @name(".Ingress.checks.from_fallback")
+    action from_fallback() {
+        meta.mode = MODE_NONE;
+        meta.from_fallback = 1;
+    }
+
     @name(".Ingress.checks.checks")
     table checks {
         key = {
@@ -95,6 +178,14 @@ control TnaChecks(in tna_headers_t hdr, inout tna_ingress_metadata_t meta) {
             meta.lanes_ok: ternary @name("lanes_ok");
             meta.length_ok: ternary @name("length_ok");
             meta.seq_diff: ternary @name("seq_diff");
+            meta.has_fallback: ternary @name("has_fallback");
+            meta.fallback_ip_diff: ternary @name("fallback_ip_diff");
+            meta.fallback_port_diff: ternary @name("fallback_port_diff");
+            meta.has_shared: ternary @name("has_shared");
+            meta.shared_pass: ternary @name("shared_pass");
+            meta.resubmit_data.held[1:0]: ternary @name("held");
+            hdr.ina.flags[0:0]: ternary @name("resend");
+            meta.is_behind: ternary @name("loose");
         }
         actions = {
             drop;
@@ -102,6 +193,16 @@ control TnaChecks(in tna_headers_t hdr, inout tna_ingress_metadata_t meta) {
             peek;
             start;
             take;
+            restart;
+            restart_shared;
+            join_resend;
+            take_over;
+            place;
+            place_resend;
+            to_fallback;
+            collide_fallback;
+            collide;
+            from_fallback;
         }
         const entries = {
 #include "checks_entries.p4"

@@ -78,6 +78,7 @@ const bit<3> MODE_JOIN = 1;    // the packet's seq is the slot's: clear the send
 const bit<3> MODE_PEEK = 2;    // a newer seq (pass 1): is the slot free?
 const bit<3> MODE_START = 3;   // pass 2, the seq advanced: the use's first contribution
 const bit<3> MODE_RESULT = 4;  // the upstream switch's RESULT: is the slot finished?
+const bit<3> MODE_RESTART = 5; // a loose slot's newer use took it over (sharing.p4)
 
 // meta.drop_reason of a packet no check has dropped; DROP_* (../configuration.p4) are the
 // drop counter's indices and fit 8 bits.

@@ -48,6 +48,8 @@ _CHECK_KEYS = (
     "second_pass", "sim_drop", "ina_valid", "udp_length", "version_ok", "is_data", "is_result",
     "has_upstream", "job_hit", "rank_ok", "worker_hit", "upstream_ip_diff",
     "upstream_port_diff", "slot_diff", "lanes_ok", "length_ok", "seq_diff",
+    "has_fallback", "fallback_ip_diff", "fallback_port_diff", "has_shared", "shared_pass",
+    "held", "resend", "loose",
 )  # fmt: skip
 _BOOL_KEYS = {"ina_valid"}
 
@@ -205,32 +207,81 @@ def render_checks() -> str:
         _check(drop("DROP_TRUNCATED"), udp_length=(0x0010, 0xFFF8)),
         _check(drop("DROP_MALFORMED"), version_ok=0),
         _check(drop("DROP_MALFORMED"), is_data=0, is_result=0),
-        _check(drop("DROP_MALFORMED"), is_data=0, has_upstream=0),
+        _check(drop("DROP_MALFORMED"), is_data=0, has_upstream=0, has_fallback=0),
         "            // 4.-5. the job; a DATA packet's rank and source\n",
         _check(drop("DROP_UNKNOWN_JOB"), job_hit=0),
         _check(drop("DROP_BAD_RANK"), is_data=1, rank_ok=0),
         _check(drop("DROP_BAD_SOURCE"), is_data=1, worker_hit=0),
         "            // ... a RESULT's source: any bit of the differences from the upstream's\n",
+        "            //     (or the fallback's: sharing.p4)\n",
     ]
     rows += [
-        _check(drop("DROP_BAD_SOURCE"), is_data=0, upstream_ip_diff=(1 << b, 1 << b))
+        _check(
+            drop("DROP_BAD_SOURCE"), is_data=0, has_fallback=0, upstream_ip_diff=(1 << b, 1 << b)
+        )
         for b in range(32)
     ]
     rows += [
-        _check(drop("DROP_BAD_SOURCE"), is_data=0, upstream_port_diff=(1 << b, 1 << b))
+        _check(
+            drop("DROP_BAD_SOURCE"), is_data=0, has_fallback=0, upstream_port_diff=(1 << b, 1 << b)
+        )
         for b in range(16)
     ]
     rows += [
-        "            // 6.-8. slot in the job's range, lanes, lengths\n",
-        _check(drop("DROP_BAD_SLOT"), slot_diff=(0, 0x8000)),
+        _check(
+            drop("DROP_BAD_SOURCE"), is_data=0, has_fallback=1, fallback_ip_diff=(1 << b, 1 << b)
+        )
+        for b in range(32)
+    ]
+    rows += [
+        _check(
+            drop("DROP_BAD_SOURCE"), is_data=0, has_fallback=1, fallback_port_diff=(1 << b, 1 << b)
+        )
+        for b in range(16)
+    ]
+    out = (0, 0x8000)  # slot_diff: a slot past the job's reservation
+    newer = (0, 0x80000000)
+    same = (0, 0xFFFFFFFF)
+    rows += [
+        "            // 6.-8. slot in the job's range (or past it, in the shared region or at\n",
+        "            //       the fallback: sharing.p4), lanes, lengths\n",
+        _check(drop("DROP_BAD_SLOT"), slot_diff=out, has_fallback=0, has_shared=0),
+        _check(drop("DROP_BAD_SLOT"), is_data=0, slot_diff=out, has_fallback=0),
         _check(drop("DROP_BAD_LANES"), lanes_ok=0),
         _check(drop("DROP_BAD_LENGTH"), length_ok=0),
-        "            // 9. the slot: its use, a newer one (pass 1: peek; pass 2: start),\n",
-        "            //    a RESULT for its use; the rest (older seqs) is the default: stale\n",
-        _check("join", is_data=1, seq_diff=(0, 0xFFFFFFFF)),
-        _check("peek", second_pass=0, is_data=1, seq_diff=(0, 0x80000000)),
-        _check("start", second_pass=1, is_data=1, seq_diff=(0, 0x80000000)),
-        _check("take", is_data=0, seq_diff=(0, 0xFFFFFFFF)),
+        "            // the fallback's RESULT; a shared slot's pass 2 (sharing.p4): a collision\n",
+        "            // or past the shared count, then its use: the same, a retransmission's\n",
+        "            // newer one (to the fallback), a newer one (taken over)\n",
+        _check("from_fallback", is_data=0, has_fallback=1),
+        _check("collide_fallback", shared_pass=1, held=1, has_fallback=1),
+        _check("collide", shared_pass=1, held=1),
+        _check("to_fallback", shared_pass=1, held=2, has_fallback=1),
+        _check(drop("DROP_BAD_SLOT"), shared_pass=1, held=2),
+        _check("join_resend", shared_pass=1, resend=1, has_fallback=1, seq_diff=same),
+        _check("join", shared_pass=1, seq_diff=same),
+        _check("to_fallback", shared_pass=1, resend=1, has_fallback=1, seq_diff=newer),
+        _check("restart_shared", shared_pass=1, seq_diff=newer),
+        "            // ... its pass 1: placed in the region, else to the fallback\n",
+        _check(
+            "place_resend",
+            second_pass=0,
+            is_data=1,
+            slot_diff=out,
+            has_shared=1,
+            resend=1,
+            has_fallback=1,
+        ),
+        _check("place", second_pass=0, is_data=1, slot_diff=out, has_shared=1),
+        _check("to_fallback", second_pass=0, is_data=1, slot_diff=out, has_fallback=1),
+        "            // 9. the slot: its use, a newer one (pass 1: peek; pass 2: start; in a\n",
+        "            //    loose slot a newer use takes over: sharing.p4), a RESULT for its\n",
+        "            //    use; the rest (older seqs) is the default: stale\n",
+        _check("join", is_data=1, seq_diff=same),
+        _check("take_over", second_pass=0, is_data=1, seq_diff=newer, loose=1),
+        _check("peek", second_pass=0, is_data=1, seq_diff=newer),
+        _check("restart", second_pass=1, is_data=1, seq_diff=newer, loose=1),
+        _check("start", second_pass=1, is_data=1, seq_diff=newer),
+        _check("take", is_data=0, seq_diff=same),
     ]
     what = "checks.p4's entries, highest priority first: Pipeline.process's checks in its order."
     return _banner("checks_entries.p4", what) + "".join(rows)
@@ -238,13 +289,14 @@ def render_checks() -> str:
 
 def _step(action: str, mode: str, missing: tuple[int, int] | None = None,
           rank: int | None = None, upstream: int | None = None,
-          workers: int | None = None) -> str:  # fmt: skip
+          workers: int | None = None, resend: int | None = None) -> str:  # fmt: skip
     cells = [
         mode,
         "_" if missing is None else f"0x{missing[0]:X} &&& 0x{missing[1]:X}",
         "_" if rank is None else str(rank),
         "_" if upstream is None else str(upstream),
         "_" if workers is None else str(workers),
+        "_" if resend is None else str(resend),
     ]
     return f"            ({', '.join(cells)}) : {action}();\n"
 
@@ -255,10 +307,13 @@ def render_next_step() -> str:
         _step("answer", "MODE_JOIN", nothing, upstream=0),
         _step("answer_upstream", "MODE_JOIN", nothing, upstream=1),
     ]
+    rows += [
+        _step("duplicate_fallback", "MODE_JOIN", (0, 1 << r), rank=r, resend=1)
+        for r in range(MAX_WORKERS)
+    ]
     rows += [_step("duplicate", "MODE_JOIN", (0, 1 << r), rank=r) for r in range(MAX_WORKERS)]
     rows += [
-        _step("add_complete", "MODE_JOIN", (1 << r, 0xFFFFFFFF), rank=r)
-        for r in range(MAX_WORKERS)
+        _step("add_complete", "MODE_JOIN", (1 << r, 0xFFFFFFFF), rank=r) for r in range(MAX_WORKERS)
     ]
     rows += [
         _step("add", "MODE_JOIN"),
@@ -267,6 +322,8 @@ def render_next_step() -> str:
         _step("first_complete", "MODE_START", nothing, workers=1),
         _step("first", "MODE_START", nothing),
         _step("stale", "MODE_START"),
+        _step("first_complete", "MODE_RESTART", workers=1),
+        _step("first", "MODE_RESTART"),
         _step("take_result", "MODE_RESULT", nothing),
         _step("stale", "MODE_RESULT"),
     ]

@@ -28,6 +28,7 @@
 #include "jobs.p4"
 #include "workers.p4"
 #include "upstream.p4"
+#include "sharing.p4"
 #include "masks.p4"
 #include "seq.p4"
 #include "checks.p4"
@@ -56,11 +57,20 @@ control InaIngress(inout tna_headers_t hdr,
     Counter<bit<64>, bit<8>>(NUM_STATS, CounterType_t.PACKETS) ina_stats;
     @name(".Ingress.drops")
     Counter<bit<64>, bit<8>>(NUM_DROP_REASONS, CounterType_t.PACKETS) drops;
+    // sharing.p4's per-job counters, in the cell each entry names (stats).
+    @name(".Ingress.sharing.shared_uses")
+    Counter<bit<64>, bit<16>>(SHARING_STATS_SIZE, CounterType_t.PACKETS) shared_uses;
+    @name(".Ingress.sharing.collisions")
+    Counter<bit<64>, bit<16>>(SHARING_STATS_SIZE, CounterType_t.PACKETS) collisions;
+    @name(".Ingress.sharing.from_fallback")
+    Counter<bit<64>, bit<16>>(SHARING_STATS_SIZE, CounterType_t.PACKETS) from_fallback;
 
-    Hash<tna_index_t>(HashAlgorithm_t.IDENTITY) index;
+    Hash<tna_index_t>(HashAlgorithm_t.XOR16) index;
 
     TnaIngressDropSimulator() drop_simulator;
     TnaUpstream() upstream;
+    TnaSharing() sharing;
+    TnaOwner() owner;
     TnaJobs() jobs;
     TnaWorkers() workers;
     TnaMasks() masks;
@@ -114,18 +124,35 @@ control InaIngress(inout tna_headers_t hdr,
                 meta.length_ok = 1;
             }
             upstream.apply(hdr, meta);
+            sharing.apply(hdr, meta);
             jobs.apply(hdr, meta);
             workers.apply(hdr, meta);
             masks.apply(hdr, meta);
-            meta.slot_diff = meta.slot - meta.slot_count;
+            // A slot past the reservation: its pool slot in the shared region and its
+            // owner cell's value (sharing.p4), a step a stage. Each step is under a
+            // condition the next is not: p4c would otherwise substitute a step's
+            // expression into the next, an action of two steps, which no stage runs.
+            if (meta.job_hit == 1) {
+                meta.slot_diff = meta.slot - meta.slot_count;
+                meta.slot_next = meta.slot + 1;
+            }
             // Pass 1's check changes nothing, and pass 2 follows a pass 1 that dropped
             // nothing: seq need not wait for RoCEv2's verdict, the checks do.
             if (meta.job_hit == 1) {
                 seq.apply(hdr, meta);
             }
-            meta.index = index.get({meta.abs_slot[15:15], meta.abs_slot[12:0]});
+            if (meta.has_shared == 1) {
+                meta.shared_rel = meta.slot_diff + meta.shared_offset;
+                meta.shared_left = meta.slot_diff - meta.shared_count;
+                meta.owner_me = hdr.ina.job_id ++ meta.slot_next;
+            }
+            meta.index = index.get({2w0, meta.abs_slot[15:15], meta.abs_slot[12:0],
+                                    3w0, meta.resubmit_data.cell[12:0]});   // seq.p4
             if (meta.is_roce == 1) {
                 roce_verdict.apply(meta);       // DROP_BAD_PSN etc. (roce.p4)
+            }
+            if (meta.is_data == 1) {
+                meta.shared_wrap = meta.shared_rel & meta.shared_mask;
             }
             if (meta.drop_reason == TNA_NO_DROP) {
                 checks.apply(hdr, meta);
@@ -133,7 +160,22 @@ control InaIngress(inout tna_headers_t hdr,
             if (meta.mode != MODE_NONE) {
                 next_step.apply(hdr, meta);
             }
+            if (meta.has_shared == 1) {
+                meta.cell = meta.shared_wrap | meta.shared_base;
+            }
             values.apply(hdr, meta);
+            // A shared slot's pass 1: the owner cell, or past the shared count.
+            if (meta.place == 1) {
+                meta.resubmit_data.cell = meta.cell ^ meta.abs_slot;
+                if (meta.shared_left[15:15] == 1) {
+                    owner.apply(meta);
+                } else {
+                    meta.resubmit_data.held = 2;
+                }
+            }
+            if (meta.collision == 1) {
+                collisions.count(meta.shared_stats);
+            }
             if (meta.drop_reason != TNA_NO_DROP) {
                 drops.count(meta.drop_reason);
                 ig_dprsr_md.drop_ctl = 1;
@@ -143,7 +185,17 @@ control InaIngress(inout tna_headers_t hdr,
                 ig_dprsr_md.resubmit_type = 1;
             } else {
                 results.apply(hdr, meta, ig_intr_md, ig_tm_md, ig_dprsr_md);
-                ina_stats.count(meta.stat);
+                // A packet to or from the fallback has no statistic of ina_stats (stat
+                // 0, STAT_RECEIVED, is the received counter's): sharing.p4's count it.
+                if (meta.stat != (bit<8>)STAT_RECEIVED) {
+                    ina_stats.count(meta.stat);
+                }
+                if (meta.shared_use == 1) {
+                    shared_uses.count(meta.shared_stats);
+                }
+                if (meta.from_fallback == 1) {
+                    from_fallback.count(meta.fallback_stats);
+                }
                 if (meta.complete == 1) {
                     completed.count(0);
                 }
@@ -164,6 +216,8 @@ control InaEgress(inout tna_headers_t hdr,
     Counter<bit<64>, bit<8>>(NUM_STATS, CounterType_t.PACKETS) ina_stats;
     @name(".Egress.drops")
     Counter<bit<64>, bit<8>>(NUM_DROP_REASONS, CounterType_t.PACKETS) drops;
+    @name(".Egress.sharing.to_fallback")
+    Counter<bit<64>, bit<16>>(SHARING_STATS_SIZE, CounterType_t.PACKETS) to_fallback;
 
     TnaReplicas() replicas;
     TnaRoceEgress() roce;
@@ -184,6 +238,8 @@ control InaEgress(inout tna_headers_t hdr,
                 if (meta.sim_drop == 1) {
                     drops.count((bit<8>)DROP_SIM_EGRESS);
                     eg_dprsr_md.drop_ctl = 1;
+                } else if (hdr.bridge.fallback == 1) {
+                    to_fallback.count(hdr.bridge.fallback_stats);   // sharing.p4
                 } else if (hdr.bridge.upward == 1) {
                     ina_stats.count((bit<8>)STAT_SENT_UPSTREAM);
                 } else {

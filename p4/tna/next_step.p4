@@ -7,13 +7,15 @@
  *   join,  nothing missing       a finished use's retransmission: read the result
  *                                (with an upstream switch: read `final` too; answer if
  *                                1, send the partial sum up again if 0)
- *   join,  sender's bit clear    duplicate: ignored
+ *   join,  sender's bit clear    duplicate: ignored (a shared slot's retransmission,
+ *                                with a fallback: passed on to it, sharing.p4)
  *   join,  only the sender's bit the last contribution: add, the slot completes
  *   join,  otherwise             add
  *   peek,  nothing missing       the slot is free: resubmit, the seq advances in pass 2
  *   peek,  otherwise             a use in progress: stale
  *   start                        the first contribution: write; `final` cleared; with
  *                                one worker the slot completes at once
+ *   restart                      the same, in a loose slot taken over (sharing.p4)
  *   take,  nothing missing       the upstream switch's RESULT: set `final`; if it was
  *                                clear, write the lanes and multicast, else a duplicate
  *                                (the lanes keep the first copy)
@@ -73,6 +75,11 @@ control TnaNextStep(in tna_headers_t hdr, inout tna_ingress_metadata_t meta) {
         meta.stat = (bit<8>)STAT_DUPLICATES_IGNORED;
     }
 
+    @name(".Ingress.next_step.duplicate_fallback")
+    action duplicate_fallback() {
+        meta.to_fallback = 1;
+    }
+
     @name(".Ingress.next_step.add")
     action add() {
         meta.lane_op = (bit<8>)LANE_OP_ADD;
@@ -126,11 +133,13 @@ control TnaNextStep(in tna_headers_t hdr, inout tna_ingress_metadata_t meta) {
             hdr.ina.rank: ternary @name("rank");
             meta.has_upstream: ternary @name("has_upstream");
             meta.num_workers: ternary @name("num_workers");
+            meta.resend_join: ternary @name("resend_join");
         }
         actions = {
             answer;
             answer_upstream;
             duplicate;
+            duplicate_fallback;
             add;
             add_complete;
             resubmit;

@@ -29,6 +29,22 @@ parser InaIngressParser(packet_in pkt,
     state parse_resubmit {
         pkt.extract(meta.resubmit_data);
         meta.second_pass = 1;
+        transition select(meta.resubmit_data.shared, meta.resubmit_data.check) {
+            (1, 0): parse_shared_pass;
+            (1, 1): parse_shared_check;
+            default: parse_ethernet;
+        }
+    }
+
+    // A shared slot's pass 2 (sharing.p4).
+    state parse_shared_pass {
+        meta.shared_pass = 1;
+        transition parse_ethernet;
+    }
+
+    state parse_shared_check {
+        meta.shared_pass = 1;
+        meta.shared_check = 1;
         transition parse_ethernet;
     }
 

@@ -5,6 +5,8 @@
  *     unicast to the upstream switch as the leaf's rank there;
  *   - to the group: a completed slot, or the upstream's first RESULT: multicast;
  *   - to the sender: a finished use's retransmission: the result by unicast;
+ *   - to the fallback (sharing.p4): a DATA packet the switch does not aggregate, as it
+ *     came; the fallback's RESULT goes to the group, as it came;
  *   - otherwise consumed.
  * A RESULT's source is the address the worker sent to; egress rewrites each replica's
  * destination (replicas.p4) and the IPv4 checksum (parsers.p4).
@@ -47,6 +49,23 @@ control TnaResults(inout tna_headers_t hdr,
         hdr.bridge.upward = 1;
     }
 
+    // sharing.p4: the DATA packet, unchanged, to the job's fallback aggregator, from the
+    // address the worker sent to (the fallback's RESULT comes back here).
+    @name(".Ingress.results.to_fallback")
+    action to_fallback() {
+        hdr.ethernet.src_addr = hdr.ethernet.dst_addr;
+        hdr.ethernet.dst_addr = meta.fallback_mac;
+        hdr.ipv4.src_addr = hdr.ipv4.dst_addr;
+        hdr.ipv4.dst_addr = meta.fallback_ip;
+        hdr.udp.src_port = INA_UDP_PORT;
+        hdr.udp.dst_port = meta.fallback_udp_port;
+        hdr.udp.checksum = 0;
+        ig_tm_md.ucast_egress_port = meta.fallback_port;
+        hdr.bridge.upward = 1;
+        hdr.bridge.fallback = 1;
+        hdr.bridge.fallback_stats = meta.fallback_stats;
+    }
+
     @name(".Ingress.results.to_group")
     action to_group() {
         swap_addresses();
@@ -66,7 +85,11 @@ control TnaResults(inout tna_headers_t hdr,
     }
 
     apply {
-        if (meta.answer == 1) {
+        if (meta.to_fallback == 1) {
+            to_fallback();
+        } else if (meta.from_fallback == 1) {
+            to_group();                         // the fallback's RESULT, as it came
+        } else if (meta.answer == 1) {
             if (meta.has_upstream == 1 && meta.was_final == 0) {
                 meta.stat = (bit<8>)STAT_UPSTREAM_RESENT;
                 to_upstream();

@@ -13,6 +13,7 @@
  *     slot's and seq_diff = 1: the use starts (checks.p4 fills its missing workers).
  *     Otherwise seq_diff = seq - stored as in pass 1: another worker's first packet
  *     started this use in between (0: the packet joins it), or a newer use (stale).
+ * A shared slot's first packet (sharing.p4) starts its use in pass 2, at its pool slot.
  */
 #ifndef _INA_TNA_SEQ_P4_
 #define _INA_TNA_SEQ_P4_
@@ -42,13 +43,19 @@ control TnaSeq(in tna_headers_t hdr, inout tna_ingress_metadata_t meta) {
         }
     };
 
-    Hash<tna_index_t>(HashAlgorithm_t.IDENTITY) index;
+    // The (set, slot) register index; a shared slot's pass 2 (sharing.p4) has its pool
+    // slot's in the resubmit data as the difference from the job's slot (0 otherwise),
+    // which XOR16 (the two 16-bit words XORed) undoes.
+    Hash<tna_index_t>(HashAlgorithm_t.XOR16) index;
 
     apply {
-        if (meta.second_pass == 1) {
-            meta.seq_diff = advance.execute(index.get({meta.abs_slot[15:15], meta.abs_slot[12:0]}));
+        // A retransmission in a shared slot with a fallback starts no use here.
+        if (meta.second_pass == 1 && meta.shared_check == 0) {
+            meta.seq_diff = advance.execute(index.get({2w0, meta.abs_slot[15:15], meta.abs_slot[12:0],
+                                                       3w0, meta.resubmit_data.cell[12:0]}));
         } else {
-            meta.seq_diff = check.execute(index.get({meta.abs_slot[15:15], meta.abs_slot[12:0]}));
+            meta.seq_diff = check.execute(index.get({2w0, meta.abs_slot[15:15], meta.abs_slot[12:0],
+                                                     3w0, meta.resubmit_data.cell[12:0]}));
         }
     }
 }

@@ -8,6 +8,9 @@
 // A RoCEv2 queue pair register's index (ROCE_QP_REGISTERS cells).
 typedef bit<14> roce_qp_index_t;
 
+// A pool slot, for both sets: the owner register's index (sharing.p4).
+typedef bit<13> tna_cell_t;
+
 // Ingress to egress: what ingress decided, prepended to the packet (the deparser emits
 // it, the egress parser takes it off).
 header bridge_h {
@@ -16,21 +19,30 @@ header bridge_h {
     bit<1> multicast;     // a replica of the job's group: replicas.p4 addresses it
     bit<1> flooded;       // ordinary traffic flooded: not back out of its ingress port
     bit<1> roce;          // arrived as RoCEv2: egress makes each result a WRITE (roce_replies.p4)
-    bit<2> pad0;
+    bit<1> fallback;      // DATA passed on to the job's fallback (with upward: sharing.p4)
+    bit<1> pad0;
     PortId_t ingress_port;
     bit<8> roce_shift;    // the job's log2(packets per message) (roce_jobs)
+    bit<16> fallback_stats;   // the job's cell of the to_fallback counter
 }
 
 // Pass 1 to pass 2 (Tofino 1's resubmit data is 64 bits).
 header resubmit_h {
     bit<8> pass;
-    bit<56> pad;
+    bit<1> shared;        // a shared slot's pass 1 placed it (sharing.p4): ...
+    bit<1> check;         // ... a retransmission with a fallback: seq is only checked ...
+    bit<6> pad0;
+    bit<16> cell;         // ... in this pool slot, ...
+    bit<8> held;          // ... 0: this job slot's, 1: another's, 2: past the shared count
+    bit<24> pad;
 }
 
 struct tna_ingress_metadata_t {
     resubmit_h resubmit_data;
     bit<1> is_ina;        // UDP to INA_UDP_PORT (the parser)
     bit<1> second_pass;   // resubmitted: the seq advances (seq.p4)
+    bit<1> shared_pass;   // ... a shared slot's, at resubmit_data.cell (sharing.p4) ...
+    bit<1> shared_check;  // ... a retransmission's: its seq is checked, never advanced
 
     // Checks of header fields against constants (ina_tna.p4), keys of checks.p4.
     bit<1> version_ok;
@@ -62,6 +74,38 @@ struct tna_ingress_metadata_t {
     PortId_t upstream_port;
     bit<32> upstream_ip_diff;     // 0: the packet comes from the upstream switch's address
     bit<16> upstream_port_diff;
+    // sharing.p4: the shared entry, ...
+    bit<1> has_shared;
+    bit<16> shared_count;
+    bit<16> shared_base;
+    bit<16> shared_mask;
+    bit<16> shared_offset;
+    bit<16> shared_stats;
+    // ... the pool slot of a slot past the reservation (ina_tna.p4, a step a stage) ...
+    bit<16> shared_rel;   // slot_diff + offset
+    bit<16> shared_wrap;  // shared_rel & mask
+    bit<16> shared_left;  // slot_diff - count: bit 15 set while in the shared count
+    bit<16> slot_next;    // slot + 1
+    bit<32> owner_me;     // job_id ++ slot_next: the owner cell's value for this job slot
+    // ... the fallback entry (0 differences: the packet comes from its address) ...
+    bit<1> has_fallback;
+    ipv4_addr_t fallback_ip;
+    l4_port_t fallback_udp_port;
+    mac_addr_t fallback_mac;
+    PortId_t fallback_port;
+    bit<16> fallback_stats;
+    bit<32> fallback_ip_diff;
+    bit<16> fallback_port_diff;
+    // ... the behind entry, and what checks.p4 and next_step.p4 decided of it
+    bit<1> is_behind;
+    bit<1> place;         // pass 1 of a shared slot: take the owner cell, resubmit
+    bit<1> to_fallback;   // pass the DATA packet on, unchanged, to the fallback
+    bit<1> from_fallback; // the fallback's RESULT: multicast
+    bit<1> collision;     // the cell is another job slot's
+    bit<1> shared_use;    // a use's first contribution in a shared slot
+    bit<16> cell;         // shared_wrap | base: the pool slot (resubmit_data.cell)
+    bit<1> resend_join;   // a retransmission in a shared slot with a fallback: if counted
+                          // already, it goes on to the fallback (next_step.p4)
 
     // drop_simulator.p4
     tna_draw_t draw;

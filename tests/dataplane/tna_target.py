@@ -10,7 +10,9 @@ and a host route per port in the forwarder. The model has the vector's lanes. A 
 job's ranks are bound at (their address, 4791) and its queue pairs written as
 controller/roce.py writes them (roce_steps.switch_qpns's order, each worker queue pair's
 first PSN in reply_psn); frames go both ways as an RNIC sends them (UDP 4791, IPv4
-identification 0, DF).
+identification 0, DF). A sharing job's entries (sharing_steps) are the controller's
+(controller/switch.py add_job and add_behind): one region at the top of the pool, each
+job at controller.sharing.best_offset, counter cells from controller.sharing.free_cell.
 """
 
 from __future__ import annotations
@@ -32,6 +34,7 @@ from runner import (
 )
 
 from controller.roce import ROCE_QPN_BASE
+from controller.sharing import FallbackEntry, SharedEntry, best_offset, free_cell
 from emulation.tnamodel import TnaModel
 from hostlib.protocol import INA_UDP_PORT, LANE_BYTES, ROCE_UDP_PORT
 
@@ -51,6 +54,7 @@ class TnaModelTarget:
         self._seed = seed
         self._model: TnaModel | None = None
         self._queues: dict[int, deque[bytes]] = {}
+        self._stats: dict[int, tuple[int | None, int | None]] = {}
 
     def configure(self, vector: Vector, run_dir: Path) -> None:
         self._model = model = TnaModel(lanes=vector.lanes, seed=self._seed)
@@ -58,9 +62,18 @@ class TnaModelTarget:
         for port in vector.ports:
             model.set_egress_port(port_identity(port).mac, port)
         base, qp_reg = 0, 0
+        sharing = _Sharing(model)
         for mgid, job in enumerate(vector.jobs, start=1):
+            spec = job.sharing
+            if spec is not None and spec.behind is not None:
+                sharing.add_behind(job.job_id, spec.behind_workers, spec.behind, base,
+                                   job.slot_count, mgid)  # fmt: skip
+                base += job.slot_count
+                continue
             model.set_job(job.job_id, len(job.workers), base, job.slot_count, mgid)
             base += job.slot_count
+            if spec is not None:
+                sharing.add(job.job_id, spec.shared, spec.region, spec.fallback)
             model.set_group(mgid, [(port, rank) for rank, port in enumerate(job.workers)])
             for rank, port in enumerate(job.workers):
                 me = port_identity(port)
@@ -76,6 +89,7 @@ class TnaModelTarget:
                     job.job_id, job.upstream.rank, up.ip, up.udp_port, up.mac, up.port
                 )
         model.set_drops(*vector.drops)
+        self._stats = sharing.stats
 
     def roce_ips(self, port: int) -> tuple[str, str]:
         return port_identity(port).ip, SWITCH_IP
@@ -104,7 +118,15 @@ class TnaModelTarget:
         self._require().set_drops(ingress, egress)
 
     def counters(self) -> dict[str, int]:
-        return {k: v for k, v in self._require().statistics().items() if k in COUNTERS}
+        model = self._require()
+        out = {k: v for k, v in model.statistics().items() if k in COUNTERS}
+        for job_id, (shared, fallback) in self._stats.items():
+            for name, cell in (("shared_uses", shared), ("collisions", shared),
+                               ("from_fallback", fallback), ("to_fallback", fallback)):  # fmt: skip
+                gress = "Egress" if name == "to_fallback" else "Ingress"
+                cells = model.counters[f"{gress}.sharing.{name}"]
+                out[f"job{job_id}.{name}"] = 0 if cell is None else cells[cell]
+        return out
 
     def close(self) -> None:
         self._model = None
@@ -131,6 +153,51 @@ def _add_roce_job(
             model.set_reply_psn(reg, ep.psn)
             reg += 1
     return reg
+
+
+class _Sharing:
+    """A vector's sharing entries, written as the controller writes them."""
+
+    def __init__(self, model: TnaModel) -> None:
+        self.model = model
+        self.shared: list[SharedEntry] = []
+        self.fallback: list[FallbackEntry] = []
+        self.stats: dict[int, tuple[int | None, int | None]] = {}
+        """Each sharing job's counter cells: (its shared entry's, its fallback's)."""
+
+    def add(self, job_id: int, count: int, region: int | None, fallback: int | None) -> None:
+        cell = free_cell(self.shared, self.fallback)
+        shared_cell = fallback_cell = None
+        if fallback is not None:
+            fb = port_identity(fallback)
+            entry = FallbackEntry(job_id, fb.ip, fb.udp_port, fb.mac, fb.port, cell)
+            self.fallback.append(entry)
+            self.model.set_fallback(job_id, fb.ip, fb.udp_port, fb.mac, fb.port, cell)
+            fallback_cell = cell
+        if count:
+            if self.shared:
+                base, size = self.shared[0].base, self.shared[0].size
+            else:
+                size = region if region is not None else 1 << max(count - 1, 0).bit_length()
+                base = self.model.slots - size
+            offset = best_offset(self.shared, size, count)
+            self.shared.append(SharedEntry(job_id, count, base, size, offset, cell))
+            self.model.set_shared(job_id, count, base, size - 1, offset, cell)
+            shared_cell = cell
+        self.stats[job_id] = (shared_cell, fallback_cell)
+
+    def add_behind(
+        self, job_id: int, workers: int, front: int, base: int, slots: int, mgid: int
+    ) -> None:
+        """The job as add_behind installs it: every rank bound to the front switch's
+        address, its one replica (rid 0), and the behind entry."""
+        me = port_identity(front)
+        self.model.set_job(job_id, workers, base, slots, mgid)
+        self.model.set_group(mgid, [(front, 0)])
+        self.model.set_destination(job_id, 0, front, me.mac, me.ip, me.udp_port)
+        for rank in range(workers):
+            self.model.worker_hit(job_id, rank, me.ip, me.udp_port)
+        self.model.set_behind(job_id)
 
 
 def udp_frame(

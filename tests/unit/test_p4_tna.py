@@ -76,8 +76,9 @@ def test_the_committed_placement_is_within_the_stage_budget() -> None:
     assert len(rows) == int(match.group(1))
     assert all(int(salus) <= 4 for _, salus in rows)
     # One stateful ALU per lane, one each for seq, missing, final, exponent and the two
-    # drop simulators, RoCEv2's five queue-pair registers (roce.p4) and its reply PSN.
-    assert sum(int(salus) for _, salus in rows) == TNA_LANES_PER_PACKET + 6 + 6
+    # drop simulators, RoCEv2's five queue-pair registers (roce.p4) and its reply PSN,
+    # and sharing's owner register (sharing.p4).
+    assert sum(int(salus) for _, salus in rows) == TNA_LANES_PER_PACKET + 6 + 6 + 1
 
 
 def _resources(stages: dict[int, list[str]]) -> dict[str, object]:

@@ -40,6 +40,9 @@ WRITERS = {
     "Ingress.roce.set_roce_qp": "set_roce_qp",
     "Ingress.roce.set_roce_job": "set_roce_job",
     "Egress.roce.set_roce_reply": "set_roce_reply",
+    "Ingress.sharing.set_shared": "set_shared",
+    "Ingress.sharing.set_fallback": "set_fallback",
+    "Ingress.sharing.set_behind": "set_behind",
 }
 """Table actions the control plane writes, and the model's method that writes each."""
 
@@ -313,7 +316,8 @@ def test_the_stateful_check_fails_on_another_program(model: TnaModel) -> None:
     ]
     lanes = [f"Ingress.values.lane_{n:02d}: values_lane_{n:02d}_op" for n in range(model.lanes)]
     rest = [
-        "Ingress.missing: checks_missing_join checks_missing_peek checks_missing_start",
+        "Ingress.missing: checks_missing_join checks_missing_peek checks_missing_restart "
+        "checks_missing_start",
         "Ingress.final: next_step_final_clear next_step_final_read next_step_final_take",
         "Ingress.exponents.exponent: values_exponent_max values_exponent_read "
         "values_exponent_write",
@@ -324,9 +328,10 @@ def test_the_stateful_check_fails_on_another_program(model: TnaModel) -> None:
         "Ingress.roce.seq: roce_step_seq_first roce_step_seq_read",
         "Ingress.roce.exponent: roce_step_exponent_first roce_step_exponent_read",
         "Egress.roce.reply_psn: roce_read_psn",
+        "Ingress.sharing.owner: owner_take",
     ]
     good = "\n".join(lines + lanes + rest)
-    instances += ["checks", "next_step", "roce_step", "roce"]
+    instances += ["checks", "next_step", "roce_step", "roce", "owner"]
     assert stateful_problems(model, good, instances) == []
     no_advance = good.replace("seq_advance ", "")
     assert stateful_problems(model, no_advance, instances) == [
