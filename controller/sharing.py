@@ -59,7 +59,7 @@ fallback entry's."""
 
 
 def served(p4info: P4Info) -> bool:
-    """Whether the program has the sharing tables (p4/ has; p4/tna/ not yet)."""
+    """Whether the program has the sharing tables (p4/ and p4/tna/ have)."""
     return any(t.name == Shared.table_name for t in p4info.tables)
 
 

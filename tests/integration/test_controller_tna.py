@@ -21,8 +21,9 @@ import pytest
 from test_controller_golden import RecordingService, _check
 
 from controller.client import P4RuntimeError
-from controller.p4info import TNA_P4INFO_PATH, P4Info
+from controller.p4info import DEFAULT_P4INFO_PATH, TNA_P4INFO_PATH, P4Info
 from controller.roce import ROCE_QPN_BASE
+from controller.sharing import FallbackEntry, SharedEntry
 from controller.switch import SwitchController, WorkerAddress
 from emulation.cli import main as inalab
 from emulation.softswitch import SoftSwitchProcess
@@ -224,3 +225,40 @@ def test_the_tofino_path_installs_and_removes_a_jobs_roce_tables(
         ctl.remove_job(7)
         assert ctl.roce.read_requests() == [] and ctl.roce.msg_packets(7) is None
         assert pipeline.jobs() == []
+
+
+SHARING_TABLES = ("Ingress.sharing.shared", "Ingress.sharing.fallback", "Ingress.sharing.behind")
+
+
+def test_the_tofino_path_installs_a_shared_job_its_fallback_and_a_job_behind(
+    served: tuple[RecordingService, str, Pipeline],
+) -> None:
+    # p4/tna/sharing.p4 declares p4/sharing.p4's tables and actions under the same names
+    # and ids, its counters and owner register under the same names: the one controller
+    # installs sharing through the TNA P4Info, unchanged.
+    service, address, pipeline = served
+    tna, v1 = P4Info.load(TNA_P4INFO_PATH), P4Info.load(DEFAULT_P4INFO_PATH)
+    for name in SHARING_TABLES:
+        assert tna.table(name).id == v1.table(name).id
+    workers = [
+        WorkerAddress("10.0.0.1", 40001, "02:00:00:00:00:01", 1),
+        WorkerAddress("10.0.0.2", 40002, "02:00:00:00:00:02", 2),
+    ]
+    fallback = WorkerAddress("10.0.0.9", 20033, "02:00:00:00:00:09", 5)
+    front = WorkerAddress("10.0.0.254", 20033, "02:00:00:00:00:fe", 3)
+    with SwitchController.connect(address) as ctl:
+        assert is_tofino(ctl.p4info) and ctl.sharing is not None
+        service.writes.clear()
+        job = ctl.add_job(7, workers, slot_count=1, shared=2, region=2, fallback=fallback)
+        ctl.add_behind(8, 2, 1, front)
+        _check("sharing_install_tna", service.writes)
+        # the region at the top of the 4-slot pool; job 8 behind, in the slot between
+        assert job.shared == SharedEntry(7, 2, 2, 2, 0, 0)
+        assert job.fallback == FallbackEntry(7, "10.0.0.9", 20033, "02:00:00:00:00:09", 5, 0)
+        assert ctl.sharing.behind.read() == [8]
+        assert [(j.job_id, j.slot_base) for j in pipeline.jobs()] == [(7, 0), (8, 1)]
+        assert set(ctl.job_counters(7).values()) == {0}
+        ctl.remove_job(7)
+        ctl.remove_job(8)
+        assert (ctl.sharing.shared.read(), ctl.sharing.fallback.read()) == ([], [])
+        assert ctl.sharing.behind.read() == [] and pipeline.jobs() == []
