@@ -50,6 +50,10 @@ parser InaIngressParser(packet_in pkt,
 
     state parse_port_metadata {
         pkt.advance(PORT_METADATA_SIZE);
+        // seq.p4's index reads the cell in every pass: 0 in pass 1, not whatever the
+        // container holds (a header's fields are not metadata @pa_auto_init_metadata
+        // clears).
+        meta.resubmit_data.cell = 0;
         transition parse_ethernet;
     }
 
