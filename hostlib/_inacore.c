@@ -220,9 +220,11 @@ static inline int64_t block_len(InaCore *c, int64_t block) {
     return hi > lo ? hi - lo : 0;
 }
 
-static void rtt_update(InaCore *c, double rtt) {
+/* One round-trip sample, its gains divided by the packets in flight (hostlib.ina's
+   _Rtt.update with flight: RFC 7323, Appendix G). */
+static void rtt_update(InaCore *c, double rtt, int64_t flight) {
     Rtt r = {c->rto, c->srtt, c->rttvar, c->samples};
-    rtt_sample(&r, rtt, c->min_timeout, c->max_timeout, 1); /* RFC 6298 as it is */
+    rtt_sample(&r, rtt, c->min_timeout, c->max_timeout, flight > 1 ? flight : 1);
     c->rto = r.rto;
     c->srtt = r.srtt;
     c->rttvar = r.rttvar;
@@ -352,7 +354,7 @@ static int take(InaCore *c, const uint8_t *d, size_t len, double now) {
         if (slot >= 0 && c->spurious[slot] == index) { /* a late answer: hostlib.ina's
                                                           _late_sample */
             c->spurious[slot] = -1;
-            rtt_update(c, c->spurious_rtt[slot]);
+            rtt_update(c, c->spurious_rtt[slot], c->flight);
             c->late_samples++;
         }
         return -2;
@@ -367,7 +369,7 @@ static int take(InaCore *c, const uint8_t *d, size_t len, double now) {
     if (!c->resent[slot]) {
         if (!flag) {
             double rtt = now - c->sent_at[slot];
-            rtt_update(c, rtt);
+            rtt_update(c, rtt, c->flight + 1);
             /* not while this worker stalled: on one machine all stalled, no queue grew */
             if (c->sample[slot] && c->clock.stalled == c->stall_at[slot])
                 cc_sample(&c->cc, rtt, now, c->srtt, c->window);

@@ -280,7 +280,10 @@ class _Rtt:
         (every ack a sample) let ``rttvar`` shrink while a receiver's queue was short,
         and when it grew, a whole window's timers fired before their acks came back
         (star4 at 200 Mbit/s, 16 MiB ring: 10,950 timer retransmissions, every one a
-        late answer, 1.32 s against Gloo's 1.05 s). INA passes 1: RFC 6298 as it is."""
+        late answer, 1.32 s against Gloo's 1.05 s). INA passes its packets in flight too:
+        with RFC 6298's gains per packet, 16 workers' windows behind the fat tree's pod
+        uplinks let ``rttvar`` decay between the queue's swings, and 2.3% of the packets
+        were spurious retransmissions; weighed, 1.0% (docs/results.md, 2026-11-30)."""
         if self.samples == 0:
             self.srtt, self.rttvar = rtt, rtt / 2
         else:
@@ -589,7 +592,7 @@ class InaAllreduce:
         window's unless this worker stalled meanwhile (on one machine all stalled, and no
         queue grew)."""
         policy = self.policy
-        self.rtt.update(rtt, policy)
+        self.rtt.update(rtt, policy, max(1, self._flight + 1))
         if self._sample_cc[slot] and self._clock.stalled == self._stall_at[slot]:
             self.rtt.cc.on_sample(
                 rtt, now, self.rtt.srtt, self.window, policy.cc_target, policy.cc_beta,
@@ -603,7 +606,7 @@ class InaAllreduce:
         the round trip is not ambiguous. The estimator takes it (the congestion window
         does not: it is a round late)."""
         self._spurious[slot] = -1
-        self.rtt.update(self._spurious_rtt[slot], self.policy)
+        self.rtt.update(self._spurious_rtt[slot], self.policy, max(1, self._flight))
         self.stats.late_samples += 1
 
     def _fill(self, index: int) -> None:

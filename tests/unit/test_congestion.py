@@ -98,15 +98,19 @@ def _bottleneck(policy: RetryPolicy, calls: int = 3) -> list[tuple[float, int, f
 
 def test_on_a_shared_bottleneck_the_window_keeps_the_queue_short() -> None:
     """Once the session knows its path (the first call learns it), the window holds the
-    queue to a third of what the windows alone stand in it, the bottleneck stays busy
-    (each call within 3% of its floor, 4 x 300 packets x 1 ms), and the timers fire under
-    a third as often. (As written: peaks 15-19 ms against 55 ms; 44 retransmissions in
-    four calls against 168.)"""
+    queue to half of what the windows alone stand in it, the bottleneck stays busy (each
+    call within 3% of its floor, 4 x 300 packets x 1 ms), and the timers, in either
+    setting, fire for under 1% of the packets: the estimator weighs its samples by the
+    packets in flight, so its variance spans the queue's. (As written: peaks 11-15 ms
+    against 31 ms; 12 retransmissions in four calls against 0. Before the estimator
+    weighed its samples, the timers fired 168 times without the window and 44 with it,
+    against a queue of 55 ms.)"""
     floor = 4 * 300 * UPLINK
     with_cc, without = _bottleneck(replace(POLICY, cc_target=0.002), 5), _bottleneck(OFF, 5)
     assert all(seconds < 1.03 * floor for seconds, _, _ in with_cc[1:])
-    assert max(peak for _, _, peak in with_cc[2:]) < 0.025 < 0.05 < without[-1][2]
-    assert 3 * sum(r for _, r, _ in with_cc[1:]) < sum(r for _, r, _ in without[1:])
+    assert max(peak for _, _, peak in with_cc[2:]) < 0.02 < 0.025 < without[-1][2]
+    for runs in (with_cc, without):
+        assert sum(r for _, r, _ in runs[1:]) < 0.01 * 4 * 4 * 300
 
 
 def test_a_backed_off_timeout_stays_until_an_unambiguous_sample() -> None:
