@@ -18,6 +18,7 @@ import re
 import select
 import signal
 import socket
+import struct
 import subprocess
 import sys
 import threading
@@ -611,3 +612,16 @@ def gid_table(root: Path, entries: list[tuple[str, int, int, str, str]]) -> Path
         (port_dir / "gids" / str(index)).write_text(gid + "\n")
         (port_dir / "gid_attrs" / "types" / str(index)).write_text(kind + "\n")
     return root
+
+
+def tna_frame(src_port: int, payload: bytes) -> bytes:
+    """An INA frame from the TNA model's port ``src_port`` (its identity: MAC
+    02:00:00:00:00:PP, 10.0.0.PP, UDP 40000 + PP) to the switch's INA endpoint
+    (10.0.0.254, UDP 0x4E41)."""
+    udp = struct.pack("!HHHH", 40000 + src_port, 0x4E41, 8 + len(payload), 0)
+    ip = struct.pack(
+        "!BBHHHBBH4s4s", 0x45, 0, 28 + len(payload), 1, 0, 64, 17, 0,
+        bytes([10, 0, 0, src_port]), bytes([10, 0, 0, 254]),
+    )  # fmt: skip
+    eth = bytes.fromhex("0200000000fe") + bytes([2, 0, 0, 0, 0, src_port]) + b"\x08\x00"
+    return eth + ip + udp + payload

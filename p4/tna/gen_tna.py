@@ -215,30 +215,16 @@ def render_checks() -> str:
         "            // ... a RESULT's source: any bit of the differences from the upstream's\n",
         "            //     (or the fallback's: sharing.p4)\n",
     ]
-    rows += [
-        _check(
-            drop("DROP_BAD_SOURCE"), is_data=0, has_fallback=0, upstream_ip_diff=(1 << b, 1 << b)
-        )
-        for b in range(32)
-    ]
-    rows += [
-        _check(
-            drop("DROP_BAD_SOURCE"), is_data=0, has_fallback=0, upstream_port_diff=(1 << b, 1 << b)
-        )
-        for b in range(16)
-    ]
-    rows += [
-        _check(
-            drop("DROP_BAD_SOURCE"), is_data=0, has_fallback=1, fallback_ip_diff=(1 << b, 1 << b)
-        )
-        for b in range(32)
-    ]
-    rows += [
-        _check(
-            drop("DROP_BAD_SOURCE"), is_data=0, has_fallback=1, fallback_port_diff=(1 << b, 1 << b)
-        )
-        for b in range(16)
-    ]
+    sources = (
+        (0, "upstream_ip_diff", 32), (0, "upstream_port_diff", 16),
+        (1, "fallback_ip_diff", 32), (1, "fallback_port_diff", 16),
+    )  # fmt: skip
+    for has_fallback, diff, bits in sources:
+        bad = drop("DROP_BAD_SOURCE")
+        rows += [
+            _check(bad, is_data=0, has_fallback=has_fallback, **{diff: (1 << b, 1 << b)})
+            for b in range(bits)
+        ]
     out = (0, 0x8000)  # slot_diff: a slot past the job's reservation
     newer = (0, 0x80000000)
     same = (0, 0xFFFFFFFF)

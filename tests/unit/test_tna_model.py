@@ -19,6 +19,7 @@ import struct
 from collections.abc import Mapping
 
 import pytest
+from helpers import tna_frame
 
 from controller.p4info import P4Info
 from emulation.tnamodel import TableError, TnaModel, TofinoLimitError
@@ -51,17 +52,6 @@ WRITERS = {
 def _phv(seq: int = 0) -> Phv:
     ina = Ina(1, 1, 0, 7, 0, 0, 28, 0, 0, seq)
     return Phv(Headers(ina=ina), Meta())
-
-
-def _frame(src_port: int, payload: bytes) -> bytes:
-    """A worker's INA frame: port ``src_port``'s identity to the switch's INA endpoint."""
-    udp = struct.pack("!HHHH", 40000 + src_port, 0x4E41, 8 + len(payload), 0)
-    ip = struct.pack(
-        "!BBHHHBBH4s4s", 0x45, 0, 28 + len(payload), 1, 0, 64, 17, 0,
-        bytes([10, 0, 0, src_port]), bytes([10, 0, 0, 254]),
-    )  # fmt: skip
-    eth = bytes.fromhex("0200000000fe") + bytes([2, 0, 0, 0, 0, src_port]) + b"\x08\x00"
-    return eth + ip + udp + payload
 
 
 def _data(model: TnaModel, rank: int, seq: int, value: int) -> bytes:
@@ -130,8 +120,8 @@ def test_a_register_action_computes_a_value_and_one_output_with_two_comparisons(
 
 def test_lanes_add_wrapping_within_32_bits() -> None:
     model = _two_workers()
-    model.process(1, _frame(1, _data(model, 0, 1, 0x7FFFFFFF)))
-    out = model.process(2, _frame(2, _data(model, 1, 1, 1)))
+    model.process(1, tna_frame(1, _data(model, 0, 1, 0x7FFFFFFF)))
+    out = model.process(2, tna_frame(2, _data(model, 1, 1, 1)))
     assert [port for port, _ in out] == [1, 2]
     lanes = struct.unpack_from("!4i", out[0][1], 42 + 16)
     assert lanes == (-(2**31),) * 4
@@ -140,16 +130,16 @@ def test_lanes_add_wrapping_within_32_bits() -> None:
 # --------------------------------------------------------------------- passes
 def test_a_uses_first_packet_takes_two_passes_and_the_others_one() -> None:
     model = _two_workers()
-    assert model.process(1, _frame(1, _data(model, 0, 1, 3))) == []
+    assert model.process(1, tna_frame(1, _data(model, 0, 1, 3))) == []
     assert model.passes == ["ingress pass 1", "ingress pass 2"]
-    out = model.process(2, _frame(2, _data(model, 1, 1, 4)))
+    out = model.process(2, tna_frame(2, _data(model, 1, 1, 4)))
     assert model.passes == ["ingress pass 1", "egress to port 1 rid 0", "egress to port 2 rid 1"]
     assert struct.unpack_from("!4i", out[1][1], 42 + 16) == (7, 7, 7, 7)
     # The next use of the slot (a newer seq) starts with two passes again; a duplicate
     # of it is ignored in one.
-    model.process(1, _frame(1, _data(model, 0, 2, 1)))
+    model.process(1, tna_frame(1, _data(model, 0, 2, 1)))
     assert model.passes == ["ingress pass 1", "ingress pass 2"]
-    model.process(1, _frame(1, _data(model, 0, 2, 1)))
+    model.process(1, tna_frame(1, _data(model, 0, 2, 1)))
     assert model.passes == ["ingress pass 1"]
     stats = model.statistics()
     assert (stats["received"], stats["aggregated"], stats["duplicates_ignored"]) == (4, 3, 1)
@@ -346,8 +336,8 @@ def test_process_never_leaves_the_vectors_ports() -> None:
     # table drops the replica uncounted, as replicas.p4 does.
     model = _two_workers()
     model.set_group(1, [(1, 0), (2, 1), (9, 5)])
-    model.process(1, _frame(1, _data(model, 0, 1, 1)))
-    out = model.process(2, _frame(2, _data(model, 1, 1, 1)))
+    model.process(1, tna_frame(1, _data(model, 0, 1, 1)))
+    out = model.process(2, tna_frame(2, _data(model, 1, 1, 1)))
     assert [p for p, _ in out] == [1, 2]
     assert model.statistics()["results_sent"] == 2
 
@@ -356,5 +346,5 @@ def test_a_truncated_header_in_a_padded_frame_is_truncated() -> None:
     model = TnaModel(lanes=4, slots=16, min_frame=60)
     model.set_job(4, num_workers=1, slot_base=0, slot_count=1, mgid=1)
     fifteen = bytes.fromhex("11 00 0004 00 80 0004 0000 0000 000000")
-    assert model.process(1, _frame(1, fifteen)) == []
+    assert model.process(1, tna_frame(1, fifteen)) == []
     assert model.statistics()["drop_truncated"] == 1

@@ -8,22 +8,13 @@ from __future__ import annotations
 
 import struct
 
+from helpers import tna_frame
+
 from emulation.tnamodel import TnaModel
 
 LANES = 4
 SLOTS = 16
 FALLBACK_PORT = 5
-
-
-def _frame(src_port: int, payload: bytes) -> bytes:
-    """An INA frame from port ``src_port``'s identity to the switch's INA endpoint."""
-    udp = struct.pack("!HHHH", 40000 + src_port, 0x4E41, 8 + len(payload), 0)
-    ip = struct.pack(
-        "!BBHHHBBH4s4s", 0x45, 0, 28 + len(payload), 1, 0, 64, 17, 0,
-        bytes([10, 0, 0, src_port]), bytes([10, 0, 0, 254]),
-    )  # fmt: skip
-    eth = bytes.fromhex("0200000000fe") + bytes([2, 0, 0, 0, 0, src_port]) + b"\x08\x00"
-    return eth + ip + udp + payload
 
 
 def _data(job: int, rank: int, slot: int, seq: int, value: int, resend: bool = False) -> bytes:
@@ -49,11 +40,11 @@ def _model(job: int, slot_count: int, workers: int = 2) -> TnaModel:
 def test_a_shared_slot_takes_two_passes_and_its_owner_cell() -> None:
     model = _model(3, slot_count=1)
     model.set_shared(3, count=2, base=12, mask=3, offset=1, stats=0)
-    assert model.process(1, _frame(1, _data(3, 0, 1, 1, 10))) == []
+    assert model.process(1, tna_frame(1, _data(3, 0, 1, 1, 10))) == []
     assert model.passes == ["ingress pass 1", "ingress pass 2"]
     # job slot 1 is t = 0: pool slot 12 + ((1 + 0) & 3) = 13, held as 3 << 16 | 2
     assert model.registers["Ingress.sharing.owner"].cells[13] == 3 << 16 | 2
-    out = model.process(2, _frame(2, _data(3, 1, 1, 1, 5)))
+    out = model.process(2, tna_frame(2, _data(3, 1, 1, 1, 5)))
     assert [port for port, _ in out] == [1, 2]
     assert _values(out[0][1]) == [15] * LANES
     assert model.registers["Ingress.seq"].cells[13] == 1  # set 0, pool slot 13
@@ -64,8 +55,8 @@ def test_without_a_fallback_a_collision_and_a_slot_past_the_count_are_bad_slot()
     model = _model(3, slot_count=0)
     model.set_shared(3, count=1, base=12, mask=3, offset=0, stats=2)
     model.registers["Ingress.sharing.owner"].cells[12] = 9 << 16 | 1  # job 9's
-    assert model.process(1, _frame(1, _data(3, 0, 0, 1, 1))) == []
-    assert model.process(1, _frame(1, _data(3, 0, 1, 1, 1))) == []
+    assert model.process(1, tna_frame(1, _data(3, 0, 0, 1, 1))) == []
+    assert model.process(1, tna_frame(1, _data(3, 0, 1, 1, 1))) == []
     stats = model.statistics()
     assert (stats["drop_bad_slot"], stats["aggregated"]) == (2, 0)
     assert model.counters["Ingress.sharing.collisions"][2] == 1  # the collision only
@@ -75,26 +66,26 @@ def test_without_a_fallback_a_collision_and_a_slot_past_the_count_are_bad_slot()
 def test_a_retransmission_without_a_fallback_starts_its_use_here() -> None:
     model = _model(3, slot_count=0)
     model.set_shared(3, count=1, base=12, mask=3, offset=0, stats=0)
-    model.process(1, _frame(1, _data(3, 0, 0, 4, 2, resend=True)))
-    out = model.process(2, _frame(2, _data(3, 1, 0, 4, 3)))
+    model.process(1, tna_frame(1, _data(3, 0, 0, 4, 2, resend=True)))
+    out = model.process(2, tna_frame(2, _data(3, 1, 0, 4, 3)))
     assert [_values(f) for _, f in out] == [[5] * LANES] * 2
 
 
 def test_a_job_behind_a_switch_lets_a_newer_use_take_a_running_one_over() -> None:
     model = _model(8, slot_count=2)
     model.set_behind(8)
-    model.process(1, _frame(1, _data(8, 0, 0, 1, 100)))  # seq 1 runs: rank 1 missing
+    model.process(1, tna_frame(1, _data(8, 0, 0, 1, 100)))  # seq 1 runs: rank 1 missing
     # seq 3 means seq 1 finished at the other place: it takes the slot over, anew
-    assert model.process(2, _frame(2, _data(8, 1, 0, 3, 5))) == []
+    assert model.process(2, tna_frame(2, _data(8, 1, 0, 3, 5))) == []
     assert model.passes == ["ingress pass 1", "ingress pass 2"]
-    out = model.process(1, _frame(1, _data(8, 0, 0, 3, 6)))
+    out = model.process(1, tna_frame(1, _data(8, 0, 0, 3, 6)))
     assert [_values(f) for _, f in out] == [[11] * LANES] * 2
-    assert model.process(2, _frame(2, _data(8, 1, 0, 1, 5))) == []
+    assert model.process(2, tna_frame(2, _data(8, 1, 0, 1, 5))) == []
     assert model.statistics()["drop_stale"] == 1
 
 
 def test_without_the_behind_entry_a_running_use_makes_a_newer_one_stale() -> None:
     model = _model(8, slot_count=2)
-    model.process(1, _frame(1, _data(8, 0, 0, 1, 100)))
-    assert model.process(2, _frame(2, _data(8, 1, 0, 3, 5))) == []
+    model.process(1, tna_frame(1, _data(8, 0, 0, 1, 100)))
+    assert model.process(2, tna_frame(2, _data(8, 1, 0, 3, 5))) == []
     assert model.statistics()["drop_stale"] == 1
