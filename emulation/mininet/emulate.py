@@ -324,6 +324,9 @@ def _sharing(
             raise _Refused(f"--sharing {args.sharing} is the bench's: inalab emulate T "
                            f"[--jobs A,B] --sharing {args.sharing} bench ...")  # fmt: skip
         return None
+    if args.sharing == "dynamic" and not args.jobs:
+        raise _Refused("--sharing dynamic is dynamiccl's choice among several jobs: give"
+                       " --jobs A,B[,...] (one job's bench chooses with --algos auto)")  # fmt: skip
     jobs = args.jobs or ([job] if job is not None else [])
     try:
         plan = plan_sharing(topo, jobs, args.sharing, args.slots, args.switch_slots,

@@ -227,6 +227,10 @@ def test_check_refuses_what_the_bench_would() -> None:
             "--sharing shared: INA over UDP only, not --transport rdma",
         ),
         (
+            ("topologies/star8_fallback.yaml", "--sharing", "dynamic", "bench"),
+            "--sharing dynamic is dynamiccl's choice among several jobs: give --jobs A,B[,...]",
+        ),
+        (
             ("topologies/star8_fallback.yaml", "--sharing", "lottery", "bench"),
             "argument --sharing: invalid choice: 'lottery'",
         ),
