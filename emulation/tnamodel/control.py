@@ -13,9 +13,9 @@ import ipaddress
 from dataclasses import dataclass, field
 from typing import NamedTuple
 
-from emulation.tnamodel.phv import Upstream
+from emulation.tnamodel.phv import Fallback, Shared, Upstream
 from emulation.tnamodel.roce import RoceProgram, RoceReply, RoceRequest
-from emulation.tnamodel.sharing import Fallback, Shared, SharingProgram
+from emulation.tnamodel.sharing import SharingProgram
 from emulation.tnamodel.stateful import Register
 
 __all__ = ["ControlPlane", "Destination", "Job", "TableError"]

@@ -3,21 +3,40 @@
 Part of the executable TNA model (:mod:`emulation.tnamodel`), below both ``actions.py``
 (the RegisterActions, which read a :class:`Phv`) and ``model.py`` (which makes one per
 pass and re-exports these): :class:`Meta` (the program's ingress and egress metadata),
-:class:`Upstream` (set_upstream's parameters, which the metadata carries once matched)
-and :class:`Phv`.
+:class:`Upstream` (set_upstream's parameters, which the metadata carries once matched),
+:class:`Shared` and :class:`Fallback` (the sharing tables' entries, carried alike; below
+``sharing.py``, which runs them) and :class:`Phv`.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, NamedTuple
+from typing import NamedTuple
 
 from emulation.tnamodel.packet import Headers
 
-if TYPE_CHECKING:
-    from emulation.tnamodel.sharing import Fallback, Shared
+__all__ = ["Fallback", "Meta", "Phv", "Resubmit", "RoceMeta", "Shared", "Upstream"]
 
-__all__ = ["Meta", "Phv", "Resubmit", "RoceMeta", "Upstream"]
+
+@dataclass(frozen=True)
+class Shared:
+    """set_shared's parameters."""
+
+    count: int
+    base: int
+    mask: int
+    offset: int
+    stats: int
+
+
+class Fallback(NamedTuple):
+    """set_fallback's parameters (addresses as the P4 fields' integers)."""
+
+    dst_ip: int
+    dst_port: int
+    dst_mac: int
+    egress_port: int
+    stats: int
 
 
 @dataclass

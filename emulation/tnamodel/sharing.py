@@ -12,10 +12,9 @@ the packet is resubmitted with).
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import NamedTuple
 
 from emulation.tnamodel.packet import ina_or_zero
-from emulation.tnamodel.phv import Phv
+from emulation.tnamodel.phv import Fallback, Phv, Shared
 from emulation.tnamodel.stateful import PassState, Register, RegisterAction, Salu, SaluOut
 
 __all__ = [
@@ -42,27 +41,6 @@ HELD_OTHER = 1
 """resubmit_h.held: the owner cell is another job slot's (a collision)."""
 HELD_PAST = 2
 """resubmit_h.held: the slot is past the job's shared count."""
-
-
-@dataclass(frozen=True)
-class Shared:
-    """set_shared's parameters."""
-
-    count: int
-    base: int
-    mask: int
-    offset: int
-    stats: int
-
-
-class Fallback(NamedTuple):
-    """set_fallback's parameters (addresses as the P4 fields' integers)."""
-
-    dst_ip: int
-    dst_port: int
-    dst_mac: int
-    egress_port: int
-    stats: int
 
 
 @dataclass
