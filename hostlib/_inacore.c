@@ -102,11 +102,12 @@ typedef struct {
     uint8_t *slotbuf; /* window x packet size */
     int64_t *outstanding;
     double *sent_at, *slot_rto, *slot_deadline, *stall_at;
-    char *resent, *queued, *rearmed;
+    char *queued, *rearmed;
     int64_t *slot_tx;
     /* hostlib.ina's flagged, _resends, _spurious and _spurious_rtt: results carry the
        RESEND flag of what they answer; per slot, the retransmissions of its packet, and
-       a packet resent once that a first transmission completed, with its round trip */
+       a packet resent once that a first transmission completed, with its round trip
+       (a slot whose packet has a retransmission is Karn's "resent") */
     int flagged;
     int32_t *resends;
     int64_t *spurious;
@@ -283,7 +284,6 @@ static int32_t send_new(InaCore *c, int64_t index, double now) {
     int32_t slot = (int32_t)(index % c->window);
     c->outstanding[slot] = index;
     c->sent_at[slot] = now;
-    c->resent[slot] = 0;
     c->resends[slot] = 0;
     c->sample[slot] = (char)(c->cc_on && c->done > 0);
     /* Before the call's first result the peers may still be entering the call
@@ -296,7 +296,6 @@ static int32_t send_new(InaCore *c, int64_t index, double now) {
 }
 
 static int resend(InaCore *c, int32_t slot, int64_t index, double now) {
-    c->resent[slot] = 1;
     c->resends[slot]++;
     if (arm(c, slot, index, now) < 0) return -1;
     c->slotbuf[(size_t)slot * c->psize + 1] |= FLAG_RESEND;
@@ -366,7 +365,7 @@ static int take(InaCore *c, const uint8_t *d, size_t len, double now) {
     /* Karn's rule, and a result a retransmission completed is ambiguous too */
     int flag = c->flagged ? (d[1] & FLAG_RESEND) : 0;
     c->spurious[slot] = -1;
-    if (!c->resent[slot]) {
+    if (!c->resends[slot]) {
         if (!flag) {
             double rtt = now - c->sent_at[slot];
             rtt_update(c, rtt, c->flight + 1);
@@ -542,7 +541,7 @@ static void InaCore_dealloc(InaCore *c) {
     if (c->have_out) PyBuffer_Release(&c->out);
     if (c->have_uses) PyBuffer_Release(&c->uses);
     free(c->local_exp); free(c->global_exp); free(c->slotbuf); free(c->outstanding);
-    free(c->sent_at); free(c->slot_rto); free(c->slot_deadline); free(c->resent);
+    free(c->sent_at); free(c->slot_rto); free(c->slot_deadline);
     free(c->resends); free(c->spurious); free(c->spurious_rtt);
     free(c->queued); free(c->rearmed); free(c->stall_at); free(c->slot_tx); free(c->heap);
     free(c->order); free(c->fastbuf); free(c->held.v); free(c->sample);
@@ -628,7 +627,6 @@ static int InaCore_init(InaCore *c, PyObject *args, PyObject *kw) {
     c->sent_at = calloc(w, sizeof(double));
     c->slot_rto = calloc(w, sizeof(double));
     c->slot_deadline = calloc(w, sizeof(double));
-    c->resent = calloc(w, 1);
     c->queued = calloc(w, 1);
     c->rearmed = calloc(w, 1);
     c->stall_at = calloc(w, sizeof(double));
@@ -648,7 +646,7 @@ static int InaCore_init(InaCore *c, PyObject *args, PyObject *kw) {
         c->global_exp = malloc((size_t)c->nblocks);
     }
     if (!c->slotbuf || !c->outstanding || !c->sent_at || !c->slot_rto || !c->slot_deadline ||
-        !c->resent || !c->queued || !c->rearmed || !c->stall_at || !c->slot_tx || !c->fastbuf ||
+        !c->queued || !c->rearmed || !c->stall_at || !c->slot_tx || !c->fastbuf ||
         !c->held.v || !c->sample || !c->released || !c->resends || !c->spurious ||
         !c->spurious_rtt ||
         (c->is_float && (!c->local_exp || !c->global_exp))) {

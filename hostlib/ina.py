@@ -433,7 +433,6 @@ class InaAllreduce:
         self._sent_at = [0.0] * w
         self._slot_rto = [0.0] * w
         self._deadline = [0.0] * w  # the slot's live timer; other heap entries are stale
-        self._resent = [False] * w
         self._resends = [0] * w  # retransmissions of the slot's packet in flight
         # Per slot, a packet resent once whose first result a first transmission
         # completed (flag clear), and its round trip, taken if a late answer proves
@@ -568,7 +567,7 @@ class InaAllreduce:
         # retransmission completed (another worker's recovery is in its time).
         flag = data[1] & FLAG_RESEND if self._flagged else 0
         self._spurious[slot] = -1
-        if not self._resent[slot]:
+        if not self._resends[slot]:
             if not flag:
                 self._sample(slot, now - self._sent_at[slot], now)
             if self._slot_tx[slot] > self._high_tx:
@@ -619,7 +618,6 @@ class InaAllreduce:
         slot = index % self.window
         self._outstanding[slot] = index
         self._sent_at[slot] = now
-        self._resent[slot] = False
         self._resends[slot] = 0
         self._sample_cc[slot] = self._cc_on and self._done > 0
         # Before the call's first result the peers may still be entering the call.
@@ -708,7 +706,6 @@ class InaAllreduce:
         return out
 
     def _resend(self, slot: int, index: int, now: float) -> memoryview:
-        self._resent[slot] = True
         self._resends[slot] += 1
         self._arm(slot, index, now)
         self._wire[index, 1] |= FLAG_RESEND
