@@ -33,6 +33,7 @@ __all__ = [
     "CompareError",
     "Series",
     "add_arguments",
+    "bench_run_of",
     "check_same_configuration",
     "comparison_figure",
     "format_comparison",
@@ -182,9 +183,10 @@ def run(args: argparse.Namespace) -> int:
     try:
         if args.plot is not None and not args.plot.parent.is_dir():
             raise CompareError(f"--plot: directory {args.plot.parent} does not exist")
-        if _jobs_documents(args.files):
-            return _compare_jobs(args)
-        runs = _read_all(args.files)
+        docs = _read_documents(args.files)
+        if _jobs_documents(args.files, docs):
+            return _compare_jobs(args, docs)
+        runs = _bench_runs(args.files, docs)
         differences = check_same_configuration(runs, force=args.force)
         baseline = resolve_baseline(runs, args.baseline)
     except CompareError as exc:
@@ -198,16 +200,30 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
-def _jobs_documents(paths: Sequence[Path]) -> bool:
-    """Whether the files are multi-job documents (all of them; False: bench runs).
+def _read_documents(paths: Sequence[Path]) -> list[Any]:
+    """Every file's JSON, each read once.
 
     Raises:
-        CompareError: a file unreadable, or multi-job documents mixed with others.
+        CompareError: a file given twice, or one that cannot be read or is not JSON.
     """
     from dynamiccl.model import read_json
+
+    resolved = [p.resolve() for p in paths]
+    twice = [str(p) for i, p in enumerate(paths) if resolved[i] in resolved[:i]]
+    if twice:
+        raise CompareError(f"{twice[0]} is given twice")
+    return [read_json(p, "bench JSON", CompareError) for p in paths]
+
+
+def _jobs_documents(paths: Sequence[Path], docs: Sequence[Any]) -> bool:
+    """Whether the documents are multi-job ones (all of them; False: bench runs).
+
+    Raises:
+        CompareError: multi-job documents mixed with others.
+    """
     from emulation.bench.jobs_compare import is_multijob
 
-    kinds = [is_multijob(read_json(p, "bench JSON", CompareError)) for p in paths]
+    kinds = [is_multijob(doc) for doc in docs]
     if any(kinds) and not all(kinds):
         first = paths[kinds.index(True)]
         raise CompareError(f"{first} is a multi-job run (emulate --jobs): compare it with"
@@ -215,12 +231,11 @@ def _jobs_documents(paths: Sequence[Path]) -> bool:
     return all(kinds)
 
 
-def _compare_jobs(args: argparse.Namespace) -> int:
-    """The multi-job comparison: its table, and its plot with ``--plot``."""
-    from dynamiccl.model import read_json
+def _compare_jobs(args: argparse.Namespace, docs: Sequence[Any]) -> int:
+    """The multi-job comparison of ``docs`` (the files'): its table, and its plot with
+    ``--plot``."""
     from emulation.bench.jobs_compare import JobsError, format_jobs, read_jobs, write_jobs_plot
 
-    docs = [read_json(p, "bench JSON", CompareError) for p in args.files]
     try:
         series = read_jobs(args.files, docs)
         table = format_jobs(series)
@@ -244,7 +259,15 @@ def read_bench_run(path: Path, label: str | None = None) -> BenchRun:
     """
     from dynamiccl.model import read_json
 
-    doc = read_json(path, "bench JSON", CompareError)
+    return bench_run_of(path, read_json(path, "bench JSON", CompareError), label)
+
+
+def bench_run_of(path: Path, doc: Any, label: str | None = None) -> BenchRun:
+    """The bench run of ``doc``, read from ``path`` (see :func:`read_bench_run`).
+
+    Raises:
+        CompareError: not a bench sweep's document, or a malformed row.
+    """
     schema = doc.get("schema") if isinstance(doc, Mapping) else None
     if schema != JSON_SCHEMA:
         raise CompareError(
@@ -279,20 +302,16 @@ def read_bench_run(path: Path, label: str | None = None) -> BenchRun:
     return BenchRun(path, label or path.stem, meta, tuple(rows), frozenset(bound))
 
 
-def _read_all(paths: Sequence[Path]) -> list[BenchRun]:
-    """Every file, labelled by its name without ``.json`` (by the path as given where
-    two names are alike).
+def _bench_runs(paths: Sequence[Path], docs: Sequence[Any]) -> list[BenchRun]:
+    """Every file's run (``docs``: their JSON), labelled by its name without ``.json``
+    (by the path as given where two names are alike).
 
     Raises:
-        CompareError: a file twice, or one :func:`read_bench_run` refuses.
+        CompareError: a document :func:`bench_run_of` refuses.
     """
-    resolved = [p.resolve() for p in paths]
-    twice = [str(p) for i, p in enumerate(paths) if resolved[i] in resolved[:i]]
-    if twice:
-        raise CompareError(f"{twice[0]} is given twice")
     stems = [p.stem for p in paths]
     labels = [s if stems.count(s) == 1 else str(p) for s, p in zip(stems, paths, strict=True)]
-    return [read_bench_run(p, label) for p, label in zip(paths, labels, strict=True)]
+    return [bench_run_of(p, d, lab) for p, d, lab in zip(paths, docs, labels, strict=True)]
 
 
 def _value(meta: Mapping[str, Any], keys: tuple[str, ...]) -> Any:

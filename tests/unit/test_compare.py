@@ -208,9 +208,10 @@ def test_files_of_one_name_are_labelled_by_path(tmp_path: Path) -> None:
     (tmp_path / "y").mkdir()
     paths = [_bench_file(tmp_path / d / "run.json", A_TIMES, "--workers", "2") for d in "xy"]
     args = build_parser().parse_args(["compare", *map(str, paths)])
-    from emulation.bench.compare import _read_all
+    from emulation.bench.compare import _bench_runs, _read_documents
 
-    assert [r.label for r in _read_all(args.files)] == [str(p) for p in paths]
+    runs = _bench_runs(args.files, _read_documents(args.files))
+    assert [r.label for r in runs] == [str(p) for p in paths]
 
 
 # ----------------------------------------------------------------- refusals
