@@ -614,14 +614,19 @@ def gid_table(root: Path, entries: list[tuple[str, int, int, str, str]]) -> Path
     return root
 
 
-def tna_frame(src_port: int, payload: bytes) -> bytes:
-    """An INA frame from the TNA model's port ``src_port`` (its identity: MAC
-    02:00:00:00:00:PP, 10.0.0.PP, UDP 40000 + PP) to the switch's INA endpoint
-    (10.0.0.254, UDP 0x4E41)."""
-    udp = struct.pack("!HHHH", 40000 + src_port, 0x4E41, 8 + len(payload), 0)
+def tna_frame(
+    src_port: int, payload: bytes, *, udp: tuple[int, int] | None = None, df: bool = False
+) -> bytes:
+    """A frame from the TNA model's port ``src_port`` (its identity: MAC
+    02:00:00:00:00:PP, 10.0.0.PP) to the switch's INA endpoint 10.0.0.254: UDP from
+    40000 + PP to 0x4E41 unless ``udp`` gives (source, destination) ports; ``df``: the
+    IPv4 header an RNIC sends (identification 0, don't fragment), which the ICRC covers."""
+    sport, dport = udp if udp is not None else (40000 + src_port, 0x4E41)
+    ident, frag = (0, 0x4000) if df else (1, 0)
+    udp_header = struct.pack("!HHHH", sport, dport, 8 + len(payload), 0)
     ip = struct.pack(
-        "!BBHHHBBH4s4s", 0x45, 0, 28 + len(payload), 1, 0, 64, 17, 0,
+        "!BBHHHBBH4s4s", 0x45, 0, 28 + len(payload), ident, frag, 64, 17, 0,
         bytes([10, 0, 0, src_port]), bytes([10, 0, 0, 254]),
     )  # fmt: skip
     eth = bytes.fromhex("0200000000fe") + bytes([2, 0, 0, 0, 0, src_port]) + b"\x08\x00"
-    return eth + ip + udp + payload
+    return eth + ip + udp_header + payload

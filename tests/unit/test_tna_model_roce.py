@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import struct
 
+from helpers import tna_frame
+
 from emulation.tnamodel import TnaModel
 from hostlib import rocev2
 from hostlib.protocol import ROCE_PSN_SEQ_SHIFT, RoceOpcode
@@ -39,13 +41,7 @@ def _frame(op: RoceOpcode, psn: int, msg_packets: int = 2, port: int = 1, seq: i
     body = rocev2.RoceFrame(op, QP + port - 1, psn, lanes, rocev2.pack_request_va(seq, 0), 0,
                             msg_packets * len(lanes), rocev2.pack_imm(seq, 0))  # fmt: skip
     payload = rocev2.build_frame(body, f"10.0.0.{port}", SWITCH_IP)
-    udp = struct.pack("!HHHH", 4791, 4791, 8 + len(payload), 0)
-    ip = struct.pack(
-        "!BBHHHBBH4s4s", 0x45, 0, 28 + len(payload), 0, 0x4000, 64, 17, 0,
-        bytes([10, 0, 0, port]), bytes([10, 0, 0, 254]),
-    )  # fmt: skip
-    eth = bytes.fromhex("0200000000fe") + bytes([2, 0, 0, 0, 0, port]) + b"\x08\x00"
-    return eth + ip + udp + payload
+    return tna_frame(port, payload, udp=(4791, 4791), df=True)
 
 
 def _replies(out: list[tuple[int, bytes]]) -> list[rocev2.RoceFrame]:
