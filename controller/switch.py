@@ -46,6 +46,7 @@ from controller.replicas import ReplicaEntry, Replicas
 from controller.roce import Roce
 from controller.sharing import (
     JOB_COUNTERS,
+    OWNER,
     Behind,
     Fallback,
     FallbackEntry,
@@ -583,7 +584,12 @@ class SwitchController:
         ``to_fallback``, ``from_fallback``); zeros on a program without them."""
         if self.sharing is None:
             return dict.fromkeys(JOB_COUNTERS.values(), 0)
-        job = self.job(job_id)
+        return self._counters_of(self.job(job_id))
+
+    def _counters_of(self, job: InstalledJob) -> dict[str, int]:
+        """The sharing counters of an installed job (as read from the tables)."""
+        if self.sharing is None:
+            return dict.fromkeys(JOB_COUNTERS.values(), 0)
         return self.sharing.counters.read(job.shared, job.fallback)
 
     def job_sharing(self, job_id: int) -> JobSharing:
@@ -600,7 +606,23 @@ class SwitchController:
         if shared is not None and self.sharing is not None:
             region = self.sharing.counters.region(shared)
         return JobSharing(job.entry.slot_count, 0 if shared is None else shared.count, region,
-                          self.job_counters(job_id), job.fallback is not None)  # fmt: skip
+                          self._counters_of(job), job.fallback is not None)  # fmt: skip
+
+    def region_owners(self) -> list[int] | None:
+        """The owner register over the switch's shared region, wherever the controller
+        made it: 0 for a free cell, else its holder's ``job << 16 | slot + 1``; None
+        while no job shares (no region).
+
+        Raises:
+            P4RuntimeError | ThriftError: a read failed.
+        """
+        if self.sharing is None:
+            return None
+        taken = regions(self.sharing.shared.read())
+        if not taken:
+            return None
+        (base, size), *_ = sorted(taken)
+        return self.registers.read(OWNER, range(base, base + size))
 
     def set_drops(self, ingress: float, egress: float) -> None:
         """Simulated loss at ingress and per replica at egress (0 turns it off)."""

@@ -105,6 +105,8 @@ def contended(ctl: SwitchController, a: SharingJob, b: SharingJob) -> None:
     assert va.region is not None and vb.region is not None
     assert (va.reserved, va.shared, vb.reserved, vb.shared) == (4, 4, 0, 8)
     assert va.region.free == vb.region.free == 0, (va, vb)
+    owners = ctl.region_owners()  # the region, wherever the controller made it
+    assert owners is not None and len(owners) == REGION and all(owners), owners
     assert va.region.held + va.region.blocked == 4 and vb.region.held + vb.region.blocked == 8
     assert vb.region.blocked == va.region.held and va.region.blocked <= vb.region.held
     ra, _ = read_contention(ctl, a.job_id)

@@ -46,7 +46,6 @@ from pathlib import Path
 from typing import Any
 
 from controller.forwarder import HostRoute
-from controller.sharing import OWNER
 from controller.switch import SwitchController, WorkerAddress
 from emulation.bmv2 import Bmv2Tools, Bmv2Unavailable, check_bmv2_switch, find_bmv2
 from emulation.mininet.datapaths import LinkPlan, netem_available, plan_links
@@ -336,9 +335,9 @@ class Emulation:
             total[key] = total.get(key, 0) + value
 
     def region_owners(self, switch: str) -> list[int]:
-        """The owner register over ``switch``'s shared region (the plan's, at the top of
-        its pool, where the controller makes it): 0 for a free cell, else its holder's
-        ``job << 16 | slot + 1``.
+        """The owner register over ``switch``'s shared region
+        (``SwitchController.region_owners``): 0 for a free cell, else its holder's ``job
+        << 16 | slot + 1``; all free while no job shares it (no region yet).
 
         Raises:
             EmulationError: no shared region in the plan.
@@ -346,9 +345,8 @@ class Emulation:
         plan = self.sharing
         if plan is None or plan.region is None:
             raise EmulationError("no shared region: --sharing shared or dynamic")
-        ctl = self.controllers[switch]
-        top = ctl.slots_per_set
-        return ctl.registers.read(OWNER, range(top - plan.region, top))
+        owners = self.controllers[switch].region_owners()
+        return [0] * plan.region if owners is None else owners
 
     def set_link_rate(self, mbit: float, links: Sequence[Link] | None = None) -> None:
         """Change the HTB rate of ``links`` (default: every link), both ends, to ``mbit``
