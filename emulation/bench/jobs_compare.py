@@ -68,7 +68,8 @@ def read_jobs(paths: Sequence[Path], docs: Sequence[Mapping[str, Any]]) -> list[
     """The series of the documents (read from ``paths``), in file order.
 
     Raises:
-        JobsError: a document with no jobs, or jobs that differ from the first file's.
+        JobsError: a document with no jobs, jobs that differ from the first file's, or a
+            malformed row.
     """
     policies = [_policy(d) for d in docs]
     pairs = zip(policies, paths, strict=True)
@@ -79,19 +80,31 @@ def read_jobs(paths: Sequence[Path], docs: Sequence[Mapping[str, Any]]) -> list[
         jobs = _jobs_of(path, doc)
         if jobs != first:
             raise JobsError(f"{path}: jobs {_show(jobs)}, not {paths[0]}'s {_show(first)}")
-        by_algo: dict[str, dict[tuple[int, int], Point]] = {}
-        for job in doc["jobs"]:
-            alone = {(r["algo"], r["size_bytes"]): r for r in job.get("alone") or ()}
-            for row in job.get("together") or ():
-                key = (row["algo"], row["size_bytes"])
-                solo = alone.get(key)
-                cpu = row.get("cpu") or {}
-                point = Point(row.get("time_us"), None if solo is None else solo.get("time_us"),
-                              cpu.get("bound") is True)  # fmt: skip
-                by_algo.setdefault(row["algo"], {})[(job["job"], row["size_bytes"])] = point
-        for algo, points in by_algo.items():
-            out.append(JobSeries(f"{name} {algo}", points))
+        try:
+            by_algo = _points(doc["jobs"])
+        except (KeyError, TypeError, AttributeError):
+            raise JobsError(f"{path}: a row without its algo or size_bytes") from None
+        out += [JobSeries(f"{name} {algo}", points) for algo, points in by_algo.items()]
     return out
+
+
+def _points(jobs: Sequence[Mapping[str, Any]]) -> dict[str, dict[tuple[int, int], Point]]:
+    """Per algorithm, (job, size) -> its :class:`Point`, from the documents' jobs.
+
+    Raises:
+        KeyError, TypeError, AttributeError: a malformed row.
+    """
+    by_algo: dict[str, dict[tuple[int, int], Point]] = {}
+    for job in jobs:
+        alone = {(r["algo"], r["size_bytes"]): r for r in job.get("alone") or ()}
+        for row in job.get("together") or ():
+            key = (row["algo"], row["size_bytes"])
+            solo = alone.get(key)
+            cpu = row.get("cpu") or {}
+            point = Point(row.get("time_us"), None if solo is None else solo.get("time_us"),
+                          cpu.get("bound") is True)  # fmt: skip
+            by_algo.setdefault(row["algo"], {})[(int(job["job"]), row["size_bytes"])] = point
+    return by_algo
 
 
 def _policy(doc: Mapping[str, Any]) -> str:

@@ -70,3 +70,7 @@ def test_files_of_other_jobs_or_bench_runs_are_refused_in_one_line(tmp_path: Pat
         proc.stderr
     )
     assert "Traceback" not in proc.stderr
+    broken = _doc("shared", {4: [{"time_us": 1e3}], 5: [_row("ina", 1e3)]}, 1e3)
+    proc = _compare(tmp_path, {"a": a, "broken": broken})
+    assert proc.returncode == 2 and "Traceback" not in proc.stderr
+    assert "broken.json: a row without its algo or size_bytes" in proc.stderr
