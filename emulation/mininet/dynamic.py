@@ -36,6 +36,7 @@ from dynamiccl.agent import Agent
 from dynamiccl.contention import Contention, prospective
 from dynamiccl.model import DEFAULT_PROFILE, Profile
 from emulation.bench.config import BenchConfig
+from emulation.bench.cpu import RowCpu
 from emulation.bench.rows import Row
 from emulation.mininet.fabric import EmulatedFabric
 from emulation.mininet.network import Emulation
@@ -46,6 +47,7 @@ __all__ = [
     "DEFAULT_ROUNDS",
     "Round",
     "arms",
+    "cpu_brief",
     "job_agent",
     "round_row",
     "rounds_cpu",
@@ -80,12 +82,8 @@ class Round:
             "time_us": row.time_us_max,
             "wrong": row.wrong,
             "retransmits": row.retransmits,
-            "cpu": None if row.cpu is None else {
-                "machine": row.cpu.to_json().get("machine"),
-                "bound": row.cpu.bound,
-                "bound_by": row.cpu.bound_by,
-            },
-        }  # fmt: skip
+            "cpu": cpu_brief(row.cpu),
+        }
 
 
 def arms(cfg: BenchConfig, plan: SharingPlan) -> dict[str, Action]:
@@ -171,6 +169,14 @@ def round_row(rounds: Sequence[Round], size: int) -> Row | None:
         wrong=sum(r.row.wrong for r in mine), retransmits=sum(r.row.retransmits for r in mine),
         chosen=chosen, cpu=None, transport=None, sent_bytes=None,
     )  # fmt: skip
+
+
+def cpu_brief(cpu: RowCpu | None) -> dict[str, Any] | None:
+    """A row's CPU as the multi-job JSON gives it: the machine's busy share, whether it
+    was bound and by what (None: not measured)."""
+    if cpu is None:
+        return None
+    return {"machine": cpu.to_json().get("machine"), "bound": cpu.bound, "bound_by": cpu.bound_by}
 
 
 def rounds_cpu(rounds: Sequence[Round], size: int) -> dict[str, Any] | None:

@@ -38,7 +38,7 @@ from typing import Any, cast
 from dynamiccl.model import Profile, ProfileError
 from emulation.bench.config import BenchConfig
 from emulation.bench.rows import Row
-from emulation.mininet.dynamic import Round, round_row, rounds_cpu, run_rounds
+from emulation.mininet.dynamic import Round, cpu_brief, round_row, rounds_cpu, run_rounds
 from emulation.mininet.fabric import EmulatedFabric
 from emulation.mininet.network import Emulation
 from emulation.mininet.sharing import DEFAULT_ROUNDS, SharingPlan
@@ -335,11 +335,5 @@ def _row(row: Row, rounds: Sequence[Round] = ()) -> dict[str, Any]:
         "retransmits_timed": row.retransmits_timed,
         "late_samples": row.late_samples,
         "late_answers": row.late_answers,
-        "cpu": None
-        if row.cpu is None
-        else {
-            "machine": row.cpu.to_json().get("machine"),
-            "bound": row.cpu.bound,
-            "bound_by": row.cpu.bound_by,
-        },
+        "cpu": cpu_brief(row.cpu),
     }
